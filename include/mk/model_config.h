@@ -1,0 +1,89 @@
+// ModelConfig: the shape of a LLaMA-family model, read from a Hugging Face config.json or taken from a built-in preset.
+#pragma once
+
+#include <nlohmann/json_fwd.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace mk {
+
+enum class RopeType {
+  kNone,     // no positional encoding at all (the seed blog's model)
+  kDefault,  // plain RoPE: inv_freq = theta^(-2i/head_dim)
+  kLlama3,   // RoPE with Llama 3.1 frequency scaling
+};
+
+struct RopeConfig {
+  RopeType type = RopeType::kNone;
+  double theta = 10000.0;
+  // llama3 scaling parameters, used when type == kLlama3
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+};
+
+struct ModelConfig {
+  std::string name;
+  int64_t d_model = 0;     // hidden_size
+  int64_t d_ff = 0;        // intermediate_size
+  int64_t n_layers = 0;    // num_hidden_layers
+  int64_t n_heads = 0;     // num_attention_heads
+  int64_t n_kv_heads = 0;  // num_key_value_heads
+  int64_t head_dim = 0;
+  int64_t vocab_size = 0;
+  int64_t max_position_embeddings = 0;
+  float rms_norm_eps = 1e-5f;
+  RopeConfig rope;
+  bool has_embedding = true;  // false: hidden states in (the seed model)
+  bool has_lm_head = true;    // false: hidden states out, no final norm (the seed model)
+  bool tie_word_embeddings = false;
+
+  int64_t q_dim() const { return n_heads * head_dim; }
+  int64_t kv_dim() const { return n_kv_heads * head_dim; }
+  int64_t qkv_dim() const { return q_dim() + 2 * kv_dim(); }
+  int64_t group_size() const { return n_heads / n_kv_heads; }  // query heads per kv head (GQA)
+
+  // Throws mk::Error naming the first bad field.
+  void validate() const;
+};
+
+// The token batch of one forward pass: batch sequences of seq_len tokens each.
+struct RunShape {
+  int64_t batch = 1;
+  int64_t seq_len = 1;
+  int64_t tokens() const { return batch * seq_len; }
+};
+
+struct Preset {
+  ModelConfig config;
+  RunShape shape;  // the default run shape for this preset
+  std::string description;
+};
+
+const std::vector<Preset>& presets();
+const Preset& find_preset(std::string_view name);  // throws listing the known names
+
+// `source` names the file in error messages.
+ModelConfig model_config_from_json(const nlohmann::json& json, const std::string& source);
+ModelConfig load_model_config(const std::filesystem::path& config_json_path);
+// A config.json that Hugging Face transformers loads as LlamaForCausalLM.
+nlohmann::json model_config_to_hf_json(const ModelConfig& config);
+
+// Whole-forward-pass accounting, for `mk info` and the benchmarks.
+struct ForwardCost {
+  int64_t parameters = 0;
+  double flops = 0;               // causal attention counted half, as the seed's benchmark does
+  double min_bytes = 0;           // weights read once, input read once, output and K/V written once
+  double weight_bytes = 0;
+  double activation_bytes = 0;    // the per-layer activation buffers the engines allocate
+};
+ForwardCost forward_cost(const ModelConfig& config, const RunShape& shape);
+
+std::string describe(const ModelConfig& config);
+
+}  // namespace mk

@@ -1,0 +1,94 @@
+// The CPU reference model: fp32 arithmetic over bf16 weights, written as ops that compute one rectangle of their
+// output. The reference runs each op over the whole output; the cpu-vm runs the same functions one tile at a time,
+// so the two agree bit for bit.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "mk/bf16.h"
+#include "mk/model_config.h"
+#include "mk/weights.h"
+
+namespace mk::ref {
+
+struct Range {
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t size() const { return end - begin; }
+};
+
+// A row-major fp32 matrix.
+struct Matrix {
+  int64_t rows = 0;
+  int64_t cols = 0;
+  std::vector<float> data;  // (rows, cols)
+
+  Matrix() = default;
+  Matrix(int64_t rows_, int64_t cols_) : rows(rows_), cols(cols_), data(size_t(rows_ * cols_)) {}
+  float* row(int64_t r) { return data.data() + r * cols; }
+  const float* row(int64_t r) const { return data.data() + r * cols; }
+};
+
+// Rows of one or more bf16 weight matrices stacked on top of each other, e.g. [wq; wk; wv].
+struct StackedWeights {
+  struct Part {
+    const bf16* data;  // (rows, cols)
+    int64_t rows;
+  };
+  std::vector<Part> parts;
+  int64_t cols = 0;
+
+  StackedWeights() = default;
+  StackedWeights(const std::vector<bf16>& matrix, int64_t rows, int64_t cols_);
+  void append(const std::vector<bf16>& matrix, int64_t rows);
+  int64_t rows() const;
+  const bf16* row(int64_t r) const;
+};
+
+// cos/sin of RoPE per position and frequency, computed the way transformers computes them in fp32.
+struct RopeTable {
+  int64_t half_dim = 0;
+  std::vector<float> cos;  // (max_positions, half_dim)
+  std::vector<float> sin;  // (max_positions, half_dim)
+};
+RopeTable make_rope_table(const ModelConfig& config, int64_t max_positions);
+std::vector<float> rope_inverse_frequencies(const RopeConfig& rope, int64_t head_dim);  // (head_dim / 2)
+
+// ---- ops: each writes only out[rows, cols] ----
+
+// out (T, d_model) <- embedding rows of tokens (T)
+void embedding_rows(const std::vector<int32_t>& tokens, const std::vector<bf16>& table, Matrix& out, Range rows);
+// out (T, d) <- x * rsqrt(mean(x^2) + eps) * weight
+void rmsnorm_rows(const Matrix& x, const std::vector<bf16>& weight, float eps, Matrix& out, Range rows);
+// out (T, N) <- a (T, K) @ w (N, K)^T
+void linear_tile(const Matrix& a, const StackedWeights& w, Matrix& out, Range rows, Range cols);
+// out (T, N) <- residual (T, N) + a (T, K) @ w (N, K)^T
+void linear_residual_tile(const Matrix& a, const StackedWeights& w, const Matrix& residual, Matrix& out, Range rows,
+                          Range cols);
+// out (T, d_ff) <- silu(a @ w_gate^T) * (a @ w_up^T)
+void swiglu_tile(const Matrix& a, const StackedWeights& w_gate, const StackedWeights& w_up, Matrix& out, Range rows,
+                 Range cols);
+// Rotates the q and k columns of qkv (T, q_dim + 2 kv_dim) in place; cols must hold whole heads.
+// Token t sits at position t % seq_len.
+void rope_tile(const ModelConfig& config, const RopeTable& table, int64_t seq_len, Matrix& qkv, Range rows, Range cols);
+// Causal attention of one query head for the queries [queries) of sequence `sequence`:
+// out (T, q_dim) head columns <- softmax(q k^T / sqrt(head_dim)) v, reading q, k, v from qkv (T, q_dim + 2 kv_dim).
+void attention_tile(const ModelConfig& config, int64_t seq_len, const Matrix& qkv, Matrix& out, int64_t sequence,
+                    Range queries, int64_t head);
+
+// ---- the model ----
+
+// Inputs of one forward pass: token ids for models with an embedding, hidden states otherwise.
+struct ModelInput {
+  RunShape shape;
+  std::vector<int32_t> tokens;  // (batch * seq_len)
+  Matrix hidden;                // (batch * seq_len, d_model), bf16-representable values
+};
+ModelInput random_input(const ModelConfig& config, const RunShape& shape, uint64_t seed);
+void validate_input(const ModelConfig& config, const ModelInput& input);  // token ids in range, shapes right
+
+// Logits (T, vocab) with an LM head, final hidden states (T, d_model) without.
+Matrix forward(const ModelWeights& weights, const ModelInput& input);
+
+}  // namespace mk::ref

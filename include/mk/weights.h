@@ -1,0 +1,54 @@
+// Model weights in bf16 on the host: Hugging Face Llama names, loading from safetensors, seeded random init, saving.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "mk/bf16.h"
+#include "mk/model_config.h"
+
+namespace mk {
+
+// Weight matrices are row-major (out_features, in_features), exactly as nn.Linear stores them.
+struct LayerWeights {
+  std::vector<bf16> attn_norm;  // (d_model)
+  std::vector<bf16> wq;         // (n_heads * head_dim, d_model)
+  std::vector<bf16> wk;         // (n_kv_heads * head_dim, d_model)
+  std::vector<bf16> wv;         // (n_kv_heads * head_dim, d_model)
+  std::vector<bf16> wo;         // (d_model, n_heads * head_dim)
+  std::vector<bf16> mlp_norm;   // (d_model)
+  std::vector<bf16> w_gate;     // (d_ff, d_model)
+  std::vector<bf16> w_up;       // (d_ff, d_model)
+  std::vector<bf16> w_down;     // (d_model, d_ff)
+};
+
+struct ModelWeights {
+  ModelConfig config;
+  std::vector<bf16> embedding;   // (vocab_size, d_model), empty without an embedding
+  std::vector<LayerWeights> layers;
+  std::vector<bf16> final_norm;  // (d_model), empty without an LM head
+  std::vector<bf16> lm_head;     // (vocab_size, d_model), empty without an LM head or when tied
+
+  const std::vector<bf16>& lm_head_matrix() const { return config.tie_word_embeddings ? embedding : lm_head; }
+};
+
+// Calls `visit` for every tensor the model owns, with its Hugging Face name and shape. The single place that
+// knows the name mapping: loading, saving and random initialization all go through it.
+using WeightVisitor =
+    std::function<void(const std::string& name, const std::vector<int64_t>& shape, std::vector<bf16>& data)>;
+void for_each_weight(ModelWeights& weights, const WeightVisitor& visit);
+
+// Matrices ~ uniform with std 0.02 (as Hugging Face initializes Llama), norm weights ~ uniform [0.5, 1.5] so that a
+// forgotten norm weight shows. Deterministic for a given seed on every platform.
+ModelWeights random_weights(const ModelConfig& config, uint64_t seed);
+
+// Loads `dir`/model.safetensors, or the shards listed in `dir`/model.safetensors.index.json.
+ModelWeights load_weights(const std::filesystem::path& dir, const ModelConfig& config);
+
+// Writes config.json and model.safetensors, loadable by transformers' LlamaForCausalLM.from_pretrained.
+void save_hf_model(const std::filesystem::path& dir, const ModelWeights& weights);
+
+}  // namespace mk

@@ -1,0 +1,141 @@
+// Model weights: the Hugging Face name mapping, random initialization, safetensors loading (sharded too) and saving.
+#include "mk/weights.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <map>
+#include <memory>
+
+#include "mk/check.h"
+#include "mk/random.h"
+#include "mk/safetensors.h"
+
+namespace mk {
+
+void for_each_weight(ModelWeights& weights, const WeightVisitor& visit) {
+  const ModelConfig& c = weights.config;
+  if (c.has_embedding) visit("model.embed_tokens.weight", {c.vocab_size, c.d_model}, weights.embedding);
+  for (int64_t layer = 0; layer < c.n_layers; ++layer) {
+    LayerWeights& w = weights.layers[size_t(layer)];
+    const std::string prefix = fmt::format("model.layers.{}.", layer);
+    visit(prefix + "input_layernorm.weight", {c.d_model}, w.attn_norm);
+    visit(prefix + "self_attn.q_proj.weight", {c.q_dim(), c.d_model}, w.wq);
+    visit(prefix + "self_attn.k_proj.weight", {c.kv_dim(), c.d_model}, w.wk);
+    visit(prefix + "self_attn.v_proj.weight", {c.kv_dim(), c.d_model}, w.wv);
+    visit(prefix + "self_attn.o_proj.weight", {c.d_model, c.q_dim()}, w.wo);
+    visit(prefix + "post_attention_layernorm.weight", {c.d_model}, w.mlp_norm);
+    visit(prefix + "mlp.gate_proj.weight", {c.d_ff, c.d_model}, w.w_gate);
+    visit(prefix + "mlp.up_proj.weight", {c.d_ff, c.d_model}, w.w_up);
+    visit(prefix + "mlp.down_proj.weight", {c.d_model, c.d_ff}, w.w_down);
+  }
+  if (c.has_lm_head) {
+    visit("model.norm.weight", {c.d_model}, weights.final_norm);
+    if (!c.tie_word_embeddings) visit("lm_head.weight", {c.vocab_size, c.d_model}, weights.lm_head);
+  }
+}
+
+namespace {
+
+int64_t product(const std::vector<int64_t>& shape) {
+  int64_t count = 1;
+  for (int64_t dim : shape) count *= dim;
+  return count;
+}
+
+ModelWeights empty_weights(const ModelConfig& config) {
+  config.validate();
+  ModelWeights weights;
+  weights.config = config;
+  weights.layers.resize(size_t(config.n_layers));
+  return weights;
+}
+
+}  // namespace
+
+ModelWeights random_weights(const ModelConfig& config, uint64_t seed) {
+  ModelWeights weights = empty_weights(config);
+  uint64_t tensor_index = 0;
+  for_each_weight(weights, [&](const std::string&, const std::vector<int64_t>& shape, std::vector<bf16>& data) {
+    Random random(seed * 1000003 + tensor_index++);
+    data.resize(size_t(product(shape)));
+    const bool is_norm = shape.size() == 1;
+    for (bf16& value : data) value = to_bf16(is_norm ? random.uniform(0.5f, 1.5f) : random.symmetric(0.02f));
+  });
+  return weights;
+}
+
+ModelWeights load_weights(const std::filesystem::path& dir, const ModelConfig& config) {
+  ModelWeights weights = empty_weights(config);
+  const std::filesystem::path single = dir / "model.safetensors";
+  const std::filesystem::path index_path = dir / "model.safetensors.index.json";
+
+  // tensor name -> shard file name; empty when the model is one file
+  std::map<std::string, std::string> shard_of;
+  if (!std::filesystem::exists(single)) {
+    MK_CHECK(std::filesystem::exists(index_path), "{}: neither model.safetensors nor model.safetensors.index.json exists",
+             dir.string());
+    std::ifstream file(index_path);
+    nlohmann::json index;
+    try {
+      index = nlohmann::json::parse(file);
+    } catch (const nlohmann::json::exception& error) {
+      throw Error(fmt::format("{}: not valid JSON: {}", index_path.string(), error.what()));
+    }
+    MK_CHECK(index.contains("weight_map") && index["weight_map"].is_object(), "{}: missing object 'weight_map'",
+             index_path.string());
+    for (const auto& [name, shard] : index["weight_map"].items()) {
+      MK_CHECK(shard.is_string(), "{}: weight_map entry '{}' is not a file name", index_path.string(), name);
+      const std::string shard_name = shard.get<std::string>();
+      MK_CHECK(shard_name.find('/') == std::string::npos && shard_name != "..",
+               "{}: weight_map entry '{}' points outside the model directory: '{}'", index_path.string(), name,
+               shard_name);
+      shard_of[name] = shard_name;
+    }
+  }
+
+  std::map<std::string, std::unique_ptr<SafetensorsFile>> open_files;
+  auto file_for = [&](const std::string& name) -> const SafetensorsFile& {
+    std::string file_name = "model.safetensors";
+    if (!shard_of.empty()) {
+      auto found = shard_of.find(name);
+      MK_CHECK(found != shard_of.end(), "{}: tensor '{}' is missing from the weight_map", index_path.string(), name);
+      file_name = found->second;
+    }
+    auto& file = open_files[file_name];
+    if (!file) file = std::make_unique<SafetensorsFile>(dir / file_name);
+    return *file;
+  };
+
+  for_each_weight(weights, [&](const std::string& name, const std::vector<int64_t>& shape, std::vector<bf16>& data) {
+    const SafetensorsFile& file = file_for(name);
+    const TensorInfo* tensor = file.find(name);
+    MK_CHECK(tensor != nullptr, "{}: missing tensor '{}'", file.path(), name);
+    MK_CHECK(tensor->shape == shape, "{}: tensor '{}' has shape [{}], expected [{}]", file.path(), name,
+             fmt::join(tensor->shape, ", "), fmt::join(shape, ", "));
+    data = file.read_bf16(*tensor);
+  });
+  return weights;
+}
+
+void save_hf_model(const std::filesystem::path& dir, const ModelWeights& weights) {
+  const nlohmann::json config_json = model_config_to_hf_json(weights.config);
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream file(dir / "config.json");
+    MK_CHECK(file.good(), "{}: cannot create config.json", dir.string());
+    file << config_json.dump(2) << "\n";
+  }
+  std::vector<TensorToWrite> tensors;
+  // for_each_weight takes a mutable model; saving only reads it.
+  for_each_weight(const_cast<ModelWeights&>(weights),
+                  [&](const std::string& name, const std::vector<int64_t>& shape, std::vector<bf16>& data) {
+                    tensors.push_back({name, DType::kBF16, shape,
+                                       {reinterpret_cast<const uint8_t*>(data.data()), data.size() * sizeof(bf16)}});
+                  });
+  write_safetensors(dir / "model.safetensors", tensors);
+}
+
+}  // namespace mk

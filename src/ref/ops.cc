@@ -1,0 +1,222 @@
+// CPU reference ops: fp32 arithmetic over bf16 weights, each op computing one rectangle of its output.
+#include <cmath>
+#include <numbers>
+
+#include "mk/check.h"
+#include "mk/reference.h"
+
+namespace mk::ref {
+
+namespace {
+
+// NOTE: 16 independent partial sums in a fixed order: vectorizes without -ffast-math and gives the same bits
+// wherever it is called, which is what makes reference and cpu-vm agree exactly.
+constexpr int kLanes = 16;
+
+float reduce_lanes(const float (&lanes)[kLanes]) {
+  float pairs[kLanes / 2];
+  for (int l = 0; l < kLanes / 2; ++l) pairs[l] = lanes[l] + lanes[l + kLanes / 2];
+  float quads[kLanes / 4];
+  for (int l = 0; l < kLanes / 4; ++l) quads[l] = pairs[l] + pairs[l + kLanes / 4];
+  return (quads[0] + quads[2]) + (quads[1] + quads[3]);
+}
+
+float dot(const float* a, const bf16* w, int64_t n) {
+  float lanes[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) lanes[l] += a[i + l] * to_float(w[i + l]);
+  float sum = reduce_lanes(lanes);
+  for (; i < n; ++i) sum += a[i] * to_float(w[i]);
+  return sum;
+}
+
+float dot(const float* a, const float* b, int64_t n) {
+  float lanes[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) lanes[l] += a[i + l] * b[i + l];
+  float sum = reduce_lanes(lanes);
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+float sum_of_squares(const float* a, int64_t n) { return dot(a, a, n); }
+
+float silu(float x) { return x / (1.0f + std::exp(-x)); }
+
+// Visits out[rows, cols] column block by column block so that the weight rows of a block stay in cache while
+// every activation row streams past them.
+template <typename Element>
+void for_each_output(Range rows, Range cols, Element&& element) {
+  constexpr int64_t kColumnBlock = 64;
+  for (int64_t c0 = cols.begin; c0 < cols.end; c0 += kColumnBlock) {
+    const int64_t c1 = std::min(cols.end, c0 + kColumnBlock);
+    for (int64_t r = rows.begin; r < rows.end; ++r)
+      for (int64_t c = c0; c < c1; ++c) element(r, c);
+  }
+}
+
+}  // namespace
+
+StackedWeights::StackedWeights(const std::vector<bf16>& matrix, int64_t rows, int64_t cols_) : cols(cols_) {
+  append(matrix, rows);
+}
+
+void StackedWeights::append(const std::vector<bf16>& matrix, int64_t rows) {
+  MK_CHECK(int64_t(matrix.size()) == rows * cols, "weight matrix has {} values, expected {} x {}", matrix.size(), rows,
+           cols);
+  parts.push_back({matrix.data(), rows});
+}
+
+int64_t StackedWeights::rows() const {
+  int64_t total = 0;
+  for (const Part& part : parts) total += part.rows;
+  return total;
+}
+
+const bf16* StackedWeights::row(int64_t r) const {
+  for (const Part& part : parts) {
+    if (r < part.rows) return part.data + r * cols;
+    r -= part.rows;
+  }
+  throw Error("StackedWeights: row out of range");
+}
+
+std::vector<float> rope_inverse_frequencies(const RopeConfig& rope, int64_t head_dim) {
+  const int64_t half_dim = head_dim / 2;
+  std::vector<float> inv_freq(static_cast<size_t>(half_dim));
+  for (int64_t i = 0; i < half_dim; ++i) {
+    // transformers: 1.0 / (theta ** (arange(0, dim, 2).float() / dim)), all in fp32
+    const float exponent = float(2 * i) / float(head_dim);
+    inv_freq[size_t(i)] = 1.0f / std::pow(float(rope.theta), exponent);
+  }
+  if (rope.type != RopeType::kLlama3) return inv_freq;
+  const double old_context = double(rope.original_max_position_embeddings);
+  const double low_freq_wavelen = old_context / rope.low_freq_factor;
+  const double high_freq_wavelen = old_context / rope.high_freq_factor;
+  for (float& f : inv_freq) {
+    const double wavelen = 2.0 * std::numbers::pi / f;
+    if (wavelen > low_freq_wavelen) {
+      f = float(f / rope.factor);
+    } else if (wavelen >= high_freq_wavelen) {
+      const double smooth = (old_context / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor);
+      f = float((1.0 - smooth) * f / rope.factor + smooth * f);
+    }
+  }
+  return inv_freq;
+}
+
+RopeTable make_rope_table(const ModelConfig& config, int64_t max_positions) {
+  RopeTable table;
+  table.half_dim = config.head_dim / 2;
+  if (config.rope.type == RopeType::kNone) return table;
+  const std::vector<float> inv_freq = rope_inverse_frequencies(config.rope, config.head_dim);
+  table.cos.resize(size_t(max_positions * table.half_dim));
+  table.sin.resize(size_t(max_positions * table.half_dim));
+  for (int64_t p = 0; p < max_positions; ++p) {
+    for (int64_t i = 0; i < table.half_dim; ++i) {
+      const float angle = float(p) * inv_freq[size_t(i)];  // fp32, as transformers computes it
+      table.cos[size_t(p * table.half_dim + i)] = float(std::cos(double(angle)));
+      table.sin[size_t(p * table.half_dim + i)] = float(std::sin(double(angle)));
+    }
+  }
+  return table;
+}
+
+void embedding_rows(const std::vector<int32_t>& tokens, const std::vector<bf16>& table, Matrix& out, Range rows) {
+  for (int64_t r = rows.begin; r < rows.end; ++r) {
+    const bf16* source = table.data() + int64_t(tokens[size_t(r)]) * out.cols;
+    float* target = out.row(r);
+    for (int64_t c = 0; c < out.cols; ++c) target[c] = to_float(source[c]);
+  }
+}
+
+void rmsnorm_rows(const Matrix& x, const std::vector<bf16>& weight, float eps, Matrix& out, Range rows) {
+  for (int64_t r = rows.begin; r < rows.end; ++r) {
+    const float* in = x.row(r);
+    const float inv_rms = 1.0f / std::sqrt(sum_of_squares(in, x.cols) / float(x.cols) + eps);
+    float* target = out.row(r);
+    for (int64_t c = 0; c < x.cols; ++c) target[c] = (in[c] * inv_rms) * to_float(weight[size_t(c)]);
+  }
+}
+
+void linear_tile(const Matrix& a, const StackedWeights& w, Matrix& out, Range rows, Range cols) {
+  for_each_output(rows, cols, [&](int64_t r, int64_t c) { out.row(r)[c] = dot(a.row(r), w.row(c), a.cols); });
+}
+
+void linear_residual_tile(const Matrix& a, const StackedWeights& w, const Matrix& residual, Matrix& out, Range rows,
+                          Range cols) {
+  for_each_output(rows, cols, [&](int64_t r, int64_t c) {
+    out.row(r)[c] = residual.row(r)[c] + dot(a.row(r), w.row(c), a.cols);
+  });
+}
+
+void swiglu_tile(const Matrix& a, const StackedWeights& w_gate, const StackedWeights& w_up, Matrix& out, Range rows,
+                 Range cols) {
+  for_each_output(rows, cols, [&](int64_t r, int64_t c) {
+    const float gate = dot(a.row(r), w_gate.row(c), a.cols);
+    const float up = dot(a.row(r), w_up.row(c), a.cols);
+    out.row(r)[c] = silu(gate) * up;
+  });
+}
+
+void rope_tile(const ModelConfig& config, const RopeTable& table, int64_t seq_len, Matrix& qkv, Range rows,
+               Range cols) {
+  const int64_t head_dim = config.head_dim;
+  const int64_t half = head_dim / 2;
+  const int64_t rotated_cols = config.q_dim() + config.kv_dim();  // q and k rotate, v does not
+  MK_CHECK(cols.begin % head_dim == 0 && cols.end % head_dim == 0, "rope_tile: columns must hold whole heads");
+  for (int64_t r = rows.begin; r < rows.end; ++r) {
+    const int64_t position = r % seq_len;
+    const float* cos = table.cos.data() + position * half;
+    const float* sin = table.sin.data() + position * half;
+    float* row = qkv.row(r);
+    for (int64_t head_begin = cols.begin; head_begin < std::min(cols.end, rotated_cols); head_begin += head_dim) {
+      float* x = row + head_begin;
+      for (int64_t i = 0; i < half; ++i) {
+        // transformers: x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1]
+        const float x1 = x[i];
+        const float x2 = x[i + half];
+        x[i] = x1 * cos[i] + (-x2) * sin[i];
+        x[i + half] = x2 * cos[i] + x1 * sin[i];
+      }
+    }
+  }
+}
+
+void attention_tile(const ModelConfig& config, int64_t seq_len, const Matrix& qkv, Matrix& out, int64_t sequence,
+                    Range queries, int64_t head) {
+  const int64_t head_dim = config.head_dim;
+  const int64_t kv_head = head / config.group_size();
+  const int64_t q_col = head * head_dim;
+  const int64_t k_col = config.q_dim() + kv_head * head_dim;
+  const int64_t v_col = config.q_dim() + config.kv_dim() + kv_head * head_dim;
+  const float scale = 1.0f / std::sqrt(float(head_dim));
+  const int64_t first_row = sequence * seq_len;
+  std::vector<float> scores(static_cast<size_t>(seq_len));
+  std::vector<float> accumulator(static_cast<size_t>(head_dim));
+  for (int64_t i = queries.begin; i < queries.end; ++i) {
+    const float* q = qkv.row(first_row + i) + q_col;
+    float max_score = -INFINITY;
+    for (int64_t j = 0; j <= i; ++j) {  // causal: query i sees keys 0..i
+      scores[size_t(j)] = dot(q, qkv.row(first_row + j) + k_col, head_dim) * scale;
+      max_score = std::max(max_score, scores[size_t(j)]);
+    }
+    float sum = 0.0f;
+    for (int64_t j = 0; j <= i; ++j) {
+      scores[size_t(j)] = std::exp(scores[size_t(j)] - max_score);
+      sum += scores[size_t(j)];
+    }
+    std::fill(accumulator.begin(), accumulator.end(), 0.0f);
+    for (int64_t j = 0; j <= i; ++j) {
+      const float p = scores[size_t(j)] / sum;
+      const float* v = qkv.row(first_row + j) + v_col;
+      for (int64_t d = 0; d < head_dim; ++d) accumulator[size_t(d)] += p * v[d];
+    }
+    float* target = out.row(first_row + i) + q_col;
+    for (int64_t d = 0; d < head_dim; ++d) target[d] = accumulator[size_t(d)];
+  }
+}
+
+}  // namespace mk::ref

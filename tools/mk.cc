@@ -1,0 +1,165 @@
+// mk: the command-line tool. `mk --help` lists the subcommands; each has its own --help.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <optional>
+
+#include "mk/check.h"
+#include "mk/model_config.h"
+#include "mk/model_io.h"
+#include "mk/reference.h"
+#include "mk/weights.h"
+
+namespace {
+
+// Which model and which token batch a subcommand works on.
+struct ModelOptions {
+  std::string preset;
+  std::string model_dir;
+  int64_t batch = 0;  // 0: the preset's default (1 for --model)
+  int64_t seq_len = 0;
+  uint64_t seed = 1;
+
+  void add_to(CLI::App& command) {
+    auto* preset_option = command.add_option("--preset", preset, "built-in model: seed, tiny, llama-3.2-1b, llama-3.1-8b");
+    auto* model_option = command.add_option("--model", model_dir, "Hugging Face model directory (config.json + safetensors)");
+    preset_option->excludes(model_option);
+    command.add_option("--batch", batch, "sequences per forward pass (default: the preset's)");
+    command.add_option("--seq", seq_len, "tokens per sequence (default: the preset's)");
+    command.add_option("--seed", seed, "seed of random weights and inputs")->capture_default_str();
+  }
+
+  mk::ModelConfig config() const {
+    if (!model_dir.empty()) return mk::load_model_config(std::filesystem::path(model_dir) / "config.json");
+    return mk::find_preset(preset.empty() ? "seed" : preset).config;
+  }
+
+  mk::RunShape shape() const {
+    mk::RunShape result{1, 128};
+    if (model_dir.empty()) result = mk::find_preset(preset.empty() ? "seed" : preset).shape;
+    if (batch != 0) result.batch = batch;
+    if (seq_len != 0) result.seq_len = seq_len;
+    MK_CHECK(result.batch > 0 && result.seq_len > 0, "--batch ({}) and --seq ({}) must be positive", result.batch,
+             result.seq_len);
+    return result;
+  }
+
+  mk::ModelWeights weights(const mk::ModelConfig& config) const {
+    if (!model_dir.empty()) return mk::load_weights(model_dir, config);
+    return mk::random_weights(config, seed);
+  }
+};
+
+std::string human_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int unit = 0;
+  while (bytes >= 1024 && unit < 4) {
+    bytes /= 1024;
+    ++unit;
+  }
+  return fmt::format("{:.2f} {}", bytes, units[unit]);
+}
+
+int run_info(const ModelOptions& options) {
+  const mk::ModelConfig config = options.config();
+  const mk::RunShape shape = options.shape();
+  const mk::ForwardCost cost = mk::forward_cost(config, shape);
+  fmt::print("{}\n", mk::describe(config));
+  fmt::print("forward pass: batch {} x seq {} = {} tokens\n", shape.batch, shape.seq_len, shape.tokens());
+  fmt::print("parameters:         {:.3f} M\n", double(cost.parameters) / 1e6);
+  fmt::print("FLOPs:              {:.3f} GFLOP (causal attention counted half)\n", cost.flops / 1e9);
+  fmt::print("minimum bytes:      {} (weights once, input, output and K/V once)\n", human_bytes(cost.min_bytes));
+  fmt::print("arithmetic intensity: {:.1f} FLOP/byte\n", cost.flops / cost.min_bytes);
+  fmt::print("memory needed:      {} weights (bf16) + {} activations (bf16, one buffer per layer and op)\n",
+             human_bytes(cost.weight_bytes), human_bytes(cost.activation_bytes));
+  return 0;
+}
+
+int run_forward(const ModelOptions& options, const std::string& engine, const std::string& input_path,
+                const std::string& output_path) {
+  const mk::ModelConfig config = options.config();
+  MK_CHECK(engine == "reference", "unknown engine '{}' (available: reference)", engine);
+  mk::ref::ModelInput input = input_path.empty() ? mk::ref::random_input(config, options.shape(), options.seed + 1)
+                                                 : mk::load_model_input(input_path, config);
+  const mk::ModelWeights weights = options.weights(config);
+  fmt::print("{}\n", mk::describe(config));
+  fmt::print("engine {}: batch {} x seq {}\n", engine, input.shape.batch, input.shape.seq_len);
+
+  const auto start = std::chrono::steady_clock::now();
+  const mk::ref::Matrix output = mk::ref::forward(weights, input);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  double sum = 0, abs_sum = 0;
+  for (float value : output.data) {
+    sum += value;
+    abs_sum += std::fabs(value);
+  }
+  const char* output_name = config.has_lm_head ? "logits" : "hidden";
+  fmt::print("time: {:.3f} s ({:.2f} GFLOP/s)\n", seconds, mk::forward_cost(config, input.shape).flops / seconds / 1e9);
+  fmt::print("output {} ({} x {}) checksum: sum {:.6e}, mean |x| {:.6e}\n", output_name, output.rows, output.cols, sum,
+             abs_sum / double(output.data.size()));
+  if (!output_path.empty()) {
+    mk::save_model_output(output_path, output_name, output, input.shape);
+    fmt::print("wrote {}\n", output_path);
+  }
+  return 0;
+}
+
+int run_export(const ModelOptions& options, const std::string& out_dir, const std::string& input_path) {
+  const mk::ModelConfig config = options.config();
+  mk::save_hf_model(out_dir, options.weights(config));
+  fmt::print("wrote {}/config.json and model.safetensors ({})\n", out_dir, mk::describe(config));
+  if (!input_path.empty()) {
+    mk::save_model_input(input_path, mk::ref::random_input(config, options.shape(), options.seed + 1), config);
+    fmt::print("wrote {}\n", input_path);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"megakernel: a LLaMA-family forward pass as one persistent kernel on Hopper"};
+  app.require_subcommand(1);
+
+  ModelOptions info_options;
+  CLI::App* info = app.add_subcommand("info", "print a model's shape, parameter count, FLOPs and memory");
+  info_options.add_to(*info);
+
+  ModelOptions run_options;
+  std::string engine = "reference";
+  std::string input_path, output_path;
+  CLI::App* run = app.add_subcommand("run", "run one forward pass and print its time and an output checksum");
+  run_options.add_to(*run);
+  run->add_option("--engine", engine, "reference")->capture_default_str();
+  run->add_option("--input", input_path, "safetensors with 'tokens' (batch, seq) or 'hidden' (batch, seq, d_model)");
+  run->add_option("--output", output_path, "write the output (logits or hidden states, F32) as safetensors");
+
+  ModelOptions export_options;
+  std::string export_dir, export_input;
+  CLI::App* export_command =
+      app.add_subcommand("export", "write a model (random weights for a preset) as a Hugging Face directory");
+  export_options.add_to(*export_command);
+  export_command->add_option("--out", export_dir, "directory to write config.json and model.safetensors to")->required();
+  export_command->add_option("--input", export_input, "also write a random input of the run shape to this file");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    return app.exit(error);
+  }
+  try {
+    if (*info) return run_info(info_options);
+    if (*run) return run_forward(run_options, engine, input_path, output_path);
+    if (*export_command) return run_export(export_options, export_dir, export_input);
+  } catch (const mk::Error& error) {
+    fmt::print(stderr, "mk: error: {}\n", error.what());
+    return 1;
+  } catch (const std::exception& error) {
+    fmt::print(stderr, "mk: unexpected error: {}\n", error.what());
+    return 1;
+  }
+  return 0;
+}
