@@ -7,9 +7,12 @@
 #include <optional>
 
 #include "mk/check.h"
+#include "mk/cpu_vm.h"
+#include "mk/graph.h"
 #include "mk/model_config.h"
 #include "mk/model_io.h"
 #include "mk/reference.h"
+#include "mk/schedule.h"
 #include "mk/weights.h"
 
 namespace {
@@ -52,6 +55,37 @@ struct ModelOptions {
   }
 };
 
+// How a schedule is built (or loaded) for the cpu-vm and gpu engines.
+struct ScheduleOptions {
+  int32_t num_sms = 132;
+  std::string policy = "cost-model";
+  std::string schedule_file;
+
+  void add_to(CLI::App& command) {
+    command.add_option("--sms", num_sms, "SM count to schedule for (gpu: the device's)")->capture_default_str();
+    command.add_option("--policy", policy, "round-robin | cost-model")->capture_default_str();
+    command.add_option("--schedule", schedule_file, "use a schedule file written by `mk schedule --out`");
+  }
+
+  // Builds the schedule, or loads it and checks it was built for this model and shape; verified either way.
+  mk::Schedule make(const mk::Graph& graph) const {
+    mk::Schedule schedule;
+    if (!schedule_file.empty()) {
+      mk::LoadedSchedule loaded = mk::load_schedule(schedule_file);
+      MK_CHECK(loaded.shape.batch == graph.shape().batch && loaded.shape.seq_len == graph.shape().seq_len &&
+                   loaded.config.d_model == graph.config().d_model && loaded.config.n_layers == graph.config().n_layers,
+               "{}: built for batch {} x seq {} of model '{}', not batch {} x seq {} of '{}'", schedule_file,
+               loaded.shape.batch, loaded.shape.seq_len, loaded.config.name, graph.shape().batch,
+               graph.shape().seq_len, graph.config().name);
+      schedule = std::move(loaded.schedule);
+    } else {
+      schedule = mk::make_schedule(graph, mk::derive_dependencies(graph), mk::parse_schedule_policy(policy), num_sms);
+    }
+    mk::verify_schedule(graph, schedule);
+    return schedule;
+  }
+};
+
 std::string human_bytes(double bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int unit = 0;
@@ -77,32 +111,76 @@ int run_info(const ModelOptions& options) {
   return 0;
 }
 
-int run_forward(const ModelOptions& options, const std::string& engine, const std::string& input_path,
-                const std::string& output_path) {
+void print_checksum(const mk::ModelConfig& config, const mk::ref::Matrix& output) {
+  double sum = 0, abs_sum = 0;
+  size_t nans = 0;
+  for (float value : output.data) {
+    if (std::isnan(value)) ++nans;
+    sum += value;
+    abs_sum += std::fabs(value);
+  }
+  fmt::print("output {} ({} x {}) checksum: sum {:.6e}, mean |x| {:.6e}{}\n", config.has_lm_head ? "logits" : "hidden",
+             output.rows, output.cols, sum, abs_sum / double(output.data.size()),
+             nans ? fmt::format(", {} NaN", nans) : "");
+}
+
+int run_forward(const ModelOptions& options, const ScheduleOptions& schedule_options, const std::string& engine,
+                const mk::CpuVmOptions& vm_options, const std::string& input_path, const std::string& output_path) {
   const mk::ModelConfig config = options.config();
-  MK_CHECK(engine == "reference", "unknown engine '{}' (available: reference)", engine);
+  MK_CHECK(engine == "reference" || engine == "cpu-vm", "unknown engine '{}' (available: reference, cpu-vm)", engine);
   mk::ref::ModelInput input = input_path.empty() ? mk::ref::random_input(config, options.shape(), options.seed + 1)
                                                  : mk::load_model_input(input_path, config);
   const mk::ModelWeights weights = options.weights(config);
   fmt::print("{}\n", mk::describe(config));
   fmt::print("engine {}: batch {} x seq {}\n", engine, input.shape.batch, input.shape.seq_len);
 
-  const auto start = std::chrono::steady_clock::now();
-  const mk::ref::Matrix output = mk::ref::forward(weights, input);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-
-  double sum = 0, abs_sum = 0;
-  for (float value : output.data) {
-    sum += value;
-    abs_sum += std::fabs(value);
+  mk::ref::Matrix output;
+  double seconds = 0;
+  auto timed = [&](auto&& body) {
+    const auto start = std::chrono::steady_clock::now();
+    body();
+    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  if (engine == "reference") {
+    timed([&] { output = mk::ref::forward(weights, input); });
+  } else {
+    const mk::Graph graph(config, input.shape);
+    const mk::Schedule schedule = schedule_options.make(graph);
+    fmt::print("schedule: {} instructions on {} SMs ({}), verified\n", schedule.instructions.size(), schedule.num_sms,
+               mk::schedule_policy_name(schedule.policy));
+    timed([&] { output = mk::run_cpu_vm(graph, schedule, weights, input, vm_options).output(graph); });
   }
-  const char* output_name = config.has_lm_head ? "logits" : "hidden";
   fmt::print("time: {:.3f} s ({:.2f} GFLOP/s)\n", seconds, mk::forward_cost(config, input.shape).flops / seconds / 1e9);
-  fmt::print("output {} ({} x {}) checksum: sum {:.6e}, mean |x| {:.6e}\n", output_name, output.rows, output.cols, sum,
-             abs_sum / double(output.data.size()));
+  print_checksum(config, output);
   if (!output_path.empty()) {
-    mk::save_model_output(output_path, output_name, output, input.shape);
+    mk::save_model_output(output_path, config.has_lm_head ? "logits" : "hidden", output, input.shape);
     fmt::print("wrote {}\n", output_path);
+  }
+  return 0;
+}
+
+int run_schedule(const ModelOptions& options, const ScheduleOptions& schedule_options, bool explain,
+                 const std::string& out_path) {
+  const mk::ModelConfig config = options.config();
+  const mk::RunShape shape = options.shape();
+  const auto start = std::chrono::steady_clock::now();
+  const mk::Graph graph(config, shape);
+  const mk::Schedule schedule = schedule_options.make(graph);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  fmt::print("{}\n", mk::describe(config));
+  fmt::print("batch {} x seq {}: {} tasks, scheduled and verified in {:.3f} s\n", shape.batch, shape.seq_len,
+             graph.tasks().size(), seconds);
+  const mk::ScheduleEstimate estimate = mk::estimate_schedule(graph, schedule);
+  if (explain) {
+    fmt::print("{}", mk::explain_schedule(graph, schedule, estimate));
+  } else {
+    fmt::print("policy {}: {} SMs, estimated makespan {:.1f} us, idle {:.1f}% (--explain for per-SM detail)\n",
+               mk::schedule_policy_name(schedule.policy), schedule.num_sms, estimate.makespan_ns / 1e3,
+               100.0 * estimate.idle_fraction());
+  }
+  if (!out_path.empty()) {
+    mk::save_schedule(out_path, graph, schedule);
+    fmt::print("wrote {}\n", out_path);
   }
   return 0;
 }
@@ -133,9 +211,26 @@ int main(int argc, char** argv) {
   std::string input_path, output_path;
   CLI::App* run = app.add_subcommand("run", "run one forward pass and print its time and an output checksum");
   run_options.add_to(*run);
-  run->add_option("--engine", engine, "reference")->capture_default_str();
+  ScheduleOptions run_schedule_options;
+  mk::CpuVmOptions vm_options;
+  run_schedule_options.add_to(*run);
+  run->add_option("--engine", engine, "reference | cpu-vm")->capture_default_str();
+  run->add_option("--max-delay-us", vm_options.max_delay_us, "cpu-vm: random delay before each instruction")
+      ->capture_default_str();
+  run->add_flag("!--no-race-check", vm_options.detect_races, "cpu-vm: skip the happens-before race detector");
   run->add_option("--input", input_path, "safetensors with 'tokens' (batch, seq) or 'hidden' (batch, seq, d_model)");
   run->add_option("--output", output_path, "write the output (logits or hidden states, F32) as safetensors");
+
+  ModelOptions schedule_model_options;
+  ScheduleOptions schedule_options;
+  bool explain = false;
+  std::string schedule_out;
+  CLI::App* schedule_command =
+      app.add_subcommand("schedule", "build, verify and explain the per-SM instruction lists of a forward pass");
+  schedule_model_options.add_to(*schedule_command);
+  schedule_options.add_to(*schedule_command);
+  schedule_command->add_flag("--explain", explain, "per-SM load and instruction count, makespan, idle, critical path");
+  schedule_command->add_option("--out", schedule_out, "write the schedule to this file");
 
   ModelOptions export_options;
   std::string export_dir, export_input;
@@ -152,7 +247,8 @@ int main(int argc, char** argv) {
   }
   try {
     if (*info) return run_info(info_options);
-    if (*run) return run_forward(run_options, engine, input_path, output_path);
+    if (*run) return run_forward(run_options, run_schedule_options, engine, vm_options, input_path, output_path);
+    if (*schedule_command) return run_schedule(schedule_model_options, schedule_options, explain, schedule_out);
     if (*export_command) return run_export(export_options, export_dir, export_input);
   } catch (const mk::Error& error) {
     fmt::print(stderr, "mk: error: {}\n", error.what());

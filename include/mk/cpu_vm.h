@@ -1,0 +1,42 @@
+// The cpu-vm engine: one thread per virtual SM runs that SM's instruction list with the GPU's counter protocol
+// (acquire waits, release signals), computing each tile with the reference ops.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "mk/graph.h"
+#include "mk/reference.h"
+#include "mk/schedule.h"
+#include "mk/weights.h"
+
+namespace mk {
+
+struct CpuVmOptions {
+  int max_delay_us = 0;  // sleep a random 0..max_delay_us before each instruction, to shake out ordering bugs
+  uint64_t delay_seed = 1;
+  // Happens-before race detector: each read must be ordered after its writers by counter waits and program order
+  // (vector clocks); otherwise the run fails naming both tasks. Timing-independent, so a missing wait is caught
+  // even when the writer happened to finish first.
+  bool detect_races = true;
+  int launches = 1;  // run the schedule this many times without resetting counters (epochs 1..launches)
+  double stall_timeout_s = 60.0;  // a wait longer than this is reported as a stall, never a hang
+  std::vector<uint32_t> slow_tasks;  // fault injection for tests: these tasks sleep slow_task_delay_ms first
+  int slow_task_delay_ms = 0;
+};
+
+struct CpuVmRun {
+  std::vector<ref::Matrix> buffers;  // one per graph buffer, fp32; unwritten elements stay NaN
+  const ref::Matrix& output(const Graph& graph) const { return buffers[graph.output_buffer()]; }
+};
+
+// Runs a verified schedule (it calls verify_schedule first and refuses one that fails). Throws mk::Error on a
+// stall or a detected race.
+CpuVmRun run_cpu_vm(const Graph& graph, const Schedule& schedule, const ModelWeights& weights,
+                    const ref::ModelInput& input, const CpuVmOptions& options = {});
+
+// Without verification: only for tests that feed a deliberately broken schedule to see the cpu-vm expose it.
+CpuVmRun run_cpu_vm_unverified(const Graph& graph, const Schedule& schedule, const ModelWeights& weights,
+                               const ref::ModelInput& input, const CpuVmOptions& options);
+
+}  // namespace mk

@@ -1,0 +1,69 @@
+// The schedule: per-SM instruction lists with their counter waits, the policies that build it, the cost-model
+// estimate behind `mk schedule --explain`, the static verifier, and the schedule file format.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "mk/graph.h"
+#include "mk/instruction.h"
+
+namespace mk {
+
+enum class SchedulePolicy {
+  kRoundRobin,  // the seed's: tasks dealt to SMs in graph order
+  kCostModel,   // list scheduling by estimated time: longest remaining path first, onto the earliest-free SM
+};
+SchedulePolicy parse_schedule_policy(const std::string& name);  // "round-robin" | "cost-model"
+const char* schedule_policy_name(SchedulePolicy policy);
+
+struct Schedule {
+  int32_t num_sms = 0;
+  SchedulePolicy policy = SchedulePolicy::kCostModel;
+  uint32_t num_counters = 0;
+  std::vector<uint32_t> sm_begin;         // (num_sms + 1): SM s runs instructions[sm_begin[s], sm_begin[s + 1])
+  std::vector<Instruction> instructions;  // (num_tasks)
+  std::vector<Wait> waits;                // the lists Instruction::wait_begin/num_waits point into
+
+  size_t num_instructions(int32_t sm) const { return sm_begin[size_t(sm) + 1] - sm_begin[size_t(sm)]; }
+};
+
+// Estimated time of one task on one SM, from its FLOPs and bytes (see schedule.cc for the rates).
+double estimated_task_ns(const TaskWork& work);
+
+Schedule make_schedule(const Graph& graph, const Dependencies& deps, SchedulePolicy policy, int32_t num_sms);
+
+// What the cost model predicts when every SM runs its list in order.
+struct ScheduleEstimate {
+  double makespan_ns = 0;
+  double critical_path_ns = 0;          // longest dependency chain, whatever the SM count
+  std::vector<double> busy_ns;          // (num_sms)
+  std::vector<double> finish_ns;        // (num_sms) when each SM runs out of work
+  std::vector<uint32_t> critical_path;  // task indices along the longest chain, first to last
+  double idle_fraction() const;         // of num_sms * makespan
+};
+ScheduleEstimate estimate_schedule(const Graph& graph, const Schedule& schedule);
+std::string explain_schedule(const Graph& graph, const Schedule& schedule, const ScheduleEstimate& estimate);
+
+// Proves the schedule safe for the graph, or throws mk::Error naming the offending SM and instruction:
+// - every task of the graph appears exactly once, with the task's opcode and coordinates;
+// - counter ids and wait lists are in range, and every wait target is reachable (no more than the counter's
+//   signals per launch);
+// - no two tasks write overlapping regions, and the output buffer is written completely;
+// - every region a task reads is written completely by tasks it waits for, directly or transitively;
+// - running every SM's list in order cannot deadlock (this also rules out cycles).
+void verify_schedule(const Graph& graph, const Schedule& schedule);
+
+// Binary schedule file: a magic, the model/shape/tiles it was built for (JSON), then the arrays.
+void save_schedule(const std::filesystem::path& path, const Graph& graph, const Schedule& schedule);
+struct LoadedSchedule {
+  ModelConfig config;
+  RunShape shape;
+  TileConfig tiles;
+  Schedule schedule;
+};
+LoadedSchedule load_schedule(const std::filesystem::path& path);  // structure only; verify against a Graph next
+
+}  // namespace mk

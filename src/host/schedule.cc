@@ -1,0 +1,409 @@
+// Schedule construction (round-robin and cost-model list scheduling), the cost-model estimate and its explanation,
+// and the schedule file format.
+#include "mk/schedule.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <queue>
+
+#include "in_order.h"
+#include "mk/check.h"
+
+namespace mk {
+
+namespace {
+
+// NOTE: rough per-SM rates of an H200 (132 SMs): ~660 TFLOP/s of bf16 wgmma in good GEMMs, ~8 TB/s of L2, where most
+// tile reads land, and a fixed cost per instruction for fetch, waits and pipeline fill. Estimates to balance SMs
+// with, to be calibrated from traces.
+constexpr double kSmFlopsPerNs = 5000.0;
+constexpr double kSmBytesPerNs = 60.0;
+constexpr double kInstructionOverheadNs = 500.0;
+
+Instruction make_instruction(const Task& task, uint32_t task_index, const Dependencies& deps) {
+  Instruction instruction{};
+  instruction.opcode = task.opcode;
+  instruction.layer = task.layer;
+  instruction.task = task_index;
+  instruction.row_begin = task.row_begin;
+  instruction.row_end = task.row_end;
+  instruction.col_begin = task.col_begin;
+  instruction.col_end = task.col_end;
+  instruction.sequence = task.sequence;
+  instruction.head = task.head;
+  instruction.signal_counter = deps.counter_of_task[task_index];
+  instruction.wait_begin = deps.wait_begin[task_index];
+  instruction.num_waits = deps.num_waits[task_index];
+  return instruction;
+}
+
+// Reverse edges: for each counter, the tasks that wait on it (CSR).
+struct Waiters {
+  std::vector<uint32_t> begin;  // (num_counters + 1)
+  std::vector<uint32_t> tasks;
+};
+
+Waiters waiters_of_counters(const Dependencies& deps) {
+  Waiters w;
+  w.begin.assign(deps.num_counters + 1, 0);
+  const size_t num_tasks = deps.counter_of_task.size();
+  for (size_t t = 0; t < num_tasks; ++t)
+    for (uint32_t k = 0; k < deps.num_waits[t]; ++k) ++w.begin[deps.waits[deps.wait_begin[t] + k].counter + 1];
+  for (uint32_t c = 0; c < deps.num_counters; ++c) w.begin[c + 1] += w.begin[c];
+  w.tasks.resize(w.begin.back());
+  std::vector<uint32_t> fill(w.begin.begin(), w.begin.end() - 1);
+  for (size_t t = 0; t < num_tasks; ++t)
+    for (uint32_t k = 0; k < deps.num_waits[t]; ++k) w.tasks[fill[deps.waits[deps.wait_begin[t] + k].counter]++] = uint32_t(t);
+  return w;
+}
+
+}  // namespace
+
+SchedulePolicy parse_schedule_policy(const std::string& name) {
+  if (name == "round-robin") return SchedulePolicy::kRoundRobin;
+  if (name == "cost-model") return SchedulePolicy::kCostModel;
+  throw Error(fmt::format("unknown schedule policy '{}' (known: round-robin, cost-model)", name));
+}
+
+const char* schedule_policy_name(SchedulePolicy policy) {
+  return policy == SchedulePolicy::kRoundRobin ? "round-robin" : "cost-model";
+}
+
+double estimated_task_ns(const TaskWork& work) {
+  return std::max(work.flops / kSmFlopsPerNs, work.bytes / kSmBytesPerNs) + kInstructionOverheadNs;
+}
+
+Schedule make_schedule(const Graph& graph, const Dependencies& deps, SchedulePolicy policy, int32_t num_sms) {
+  MK_CHECK(num_sms > 0 && num_sms <= 4096, "SM count must be in [1, 4096], got {}", num_sms);
+  const std::vector<Task>& tasks = graph.tasks();
+  const size_t num_tasks = tasks.size();
+  std::vector<std::vector<uint32_t>> lists(static_cast<size_t>(num_sms));  // task indices per SM, in execution order
+
+  if (policy == SchedulePolicy::kRoundRobin) {
+    for (size_t t = 0; t < num_tasks; ++t) lists[t % size_t(num_sms)].push_back(uint32_t(t));
+  } else {
+    std::vector<double> cost(num_tasks);
+    for (size_t t = 0; t < num_tasks; ++t) cost[t] = estimated_task_ns(graph.work(tasks[t]));
+    // Priority: the longest estimated path from the task to the end of the pass ("bottom level"). Graph order is
+    // topological, so one reverse sweep suffices: a counter's waiters all come after its tasks.
+    std::vector<double> bottom_level(num_tasks);
+    std::vector<double> counter_bottom_level(deps.num_counters, 0.0);
+    for (size_t t = num_tasks; t-- > 0;) {
+      bottom_level[t] = cost[t] + counter_bottom_level[deps.counter_of_task[t]];
+      for (uint32_t k = 0; k < deps.num_waits[t]; ++k) {
+        double& level = counter_bottom_level[deps.waits[deps.wait_begin[t] + k].counter];
+        level = std::max(level, bottom_level[t]);
+      }
+    }
+    // List scheduling: take the eligible task (all its counters' tasks placed) with the highest priority and append
+    // it to the SM that frees up first. Every SM's list is then ordered by estimated start time and each task starts
+    // after its dependencies finish, so running the lists in order cannot deadlock.
+    const Waiters waiters = waiters_of_counters(deps);
+    std::vector<uint32_t> pending_counters(deps.num_waits.begin(), deps.num_waits.end());
+    std::vector<uint32_t> placed_in_counter(deps.num_counters, 0);
+    std::vector<double> counter_finish(deps.num_counters, 0.0);
+    auto lower_priority = [&](uint32_t a, uint32_t b) {
+      return bottom_level[a] != bottom_level[b] ? bottom_level[a] < bottom_level[b] : a > b;
+    };
+    std::priority_queue<uint32_t, std::vector<uint32_t>, decltype(lower_priority)> eligible(lower_priority);
+    for (size_t t = 0; t < num_tasks; ++t)
+      if (pending_counters[t] == 0) eligible.push(uint32_t(t));
+    using SmSlot = std::pair<double, int32_t>;  // (free at, sm)
+    std::priority_queue<SmSlot, std::vector<SmSlot>, std::greater<>> sms;
+    for (int32_t s = 0; s < num_sms; ++s) sms.push({0.0, s});
+    while (!eligible.empty()) {
+      const uint32_t t = eligible.top();
+      eligible.pop();
+      double ready = 0.0;
+      for (uint32_t k = 0; k < deps.num_waits[t]; ++k)
+        ready = std::max(ready, counter_finish[deps.waits[deps.wait_begin[t] + k].counter]);
+      auto [free_at, sm] = sms.top();
+      sms.pop();
+      const double finish = std::max(free_at, ready) + cost[t];
+      sms.push({finish, sm});
+      lists[size_t(sm)].push_back(t);
+      const uint32_t counter = deps.counter_of_task[t];
+      counter_finish[counter] = std::max(counter_finish[counter], finish);
+      if (++placed_in_counter[counter] == deps.counter_target[counter]) {
+        for (uint32_t w = waiters.begin[counter]; w < waiters.begin[counter + 1]; ++w)
+          if (--pending_counters[waiters.tasks[w]] == 0) eligible.push(waiters.tasks[w]);
+      }
+    }
+    size_t placed = 0;
+    for (const auto& list : lists) placed += list.size();
+    MK_CHECK(placed == num_tasks, "internal error: the dependency graph has a cycle ({} of {} tasks placed)", placed,
+             num_tasks);
+  }
+
+  Schedule schedule;
+  schedule.num_sms = num_sms;
+  schedule.policy = policy;
+  schedule.num_counters = deps.num_counters;
+  schedule.waits = deps.waits;
+  schedule.sm_begin.reserve(size_t(num_sms) + 1);
+  schedule.instructions.reserve(num_tasks);
+  for (const auto& list : lists) {
+    schedule.sm_begin.push_back(uint32_t(schedule.instructions.size()));
+    for (uint32_t t : list) schedule.instructions.push_back(make_instruction(tasks[t], t, deps));
+  }
+  schedule.sm_begin.push_back(uint32_t(schedule.instructions.size()));
+  return schedule;
+}
+
+double ScheduleEstimate::idle_fraction() const {
+  double busy = 0;
+  for (double b : busy_ns) busy += b;
+  const double capacity = makespan_ns * double(busy_ns.size());
+  return capacity > 0 ? 1.0 - busy / capacity : 0.0;
+}
+
+ScheduleEstimate estimate_schedule(const Graph& graph, const Schedule& schedule) {
+  const std::vector<Task>& tasks = graph.tasks();
+  const size_t num_sms = size_t(schedule.num_sms);
+  std::vector<double> cost(tasks.size());
+  for (size_t t = 0; t < tasks.size(); ++t) cost[t] = estimated_task_ns(graph.work(tasks[t]));
+
+  ScheduleEstimate estimate;
+  estimate.busy_ns.assign(num_sms, 0.0);
+  estimate.finish_ns.assign(num_sms, 0.0);
+
+  // Critical path: graph order is topological; a task's earliest finish follows its slowest waited counter.
+  std::vector<double> earliest_finish(tasks.size(), 0.0);
+  std::vector<double> counter_earliest(schedule.num_counters, 0.0);
+  std::vector<uint32_t> counter_last_task(schedule.num_counters, UINT32_MAX);
+  std::vector<uint32_t> predecessor(tasks.size(), UINT32_MAX);
+  std::vector<const Instruction*> instruction_of_task(tasks.size(), nullptr);
+  for (const Instruction& in : schedule.instructions) instruction_of_task[in.task] = &in;
+  uint32_t last_task = 0;
+  for (size_t t = 0; t < tasks.size(); ++t) {
+    const Instruction& in = *instruction_of_task[t];
+    double start = 0.0;
+    for (uint32_t k = 0; k < in.num_waits; ++k) {
+      const uint32_t c = schedule.waits[in.wait_begin + k].counter;
+      if (counter_earliest[c] > start) {
+        start = counter_earliest[c];
+        predecessor[t] = counter_last_task[c];
+      }
+    }
+    earliest_finish[t] = start + cost[t];
+    if (earliest_finish[t] > counter_earliest[in.signal_counter]) {
+      counter_earliest[in.signal_counter] = earliest_finish[t];
+      counter_last_task[in.signal_counter] = uint32_t(t);
+    }
+    if (earliest_finish[t] > earliest_finish[last_task]) last_task = uint32_t(t);
+  }
+  estimate.critical_path_ns = tasks.empty() ? 0.0 : earliest_finish[last_task];
+  for (uint32_t t = last_task; !tasks.empty() && t != UINT32_MAX; t = predecessor[t]) estimate.critical_path.push_back(t);
+  std::reverse(estimate.critical_path.begin(), estimate.critical_path.end());
+
+  // In-order execution per SM, each instruction starting when its SM is free and its counters are complete.
+  std::vector<double> counter_done(schedule.num_counters, 0.0);
+  const std::vector<uint32_t> done = run_in_order(schedule, [&](uint32_t sm, uint32_t index) {
+    const Instruction& in = schedule.instructions[schedule.sm_begin[sm] + index];
+    double start = estimate.finish_ns[sm];
+    for (uint32_t k = 0; k < in.num_waits; ++k) start = std::max(start, counter_done[schedule.waits[in.wait_begin + k].counter]);
+    estimate.busy_ns[sm] += cost[in.task];
+    estimate.finish_ns[sm] = start + cost[in.task];
+    counter_done[in.signal_counter] = std::max(counter_done[in.signal_counter], estimate.finish_ns[sm]);
+  });
+  for (size_t s = 0; s < num_sms; ++s) {
+    MK_CHECK(done[s] == schedule.num_instructions(int32_t(s)), "schedule deadlocks: SM {} is stuck at instruction {}",
+             s, done[s]);
+    estimate.makespan_ns = std::max(estimate.makespan_ns, estimate.finish_ns[s]);
+  }
+  return estimate;
+}
+
+std::string explain_schedule(const Graph& graph, const Schedule& schedule, const ScheduleEstimate& estimate) {
+  std::string out;
+  const auto& tasks = graph.tasks();
+  out += fmt::format("schedule: policy {}, {} SMs, {} instructions, {} counters, {} waits\n",
+                     schedule_policy_name(schedule.policy), schedule.num_sms, schedule.instructions.size(),
+                     schedule.num_counters, schedule.waits.size());
+  double total_busy = 0;
+  for (double b : estimate.busy_ns) total_busy += b;
+  out += fmt::format("estimated makespan {:.1f} us; critical path {:.1f} us; work {:.1f} us over {} SMs = {:.1f} us "
+                     "at perfect balance; idle {:.1f}%\n",
+                     estimate.makespan_ns / 1e3, estimate.critical_path_ns / 1e3, total_busy / 1e3, schedule.num_sms,
+                     total_busy / 1e3 / schedule.num_sms, 100.0 * estimate.idle_fraction());
+
+  std::map<Opcode, std::pair<size_t, double>> per_op;
+  for (const Task& task : tasks) {
+    auto& [count, ns] = per_op[task.opcode];
+    ++count;
+    ns += estimated_task_ns(graph.work(task));
+  }
+  out += "per op (estimated):\n";
+  for (const auto& [opcode, entry] : per_op) {
+    out += fmt::format("  {:<11} {:>9} tasks  {:>12.1f} us  ({:.1f}%)\n", opcode_name(opcode), entry.first,
+                       entry.second / 1e3, 100.0 * entry.second / total_busy);
+  }
+
+  out += "critical path:";
+  Opcode run_opcode = Opcode::kNop;
+  int run_layer = -1;
+  size_t run_length = 0;
+  auto flush = [&] {
+    if (run_length > 0) out += fmt::format(" {}{}{}", opcode_name(run_opcode), run_layer >= 0 && run_opcode != Opcode::kFinalNorm && run_opcode != Opcode::kLmHead ? fmt::format(" L{}", run_layer) : "", run_length > 1 ? fmt::format(" x{}", run_length) : "");
+  };
+  for (uint32_t t : estimate.critical_path) {
+    if (tasks[t].opcode != run_opcode || tasks[t].layer != run_layer) {
+      flush();
+      run_opcode = tasks[t].opcode;
+      run_layer = tasks[t].layer;
+      run_length = 0;
+    }
+    ++run_length;
+  }
+  flush();
+  out += "\n";
+
+  out += "per SM: instructions, busy, finish, idle before the makespan\n";
+  for (int32_t s = 0; s < schedule.num_sms; ++s) {
+    const double busy = estimate.busy_ns[size_t(s)];
+    out += fmt::format("  SM {:>3}: {:>7} instr  busy {:>10.1f} us  finish {:>10.1f} us  idle {:>5.1f}%\n", s,
+                       schedule.num_instructions(s), busy / 1e3, estimate.finish_ns[size_t(s)] / 1e3,
+                       estimate.makespan_ns > 0 ? 100.0 * (1.0 - busy / estimate.makespan_ns) : 0.0);
+  }
+  return out;
+}
+
+// ---- file format ----
+
+namespace {
+
+constexpr char kScheduleMagic[8] = {'M', 'K', 'S', 'C', 'H', 'E', 'D', '1'};
+
+nlohmann::json config_to_json(const ModelConfig& c) {
+  return {{"name", c.name},
+          {"d_model", c.d_model},
+          {"d_ff", c.d_ff},
+          {"n_layers", c.n_layers},
+          {"n_heads", c.n_heads},
+          {"n_kv_heads", c.n_kv_heads},
+          {"head_dim", c.head_dim},
+          {"vocab_size", c.vocab_size},
+          {"max_position_embeddings", c.max_position_embeddings},
+          {"rms_norm_eps", c.rms_norm_eps},
+          {"rope_type", int(c.rope.type)},
+          {"rope_theta", c.rope.theta},
+          {"rope_factor", c.rope.factor},
+          {"rope_low_freq_factor", c.rope.low_freq_factor},
+          {"rope_high_freq_factor", c.rope.high_freq_factor},
+          {"rope_original_max_position_embeddings", c.rope.original_max_position_embeddings},
+          {"has_embedding", c.has_embedding},
+          {"has_lm_head", c.has_lm_head},
+          {"tie_word_embeddings", c.tie_word_embeddings}};
+}
+
+ModelConfig config_from_json(const nlohmann::json& j) {
+  ModelConfig c;
+  c.name = j.at("name").get<std::string>();
+  c.d_model = j.at("d_model");
+  c.d_ff = j.at("d_ff");
+  c.n_layers = j.at("n_layers");
+  c.n_heads = j.at("n_heads");
+  c.n_kv_heads = j.at("n_kv_heads");
+  c.head_dim = j.at("head_dim");
+  c.vocab_size = j.at("vocab_size");
+  c.max_position_embeddings = j.at("max_position_embeddings");
+  c.rms_norm_eps = j.at("rms_norm_eps");
+  const int rope_type = j.at("rope_type");
+  MK_CHECK(rope_type >= 0 && rope_type <= int(RopeType::kLlama3), "unknown rope type {}", rope_type);
+  c.rope.type = RopeType(rope_type);
+  c.rope.theta = j.at("rope_theta");
+  c.rope.factor = j.at("rope_factor");
+  c.rope.low_freq_factor = j.at("rope_low_freq_factor");
+  c.rope.high_freq_factor = j.at("rope_high_freq_factor");
+  c.rope.original_max_position_embeddings = j.at("rope_original_max_position_embeddings");
+  c.has_embedding = j.at("has_embedding");
+  c.has_lm_head = j.at("has_lm_head");
+  c.tie_word_embeddings = j.at("tie_word_embeddings");
+  return c;
+}
+
+template <typename T>
+void write_array(std::ofstream& file, const std::vector<T>& values) {
+  file.write(reinterpret_cast<const char*>(values.data()), std::streamsize(values.size() * sizeof(T)));
+}
+
+}  // namespace
+
+void save_schedule(const std::filesystem::path& path, const Graph& graph, const Schedule& schedule) {
+  const nlohmann::json header = {
+      {"config", config_to_json(graph.config())},
+      {"batch", graph.shape().batch},
+      {"seq_len", graph.shape().seq_len},
+      {"tiles", {graph.tiles().block_m, graph.tiles().block_n, graph.tiles().block_k, graph.tiles().block_q}},
+      {"num_sms", schedule.num_sms},
+      {"policy", schedule_policy_name(schedule.policy)},
+      {"num_counters", schedule.num_counters},
+      {"num_instructions", schedule.instructions.size()},
+      {"num_waits", schedule.waits.size()},
+  };
+  const std::string text = header.dump();
+  std::ofstream file(path, std::ios::binary);
+  MK_CHECK(file.good(), "{}: cannot create", path.string());
+  file.write(kScheduleMagic, sizeof(kScheduleMagic));
+  const uint64_t length = text.size();
+  file.write(reinterpret_cast<const char*>(&length), sizeof(length));
+  file.write(text.data(), std::streamsize(text.size()));
+  write_array(file, schedule.sm_begin);
+  write_array(file, schedule.instructions);
+  write_array(file, schedule.waits);
+  MK_CHECK(file.good(), "{}: write failed", path.string());
+}
+
+LoadedSchedule load_schedule(const std::filesystem::path& path) {
+  std::ifstream file(path, std::ios::binary);
+  MK_CHECK(file.good(), "{}: cannot open", path.string());
+  std::vector<char> bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  const std::string source = path.string();
+  MK_CHECK(bytes.size() >= 16 && std::memcmp(bytes.data(), kScheduleMagic, 8) == 0,
+           "{}: not a schedule file (bad magic)", source);
+  uint64_t length;
+  std::memcpy(&length, bytes.data() + 8, 8);
+  MK_CHECK(length <= bytes.size() - 16, "{}: truncated schedule header", source);
+  LoadedSchedule loaded;
+  size_t num_instructions = 0, num_waits = 0;
+  try {
+    const nlohmann::json header = nlohmann::json::parse(bytes.begin() + 16, bytes.begin() + 16 + int64_t(length));
+    loaded.config = config_from_json(header.at("config"));
+    loaded.shape = {header.at("batch"), header.at("seq_len")};
+    const auto tiles = header.at("tiles").get<std::vector<int32_t>>();
+    MK_CHECK(tiles.size() == 4, "tiles must have 4 entries");
+    loaded.tiles = {tiles[0], tiles[1], tiles[2], tiles[3]};
+    loaded.schedule.num_sms = header.at("num_sms");
+    loaded.schedule.policy = parse_schedule_policy(header.at("policy"));
+    loaded.schedule.num_counters = header.at("num_counters");
+    num_instructions = header.at("num_instructions");
+    num_waits = header.at("num_waits");
+  } catch (const nlohmann::json::exception& error) {
+    throw Error(fmt::format("{}: bad schedule header: {}", source, error.what()));
+  } catch (const Error& error) {
+    throw Error(fmt::format("{}: bad schedule header: {}", source, error.what()));
+  }
+  Schedule& s = loaded.schedule;
+  MK_CHECK(s.num_sms > 0 && s.num_sms <= 4096, "{}: bad SM count {}", source, s.num_sms);
+  const size_t expected = 16 + length + (size_t(s.num_sms) + 1) * sizeof(uint32_t) +
+                          num_instructions * sizeof(Instruction) + num_waits * sizeof(Wait);
+  MK_CHECK(num_instructions < (size_t(1) << 32) && num_waits < (size_t(1) << 32) && bytes.size() == expected,
+           "{}: file has {} bytes, its header promises {}", source, bytes.size(), expected);
+  const char* cursor = bytes.data() + 16 + length;
+  auto read_into = [&](auto& values, size_t count) {
+    values.resize(count);
+    std::memcpy(values.data(), cursor, count * sizeof(values[0]));
+    cursor += count * sizeof(values[0]);
+  };
+  read_into(s.sm_begin, size_t(s.num_sms) + 1);
+  read_into(s.instructions, num_instructions);
+  read_into(s.waits, num_waits);
+  return loaded;
+}
+
+}  // namespace mk

@@ -1,0 +1,83 @@
+// Which task writes each cell of each buffer: the grid spanned by all write boundaries of a buffer. Shared by the
+// verifier (overlap and coverage checks) and the cpu-vm's race detector.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <vector>
+
+#include "mk/graph.h"
+
+namespace mk {
+
+struct WriterGrid {
+  static constexpr uint32_t kNoWriter = std::numeric_limits<uint32_t>::max();
+  std::vector<int32_t> row_bounds;
+  std::vector<int32_t> col_bounds;
+  std::vector<uint32_t> writer;  // (row cells, col cells): the task writing each cell, kNoWriter if none
+
+  size_t num_col_cells() const { return col_bounds.size() - 1; }
+  size_t row_cell(int32_t row) const {
+    return size_t(std::upper_bound(row_bounds.begin(), row_bounds.end(), row) - row_bounds.begin()) - 1;
+  }
+  size_t col_cell(int32_t col) const {
+    return size_t(std::upper_bound(col_bounds.begin(), col_bounds.end(), col) - col_bounds.begin()) - 1;
+  }
+  uint32_t writer_at(int32_t row, int32_t col) const {
+    if (row_bounds.empty() || row < row_bounds.front() || row >= row_bounds.back() || col < col_bounds.front() ||
+        col >= col_bounds.back())
+      return kNoWriter;
+    return writer[row_cell(row) * num_col_cells() + col_cell(col)];
+  }
+  // Calls visit(task) for the writer of every cell the region touches (kNoWriter for unwritten cells inside the grid).
+  template <typename Visit>
+  void for_each_writer(const Region& region, Visit&& visit) const {
+    if (row_bounds.empty()) return;
+    const size_t first_row = row_cell(std::max(region.row_begin, row_bounds.front()));
+    const size_t first_col = col_cell(std::max(region.col_begin, col_bounds.front()));
+    for (size_t i = first_row; i + 1 < row_bounds.size() && row_bounds[i] < region.row_end; ++i)
+      for (size_t j = first_col; j + 1 < col_bounds.size() && col_bounds[j] < region.col_end; ++j)
+        visit(writer[i * num_col_cells() + j]);
+  }
+};
+
+// One grid per buffer. on_overlap(first task, second task, cell) is called when two tasks write the same cell.
+inline std::vector<WriterGrid> build_writer_grids(
+    const Graph& graph, const std::function<void(uint32_t, uint32_t, const Region&)>& on_overlap) {
+  const std::vector<Task>& tasks = graph.tasks();
+  std::vector<WriterGrid> grids(graph.buffers().size());
+  std::vector<Region> writes(tasks.size());
+  for (size_t t = 0; t < tasks.size(); ++t) {
+    writes[t] = graph.regions(tasks[t]).write;
+    WriterGrid& grid = grids[writes[t].buffer];
+    grid.row_bounds.insert(grid.row_bounds.end(), {writes[t].row_begin, writes[t].row_end});
+    grid.col_bounds.insert(grid.col_bounds.end(), {writes[t].col_begin, writes[t].col_end});
+  }
+  for (WriterGrid& grid : grids) {
+    for (auto* bounds : {&grid.row_bounds, &grid.col_bounds}) {
+      std::sort(bounds->begin(), bounds->end());
+      bounds->erase(std::unique(bounds->begin(), bounds->end()), bounds->end());
+    }
+    if (!grid.row_bounds.empty())
+      grid.writer.assign((grid.row_bounds.size() - 1) * grid.num_col_cells(), WriterGrid::kNoWriter);
+  }
+  for (size_t t = 0; t < tasks.size(); ++t) {
+    const Region& w = writes[t];
+    WriterGrid& grid = grids[w.buffer];
+    for (size_t i = grid.row_cell(w.row_begin); i + 1 < grid.row_bounds.size() && grid.row_bounds[i] < w.row_end; ++i) {
+      for (size_t j = grid.col_cell(w.col_begin); j + 1 < grid.col_bounds.size() && grid.col_bounds[j] < w.col_end; ++j) {
+        uint32_t& cell = grid.writer[i * grid.num_col_cells() + j];
+        if (cell != WriterGrid::kNoWriter) {
+          on_overlap(cell, uint32_t(t),
+                     Region{w.buffer, grid.row_bounds[i], grid.row_bounds[i + 1], grid.col_bounds[j], grid.col_bounds[j + 1]});
+        }
+        cell = uint32_t(t);
+      }
+    }
+  }
+  return grids;
+}
+
+}  // namespace mk

@@ -1,0 +1,263 @@
+// cpu-vm: runs per-SM instruction lists on std::threads with atomic counters, tiles computed by the reference ops.
+#include "mk/cpu_vm.h"
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <mutex>
+#include <thread>
+
+#include "../host/writer_grid.h"
+#include "mk/check.h"
+#include "mk/random.h"
+
+namespace mk {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Weights arranged the way the tile ops take them.
+struct LayerOperands {
+  ref::StackedWeights qkv, o, gate, up, down;
+};
+
+class CpuVm {
+ public:
+  CpuVm(const Graph& graph, const Schedule& schedule, const ModelWeights& weights, const ref::ModelInput& input,
+        const CpuVmOptions& options)
+      : graph_(graph), schedule_(schedule), weights_(weights), input_(input), options_(options),
+        config_(graph.config()), counters_(schedule.num_counters) {
+    MK_CHECK(weights.config.d_model == config_.d_model && weights.config.n_layers == config_.n_layers,
+             "cpu-vm: the weights are for a different model than the schedule");
+    MK_CHECK(input.shape.batch == graph.shape().batch && input.shape.seq_len == graph.shape().seq_len,
+             "cpu-vm: input of batch {} x seq {} for a schedule built for batch {} x seq {}", input.shape.batch,
+             input.shape.seq_len, graph.shape().batch, graph.shape().seq_len);
+    ref::validate_input(config_, input);
+    for (const Buffer& b : graph.buffers()) {
+      run_.buffers.emplace_back(b.rows, b.cols);
+      std::fill(run_.buffers.back().data.begin(), run_.buffers.back().data.end(), NAN);  // poison
+    }
+    if (!config_.has_embedding) run_.buffers[graph.buffer_id(BufferKind::kHidden, 0)] = input.hidden;
+    for (const LayerWeights& w : weights.layers) {
+      LayerOperands ops;
+      ops.qkv = ref::StackedWeights(w.wq, config_.q_dim(), config_.d_model);
+      ops.qkv.append(w.wk, config_.kv_dim());
+      ops.qkv.append(w.wv, config_.kv_dim());
+      ops.o = ref::StackedWeights(w.wo, config_.d_model, config_.q_dim());
+      ops.gate = ref::StackedWeights(w.w_gate, config_.d_ff, config_.d_model);
+      ops.up = ref::StackedWeights(w.w_up, config_.d_ff, config_.d_model);
+      ops.down = ref::StackedWeights(w.w_down, config_.d_model, config_.d_ff);
+      layers_.push_back(std::move(ops));
+    }
+    if (config_.has_lm_head) lm_head_ = ref::StackedWeights(weights.lm_head_matrix(), config_.vocab_size, config_.d_model);
+    rope_ = ref::make_rope_table(config_, graph.shape().seq_len);
+    if (options.detect_races) {
+      grids_ = build_writer_grids(graph, [](uint32_t, uint32_t, const Region&) {});
+      position_of_task_.resize(graph.tasks().size());
+      for (uint32_t sm = 0; sm < uint32_t(schedule.num_sms); ++sm)
+        for (uint32_t i = schedule.sm_begin[sm]; i < schedule.sm_begin[sm + 1]; ++i)
+          position_of_task_[schedule.instructions[i].task] = {sm, i - schedule.sm_begin[sm]};
+      const size_t num_sms = size_t(schedule.num_sms);
+      sm_clock_.assign(num_sms, std::vector<uint32_t>(num_sms, 0));
+      counter_clock_.assign(schedule.num_counters, std::vector<uint32_t>(num_sms, 0));
+      counter_clock_mutex_ = std::vector<std::mutex>(schedule.num_counters);
+    }
+  }
+
+  CpuVmRun run() {
+    // Counters are never reset: launch e waits for e * target, as on the GPU.
+    for (uint32_t epoch = 1; epoch <= uint32_t(options_.launches); ++epoch) {
+      if (options_.detect_races) {
+        for (auto& clock : sm_clock_) std::fill(clock.begin(), clock.end(), 0);
+        for (auto& clock : counter_clock_) std::fill(clock.begin(), clock.end(), 0);
+      }
+      std::vector<std::thread> threads;
+      for (int32_t sm = 0; sm < schedule_.num_sms; ++sm)
+        threads.emplace_back([this, sm, epoch] { run_sm(uint32_t(sm), epoch); });
+      for (std::thread& thread : threads) thread.join();
+      if (!error_.empty()) throw Error(error_);
+    }
+    return std::move(run_);
+  }
+
+ private:
+  void fail(const std::string& message) {
+    std::lock_guard lock(error_mutex_);
+    if (error_.empty()) error_ = message;
+    stop_.store(true);
+  }
+
+  std::string where(uint32_t sm, uint32_t index) const {
+    const Instruction& in = schedule_.instructions[schedule_.sm_begin[sm] + index];
+    return fmt::format("SM {} instruction {} (task {}: {})", sm, index, in.task, graph_.describe(graph_.tasks()[in.task]));
+  }
+
+  // Acquire-waits until counter >= target, backing off from spinning to sleeping; false on stall or stop.
+  bool wait_for(uint32_t sm, uint32_t index, const Wait& wait, uint32_t epoch) {
+    const uint32_t target = epoch * wait.target;
+    std::atomic<uint32_t>& counter = counters_[wait.counter];
+    const auto deadline = Clock::now() + std::chrono::duration<double>(options_.stall_timeout_s);
+    for (int attempt = 0; counter.load(std::memory_order_acquire) < target; ++attempt) {
+      if (stop_.load(std::memory_order_relaxed)) return false;
+      if (attempt < 64) {
+        std::this_thread::yield();
+        continue;
+      }
+      if (Clock::now() > deadline) {
+        fail(fmt::format("cpu-vm stall: {} waited {} s on counter {} (value {}, target {})", where(sm, index),
+                         options_.stall_timeout_s, wait.counter, counter.load(), target));
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(std::min(attempt, 1000)));
+    }
+    return true;
+  }
+
+  void run_sm(uint32_t sm, uint32_t epoch) {
+    Random random(options_.delay_seed * 7919 + sm * 31 + epoch);
+    for (uint32_t i = schedule_.sm_begin[sm]; i < schedule_.sm_begin[sm + 1]; ++i) {
+      const Instruction& in = schedule_.instructions[i];
+      const uint32_t index = i - schedule_.sm_begin[sm];
+      if (options_.max_delay_us > 0)
+        std::this_thread::sleep_for(std::chrono::microseconds(random.next_u64() % uint64_t(options_.max_delay_us + 1)));
+      if (std::find(options_.slow_tasks.begin(), options_.slow_tasks.end(), in.task) != options_.slow_tasks.end())
+        std::this_thread::sleep_for(std::chrono::milliseconds(options_.slow_task_delay_ms));
+      for (uint32_t k = 0; k < in.num_waits; ++k) {
+        const Wait& wait = schedule_.waits[in.wait_begin + k];
+        if (!wait_for(sm, index, wait, epoch)) return;
+        if (options_.detect_races) join_clock(sm, wait.counter);
+      }
+      try {
+        if (options_.detect_races) check_reads(sm, index, in);
+        execute(in);
+      } catch (const std::exception& error) {
+        fail(fmt::format("{}: {}", where(sm, index), error.what()));
+        return;
+      }
+      if (options_.detect_races) {
+        sm_clock_[sm][sm] = index + 1;
+        std::lock_guard lock(counter_clock_mutex_[in.signal_counter]);
+        auto& clock = counter_clock_[in.signal_counter];
+        for (size_t s = 0; s < clock.size(); ++s) clock[s] = std::max(clock[s], sm_clock_[sm][s]);
+      }
+      counters_[in.signal_counter].fetch_add(1, std::memory_order_release);
+    }
+  }
+
+  void join_clock(uint32_t sm, uint32_t counter) {
+    std::lock_guard lock(counter_clock_mutex_[counter]);
+    const auto& clock = counter_clock_[counter];
+    for (size_t s = 0; s < clock.size(); ++s) sm_clock_[sm][s] = std::max(sm_clock_[sm][s], clock[s]);
+  }
+
+  // Every writer of every region this instruction reads must happen-before it.
+  void check_reads(uint32_t sm, uint32_t index, const Instruction& in) {
+    const TaskRegions regions = graph_.regions(graph_.tasks()[in.task]);
+    for (int r = 0; r < regions.num_reads; ++r) {
+      const Region& read = regions.reads[r];
+      if (graph_.buffers()[read.buffer].host_written) continue;
+      grids_[read.buffer].for_each_writer(read, [&](uint32_t writer) {
+        MK_CHECK(writer != WriterGrid::kNoWriter, "reads {} where no task writes", graph_.buffers()[read.buffer].name());
+        const auto [writer_sm, writer_index] = position_of_task_[writer];
+        MK_CHECK(sm_clock_[sm][writer_sm] > writer_index,
+                 "race: reads {} written by {}, which is not ordered before it by any wait", graph_.buffers()[read.buffer].name(),
+                 where(writer_sm, writer_index));
+      });
+    }
+    (void)index;
+  }
+
+  ref::Matrix& buffer(BufferKind kind, int32_t layer = -1) { return run_.buffers[graph_.buffer_id(kind, layer)]; }
+
+  void execute(const Instruction& in) {
+    const int32_t l = in.layer;
+    const ref::Range rows{in.row_begin, in.row_end};
+    const ref::Range cols{in.col_begin, in.col_end};
+    const float eps = config_.rms_norm_eps;
+    switch (in.opcode) {
+      case Opcode::kEmbed:
+        ref::embedding_rows(input_.tokens, weights_.embedding, buffer(BufferKind::kHidden, 0), rows);
+        break;
+      case Opcode::kAttnNorm:
+        ref::rmsnorm_rows(buffer(BufferKind::kHidden, l), weights_.layers[size_t(l)].attn_norm, eps,
+                          buffer(BufferKind::kAttnNorm, l), rows);
+        break;
+      case Opcode::kQkv:
+        ref::linear_tile(buffer(BufferKind::kAttnNorm, l), layers_[size_t(l)].qkv, buffer(BufferKind::kQkv, l), rows, cols);
+        if (config_.rope.type != RopeType::kNone)
+          ref::rope_tile(config_, rope_, graph_.shape().seq_len, buffer(BufferKind::kQkv, l), rows, cols);
+        break;
+      case Opcode::kAttention: {
+        const int64_t first = int64_t(in.sequence) * graph_.shape().seq_len;
+        ref::attention_tile(config_, graph_.shape().seq_len, buffer(BufferKind::kQkv, l), buffer(BufferKind::kAttn, l),
+                            in.sequence, {in.row_begin - first, in.row_end - first}, in.head);
+        break;
+      }
+      case Opcode::kOProj:
+        ref::linear_residual_tile(buffer(BufferKind::kAttn, l), layers_[size_t(l)].o, buffer(BufferKind::kHidden, l),
+                                  buffer(BufferKind::kHiddenMid, l), rows, cols);
+        break;
+      case Opcode::kMlpNorm:
+        ref::rmsnorm_rows(buffer(BufferKind::kHiddenMid, l), weights_.layers[size_t(l)].mlp_norm, eps,
+                          buffer(BufferKind::kMlpNorm, l), rows);
+        break;
+      case Opcode::kGateUp:
+        ref::swiglu_tile(buffer(BufferKind::kMlpNorm, l), layers_[size_t(l)].gate, layers_[size_t(l)].up,
+                         buffer(BufferKind::kAct, l), rows, cols);
+        break;
+      case Opcode::kDown:
+        ref::linear_residual_tile(buffer(BufferKind::kAct, l), layers_[size_t(l)].down, buffer(BufferKind::kHiddenMid, l),
+                                  buffer(BufferKind::kHidden, l + 1), rows, cols);
+        break;
+      case Opcode::kFinalNorm:
+        ref::rmsnorm_rows(buffer(BufferKind::kHidden, int32_t(config_.n_layers)), weights_.final_norm, eps,
+                          buffer(BufferKind::kFinalNorm), rows);
+        break;
+      case Opcode::kLmHead:
+        ref::linear_tile(buffer(BufferKind::kFinalNorm), lm_head_, buffer(BufferKind::kLogits), rows, cols);
+        break;
+      case Opcode::kNop:
+      case Opcode::kNumOpcodes:
+        throw Error(fmt::format("invalid opcode {}", int(in.opcode)));
+    }
+  }
+
+  const Graph& graph_;
+  const Schedule& schedule_;
+  const ModelWeights& weights_;
+  const ref::ModelInput& input_;
+  const CpuVmOptions& options_;
+  const ModelConfig& config_;
+  std::vector<std::atomic<uint32_t>> counters_;
+  CpuVmRun run_;
+  std::vector<LayerOperands> layers_;
+  ref::StackedWeights lm_head_;
+  ref::RopeTable rope_;
+  std::atomic<bool> stop_{false};
+  std::mutex error_mutex_;
+  std::string error_;
+  // race detector state
+  std::vector<WriterGrid> grids_;
+  std::vector<std::pair<uint32_t, uint32_t>> position_of_task_;  // (sm, index)
+  std::vector<std::vector<uint32_t>> sm_clock_;       // (num_sms, num_sms): instructions of each SM known complete
+  std::vector<std::vector<uint32_t>> counter_clock_;  // (num_counters, num_sms): join of the signalers' clocks
+  std::vector<std::mutex> counter_clock_mutex_;
+};
+
+}  // namespace
+
+CpuVmRun run_cpu_vm_unverified(const Graph& graph, const Schedule& schedule, const ModelWeights& weights,
+                               const ref::ModelInput& input, const CpuVmOptions& options) {
+  return CpuVm(graph, schedule, weights, input, options).run();
+}
+
+CpuVmRun run_cpu_vm(const Graph& graph, const Schedule& schedule, const ModelWeights& weights,
+                    const ref::ModelInput& input, const CpuVmOptions& options) {
+  verify_schedule(graph, schedule);
+  return run_cpu_vm_unverified(graph, schedule, weights, input, options);
+}
+
+}  // namespace mk
