@@ -159,7 +159,6 @@ void verify_schedule(const Graph& graph, const Schedule& schedule) {
 
   // ---- writes: inside their buffer, never overlapping, the output complete ----
   std::vector<Region> write_of(num_tasks);
-  std::vector<std::vector<uint32_t>> writers_of_buffer(buffers.size());
   for (size_t t = 0; t < num_tasks; ++t) {
     const Region w = graph.regions(tasks[t]).write;
     const Buffer& b = buffers[w.buffer];
@@ -169,7 +168,6 @@ void verify_schedule(const Graph& graph, const Schedule& schedule) {
              "{}: writes {} outside the buffer's ({}, {})", where_task(uint32_t(t)), region_text(graph, w), b.rows,
              b.cols);
     write_of[t] = w;
-    writers_of_buffer[w.buffer].push_back(uint32_t(t));
   }
   const std::vector<WriterGrid> grids = build_writer_grids(graph, [&](uint32_t first, uint32_t second, const Region& cell) {
     throw Error(fmt::format("{} and {} both write {}", where_task(first), where_task(second), region_text(graph, cell)));
@@ -177,11 +175,40 @@ void verify_schedule(const Graph& graph, const Schedule& schedule) {
   {
     const uint32_t out = graph.output_buffer();
     const Buffer& b = buffers[out];
-    std::vector<Region> all;
-    for (uint32_t t : writers_of_buffer[out]) all.push_back(write_of[t]);
-    int32_t hole_row = 0, hole_col = 0;
-    MK_CHECK(covers(all, Region{out, 0, int32_t(b.rows), 0, int32_t(b.cols)}, &hole_row, &hole_col),
-             "the output {} is not written completely: nothing writes row {} col {}", b.name(), hole_row, hole_col);
+    const WriterGrid& grid = grids[out];
+    const bool spans = !grid.row_bounds.empty() && grid.row_bounds.front() == 0 && grid.row_bounds.back() == b.rows &&
+                       grid.col_bounds.front() == 0 && grid.col_bounds.back() == b.cols;
+    MK_CHECK(spans, "the output {} is not written completely: the writes span rows [{},{}) cols [{},{}) of ({}, {})",
+             b.name(), spans ? 0 : (grid.row_bounds.empty() ? 0 : grid.row_bounds.front()),
+             grid.row_bounds.empty() ? 0 : grid.row_bounds.back(), grid.col_bounds.empty() ? 0 : grid.col_bounds.front(),
+             grid.col_bounds.empty() ? 0 : grid.col_bounds.back(), b.rows, b.cols);
+    for (size_t cell = 0; cell < grid.writer.size(); ++cell) {
+      MK_CHECK(grid.writer[cell] != WriterGrid::kNoWriter, "the output {} is not written completely: nothing writes rows [{},{}) cols [{},{})",
+               b.name(), grid.row_bounds[cell / grid.num_col_cells()], grid.row_bounds[cell / grid.num_col_cells() + 1],
+               grid.col_bounds[cell % grid.num_col_cells()], grid.col_bounds[cell % grid.num_col_cells() + 1]);
+    }
+  }
+
+  // NOTE: a counter whose tasks write one buffer and tile their bounding box exactly (writes never overlap, checked
+  // above) stands for that box: coverage then looks at one rectangle per counter instead of one per task.
+  std::vector<Region> counter_box(num_counters);
+  std::vector<char> counter_exact(num_counters, 0);
+  for (uint32_t c = 0; c < num_counters; ++c) {
+    if (counter_begin[c] == counter_begin[c + 1]) continue;
+    Region box = write_of[counter_tasks[counter_begin[c]]];
+    int64_t area = 0;
+    bool one_buffer = true;
+    for (uint32_t i = counter_begin[c]; i < counter_begin[c + 1]; ++i) {
+      const Region& w = write_of[counter_tasks[i]];
+      one_buffer &= w.buffer == box.buffer;
+      box.row_begin = std::min(box.row_begin, w.row_begin);
+      box.row_end = std::max(box.row_end, w.row_end);
+      box.col_begin = std::min(box.col_begin, w.col_begin);
+      box.col_end = std::max(box.col_end, w.col_end);
+      area += w.area();
+    }
+    counter_box[c] = box;
+    counter_exact[c] = one_buffer && area == box.area();
   }
 
   // ---- reads: covered by the writes of tasks the reader waits for, directly or transitively ----
@@ -213,6 +240,10 @@ void verify_schedule(const Graph& graph, const Schedule& schedule) {
       while (true) {
         for (; gathered < frontier.size(); ++gathered) {
           const uint32_t c = frontier[gathered];
+          if (counter_exact[c]) {
+            if (intersects(counter_box[c], read)) rects.push_back(counter_box[c]);
+            continue;
+          }
           for (uint32_t i = counter_begin[c]; i < counter_begin[c + 1]; ++i)
             if (intersects(write_of[counter_tasks[i]], read)) rects.push_back(write_of[counter_tasks[i]]);
         }

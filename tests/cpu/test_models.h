@@ -1,0 +1,34 @@
+// Small random model shapes shared by the schedule and cpu-vm tests.
+#pragma once
+
+#include "mk/model_config.h"
+#include "mk/random.h"
+
+namespace mk {
+
+// Covers GQA ratios 1, 2, 4, 8, head_dim 64 and 128, with and without RoPE, embedding and LM head.
+inline ModelConfig random_small_config(Random& random) {
+  ModelConfig c;
+  c.name = "random-small";
+  c.head_dim = random.next_u64() % 2 ? 64 : 128;
+  const int64_t ratio = int64_t(1) << (random.next_u64() % 4);
+  c.n_kv_heads = ratio == 8 ? 1 : int64_t(1 + random.next_u64() % 2);
+  c.n_heads = c.n_kv_heads * ratio;
+  c.d_model = 64 * int64_t(1 + random.next_u64() % 4);
+  c.d_ff = 64 * int64_t(1 + random.next_u64() % 6);
+  c.n_layers = int64_t(1 + random.next_u64() % 2);
+  c.vocab_size = int64_t(50 + random.next_u64() % 200);
+  c.max_position_embeddings = 4096;
+  c.has_embedding = random.next_u64() % 2;
+  c.has_lm_head = random.next_u64() % 2;
+  c.tie_word_embeddings = c.has_embedding && c.has_lm_head && random.next_u64() % 2;
+  switch (random.next_u64() % 3) {
+    case 0: c.rope = RopeConfig{}; break;
+    case 1: c.rope = RopeConfig{RopeType::kDefault, 10000.0}; break;
+    default: c.rope = RopeConfig{RopeType::kLlama3, 500000.0, 8.0, 1.0, 4.0, 64}; break;
+  }
+  c.validate();
+  return c;
+}
+
+}  // namespace mk

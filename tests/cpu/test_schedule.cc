@@ -1,0 +1,261 @@
+// Tests of the graph, dependency derivation, schedulers, the static verifier and the schedule file format.
+#include <gtest/gtest.h>
+#include <gmock/gmock.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "mk/check.h"
+#include "mk/graph.h"
+#include "mk/random.h"
+#include "mk/schedule.h"
+#include "test_models.h"
+
+namespace mk {
+namespace {
+
+using ::testing::HasSubstr;
+
+Schedule build(const Graph& graph, SchedulePolicy policy, int32_t num_sms) {
+  return make_schedule(graph, derive_dependencies(graph), policy, num_sms);
+}
+
+std::string verify_error(const Graph& graph, const Schedule& schedule) {
+  try {
+    verify_schedule(graph, schedule);
+  } catch (const Error& error) {
+    return error.what();
+  }
+  return "";
+}
+
+// Index into schedule.instructions of the attention task for (layer 0, sequence, head 0, the last query block), and
+// the qkv counter among its waits that covers the keys of the first query block.
+struct PlantedBug {
+  size_t instruction = 0;
+  uint32_t dropped_counter = 0;
+};
+
+PlantedBug drop_attention_wait(const Graph& graph, Schedule& schedule) {
+  for (size_t i = 0; i < schedule.instructions.size(); ++i) {
+    Instruction& in = schedule.instructions[i];
+    if (in.opcode != Opcode::kAttention || in.layer != 0 || in.head != 0 || in.num_waits < 2) continue;
+    // Move this instruction's waits to a private copy without the first one (the qkv rows of the first block).
+    const uint32_t dropped = schedule.waits[in.wait_begin].counter;
+    const uint32_t begin = uint32_t(schedule.waits.size());
+    for (uint32_t k = 1; k < in.num_waits; ++k) schedule.waits.push_back(schedule.waits[in.wait_begin + k]);
+    in.wait_begin = begin;
+    in.num_waits -= 1;
+    (void)graph;
+    return {i, dropped};
+  }
+  ADD_FAILURE() << "no attention instruction with two waits";
+  return {};
+}
+
+TEST(Graph, EveryPresetSchedulesAndVerifies) {
+  for (const Preset& preset : presets()) {
+    RunShape shape = preset.shape;
+    if (preset.config.name == "llama-3.1-8b") shape = {2, 256};  // keep the test quick
+    const Graph graph(preset.config, shape);
+    for (SchedulePolicy policy : {SchedulePolicy::kRoundRobin, SchedulePolicy::kCostModel}) {
+      for (int32_t sms : {1, 7, 132}) {
+        const Schedule schedule = build(graph, policy, sms);
+        EXPECT_EQ(verify_error(graph, schedule), "") << preset.config.name << " " << schedule_policy_name(policy) << " "
+                                                     << sms;
+      }
+    }
+  }
+}
+
+TEST(Graph, RandomSmallShapesVerify) {
+  Random random(7);
+  for (int trial = 0; trial < 40; ++trial) {
+    const ModelConfig config = random_small_config(random);
+    const RunShape shape{int64_t(1 + random.next_u64() % 5), int64_t(1 + random.next_u64() % 300)};
+    const Graph graph(config, shape);
+    const int32_t sms = int32_t(1 + random.next_u64() % 40);
+    for (SchedulePolicy policy : {SchedulePolicy::kRoundRobin, SchedulePolicy::kCostModel}) {
+      EXPECT_EQ(verify_error(graph, build(graph, policy, sms)), "")
+          << describe(config) << " batch " << shape.batch << " seq " << shape.seq_len;
+    }
+  }
+}
+
+TEST(Graph, AttentionWaitsOnlyForItsOwnSequence) {
+  // Fine-grained waits: attention of sequence b depends on qkv rows of sequence b only, so the first query block
+  // of a sequence waits for fewer counters than the last one.
+  const ModelConfig config = find_preset("seed").config;
+  const Graph graph(config, {2, 512});
+  const Dependencies deps = derive_dependencies(graph);
+  std::vector<uint32_t> waits_per_block;
+  for (size_t t = 0; t < graph.tasks().size(); ++t) {
+    const Task& task = graph.tasks()[t];
+    if (task.opcode == Opcode::kAttention && task.layer == 0 && task.sequence == 1 && task.head == 0)
+      waits_per_block.push_back(deps.num_waits[t]);
+  }
+  ASSERT_EQ(waits_per_block.size(), 4u);
+  EXPECT_EQ(waits_per_block.front(), 1u);  // keys [0, 128) of sequence 1: one qkv row block
+  EXPECT_EQ(waits_per_block.back(), 4u);   // keys [0, 512): four row blocks, none of sequence 0
+}
+
+TEST(Graph, UnsupportedShapesNameTheConstraint) {
+  ModelConfig config = find_preset("tiny").config;
+  config.head_dim = 96;
+  EXPECT_THAT([&] { Graph(config, {1, 16}); }, testing::ThrowsMessage<Error>(HasSubstr("head_dim 96")));
+  config = find_preset("tiny").config;
+  config.d_ff = 500;
+  EXPECT_THAT([&] { Graph(config, {1, 16}); }, testing::ThrowsMessage<Error>(HasSubstr("intermediate_size (500)")));
+  config = find_preset("tiny").config;
+  EXPECT_THAT([&] { Graph(config, {1, config.max_position_embeddings + 1}); },
+              testing::ThrowsMessage<Error>(HasSubstr("max_position_embeddings")));
+}
+
+TEST(Verifier, RejectsADroppedDependencyNamingTheInstruction) {
+  const ModelConfig config = find_preset("tiny").config;
+  const Graph graph(config, {2, 300});
+  Schedule schedule = build(graph, SchedulePolicy::kCostModel, 16);
+  const PlantedBug bug = drop_attention_wait(graph, schedule);
+  const std::string error = verify_error(graph, schedule);
+  const Instruction& in = schedule.instructions[bug.instruction];
+  EXPECT_THAT(error, HasSubstr(fmt::format("(task {}: attention", in.task)));
+  EXPECT_THAT(error, HasSubstr("which it does not wait for"));
+}
+
+TEST(Verifier, AcceptsAWaitImpliedTransitively) {
+  // o_proj reads hidden[l] for its residual; it also waits on attention, which transitively waits on the norm,
+  // which waits on hidden[l]'s writers. Dropping the direct wait keeps the schedule safe.
+  const ModelConfig config = find_preset("tiny").config;
+  const Graph graph(config, {1, 128});
+  Schedule schedule = build(graph, SchedulePolicy::kRoundRobin, 4);
+  bool dropped = false;
+  for (Instruction& in : schedule.instructions) {
+    if (in.opcode != Opcode::kOProj || in.layer != 1 || in.num_waits < 2) continue;
+    std::vector<Wait> kept;
+    for (uint32_t k = 0; k < in.num_waits; ++k) {
+      const Wait& w = schedule.waits[in.wait_begin + k];
+      bool is_down = false;
+      for (const Instruction& other : schedule.instructions)
+        is_down |= other.signal_counter == w.counter && other.opcode == Opcode::kDown;
+      if (!is_down) kept.push_back(w);
+    }
+    ASSERT_LT(kept.size(), in.num_waits);
+    in.wait_begin = uint32_t(schedule.waits.size());
+    in.num_waits = uint32_t(kept.size());
+    schedule.waits.insert(schedule.waits.end(), kept.begin(), kept.end());
+    dropped = true;
+  }
+  ASSERT_TRUE(dropped);
+  EXPECT_EQ(verify_error(graph, schedule), "");
+}
+
+TEST(Verifier, RejectsDeadlockAndUnreachableTargets) {
+  const ModelConfig config = find_preset("tiny").config;
+  const Graph graph(config, {1, 64});
+  {
+    // One SM running a consumer before its producer waits forever.
+    Schedule schedule = build(graph, SchedulePolicy::kRoundRobin, 1);
+    std::swap(schedule.instructions[0], schedule.instructions[1]);
+    EXPECT_THAT(verify_error(graph, schedule), HasSubstr("deadlock: SM 0 instruction 0"));
+  }
+  {
+    Schedule schedule = build(graph, SchedulePolicy::kRoundRobin, 3);
+    for (Instruction& in : schedule.instructions) {
+      if (in.num_waits == 0) continue;
+      schedule.waits.push_back({schedule.waits[in.wait_begin].counter, 1000});
+      in.wait_begin = uint32_t(schedule.waits.size() - 1);
+      in.num_waits = 1;
+      break;
+    }
+    EXPECT_THAT(verify_error(graph, schedule), HasSubstr("unreachable"));
+  }
+}
+
+TEST(Verifier, RejectsStructuralDamage) {
+  const ModelConfig config = find_preset("tiny").config;
+  const Graph graph(config, {1, 64});
+  const Schedule good = build(graph, SchedulePolicy::kCostModel, 5);
+  {
+    Schedule schedule = good;
+    schedule.instructions[3].task = schedule.instructions[2].task;
+    EXPECT_THAT(verify_error(graph, schedule), HasSubstr("also appears"));
+  }
+  {
+    Schedule schedule = good;
+    schedule.instructions[4].col_end += 1;
+    EXPECT_THAT(verify_error(graph, schedule), HasSubstr("does not match task"));
+  }
+  {
+    Schedule schedule = good;
+    schedule.instructions[1].signal_counter = schedule.num_counters + 5;
+    EXPECT_THAT(verify_error(graph, schedule), HasSubstr("signals counter"));
+  }
+  {
+    Schedule schedule = good;
+    schedule.instructions.pop_back();
+    schedule.sm_begin.back() -= 1;
+    EXPECT_THAT(verify_error(graph, schedule), HasSubstr("instructions, the graph"));
+  }
+}
+
+TEST(ScheduleFile, RoundTripsAndRejectsCorruption) {
+  const ModelConfig config = find_preset("tiny").config;
+  const Graph graph(config, {2, 100});
+  const Schedule schedule = build(graph, SchedulePolicy::kCostModel, 9);
+  const auto path = std::filesystem::temp_directory_path() / "mk_test_schedule.bin";
+  save_schedule(path, graph, schedule);
+  const LoadedSchedule loaded = load_schedule(path);
+  EXPECT_EQ(loaded.shape.batch, 2);
+  EXPECT_EQ(loaded.shape.seq_len, 100);
+  EXPECT_EQ(loaded.config.d_model, config.d_model);
+  ASSERT_EQ(loaded.schedule.instructions.size(), schedule.instructions.size());
+  EXPECT_EQ(std::memcmp(loaded.schedule.instructions.data(), schedule.instructions.data(),
+                        schedule.instructions.size() * sizeof(Instruction)),
+            0);
+  EXPECT_EQ(verify_error(Graph(loaded.config, loaded.shape, loaded.tiles), loaded.schedule), "");
+
+  // Flip the opcode of one instruction in the file: the verifier names it.
+  std::vector<char> bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  const size_t instructions_at = bytes.size() - schedule.waits.size() * sizeof(Wait) -
+                                 schedule.instructions.size() * sizeof(Instruction);
+  const size_t victim = 17;
+  bytes[instructions_at + victim * sizeof(Instruction)] ^= 0x3;
+  {
+    std::ofstream out(path, std::ios::binary);
+    out.write(bytes.data(), std::streamsize(bytes.size()));
+  }
+  const LoadedSchedule corrupted = load_schedule(path);
+  EXPECT_THAT(verify_error(graph, corrupted.schedule), HasSubstr("does not match task"));
+
+  // Truncation and a bad magic are refused at load time.
+  {
+    std::ofstream out(path, std::ios::binary);
+    out.write(bytes.data(), std::streamsize(bytes.size() - 10));
+  }
+  EXPECT_THAT([&] { load_schedule(path); }, testing::ThrowsMessage<Error>(HasSubstr("header promises")));
+  bytes[0] = 'X';
+  {
+    std::ofstream out(path, std::ios::binary);
+    out.write(bytes.data(), std::streamsize(bytes.size()));
+  }
+  EXPECT_THAT([&] { load_schedule(path); }, testing::ThrowsMessage<Error>(HasSubstr("bad magic")));
+  std::filesystem::remove(path);
+}
+
+TEST(Scheduler, CostModelBeatsRoundRobinOnTheSeed) {
+  const Graph graph(find_preset("seed").config, find_preset("seed").shape);
+  const double round_robin = estimate_schedule(graph, build(graph, SchedulePolicy::kRoundRobin, 132)).makespan_ns;
+  const ScheduleEstimate cost = estimate_schedule(graph, build(graph, SchedulePolicy::kCostModel, 132));
+  EXPECT_LT(cost.makespan_ns, round_robin);
+  EXPECT_GE(cost.makespan_ns, cost.critical_path_ns);
+  const std::string text = explain_schedule(graph, build(graph, SchedulePolicy::kCostModel, 132), cost);
+  EXPECT_THAT(text, HasSubstr("SM 131:"));
+  EXPECT_THAT(text, HasSubstr("critical path:"));
+}
+
+}  // namespace
+}  // namespace mk
