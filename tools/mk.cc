@@ -1,13 +1,18 @@
 // mk: the command-line tool. `mk --help` lists the subcommands; each has its own --help.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
+#include <fstream>
 #include <cmath>
 #include <optional>
 
 #include "mk/check.h"
+#include "mk/compare.h"
 #include "mk/cpu_vm.h"
+#include "mk/gpu.h"
 #include "mk/graph.h"
 #include "mk/model_config.h"
 #include "mk/model_io.h"
@@ -24,6 +29,9 @@ struct ModelOptions {
   int64_t batch = 0;  // 0: the preset's default (1 for --model)
   int64_t seq_len = 0;
   uint64_t seed = 1;
+  // Shape overrides for sweeps (0: keep the preset's); --d-model also sets heads = d_model / head_dim and
+  // d_ff = 4 d_model unless those are given.
+  int64_t layers = 0, d_model = 0, heads = 0, kv_heads = 0, d_ff = 0;
 
   void add_to(CLI::App& command) {
     auto* preset_option = command.add_option("--preset", preset, "built-in model: seed, tiny, llama-3.2-1b, llama-3.1-8b");
@@ -32,11 +40,32 @@ struct ModelOptions {
     command.add_option("--batch", batch, "sequences per forward pass (default: the preset's)");
     command.add_option("--seq", seq_len, "tokens per sequence (default: the preset's)");
     command.add_option("--seed", seed, "seed of random weights and inputs")->capture_default_str();
+    command.add_option("--layers", layers, "override the preset's layer count");
+    command.add_option("--d-model", d_model, "override the preset's width (heads = d_model / head_dim, d_ff = 4 d_model)");
+    command.add_option("--heads", heads, "override the preset's query heads");
+    command.add_option("--kv-heads", kv_heads, "override the preset's kv heads");
+    command.add_option("--d-ff", d_ff, "override the preset's MLP width");
   }
 
   mk::ModelConfig config() const {
-    if (!model_dir.empty()) return mk::load_model_config(std::filesystem::path(model_dir) / "config.json");
-    return mk::find_preset(preset.empty() ? "seed" : preset).config;
+    if (!model_dir.empty()) {
+      MK_CHECK(layers == 0 && d_model == 0 && heads == 0 && kv_heads == 0 && d_ff == 0,
+               "shape overrides apply to presets only, not to --model");
+      return mk::load_model_config(std::filesystem::path(model_dir) / "config.json");
+    }
+    mk::ModelConfig config = mk::find_preset(preset.empty() ? "seed" : preset).config;
+    if (layers != 0) config.n_layers = layers;
+    if (d_model != 0) {
+      config.d_model = d_model;
+      config.n_heads = d_model / config.head_dim;
+      config.n_kv_heads = config.n_heads;
+      config.d_ff = 4 * d_model;
+    }
+    if (heads != 0) config.n_heads = heads;
+    if (kv_heads != 0) config.n_kv_heads = kv_heads;
+    if (d_ff != 0) config.d_ff = d_ff;
+    config.validate();
+    return config;
   }
 
   mk::RunShape shape() const {
@@ -58,13 +87,20 @@ struct ModelOptions {
 // How a schedule is built (or loaded) for the cpu-vm and gpu engines.
 struct ScheduleOptions {
   int32_t num_sms = 132;
+  bool sms_given = false;
   std::string policy = "cost-model";
   std::string schedule_file;
 
   void add_to(CLI::App& command) {
-    command.add_option("--sms", num_sms, "SM count to schedule for (gpu: the device's)")->capture_default_str();
+    command.add_option_function<int32_t>("--sms", [this](int32_t n) { num_sms = n, sms_given = true; },
+                                         "SM count to schedule for (default 132; gpu: the device's)");
     command.add_option("--policy", policy, "round-robin | cost-model")->capture_default_str();
     command.add_option("--schedule", schedule_file, "use a schedule file written by `mk schedule --out`");
+  }
+
+  // The gpu engine schedules for the device's SMs unless --sms says otherwise.
+  void use_device_sm_count() {
+    if (!sms_given) num_sms = mk::query_gpu().sm_count;
   }
 
   // Builds the schedule, or loads it and checks it was built for this model and shape; verified either way.
@@ -111,6 +147,15 @@ int run_info(const ModelOptions& options) {
   return 0;
 }
 
+// "auto" is the gpu engine where a suitable GPU exists and the reference elsewhere, saying why.
+std::string resolve_engine(const std::string& engine) {
+  if (engine != "auto") return engine;
+  const mk::GpuInfo gpu = mk::query_gpu();
+  if (gpu.usable) return "gpu";
+  fmt::print("gpu engine unavailable: {}; using the reference engine\n", gpu.reason);
+  return "reference";
+}
+
 void print_checksum(const mk::ModelConfig& config, const mk::ref::Matrix& output) {
   double sum = 0, abs_sum = 0;
   size_t nans = 0;
@@ -124,10 +169,13 @@ void print_checksum(const mk::ModelConfig& config, const mk::ref::Matrix& output
              nans ? fmt::format(", {} NaN", nans) : "");
 }
 
-int run_forward(const ModelOptions& options, const ScheduleOptions& schedule_options, const std::string& engine,
-                const mk::CpuVmOptions& vm_options, const std::string& input_path, const std::string& output_path) {
+int run_forward(const ModelOptions& options, ScheduleOptions schedule_options, const std::string& requested_engine,
+                const mk::CpuVmOptions& vm_options, const std::string& input_path, const std::string& output_path,
+                int iterations, const std::string& json_path) {
   const mk::ModelConfig config = options.config();
-  MK_CHECK(engine == "reference" || engine == "cpu-vm", "unknown engine '{}' (available: reference, cpu-vm)", engine);
+  const std::string engine = resolve_engine(requested_engine);
+  MK_CHECK(engine == "reference" || engine == "cpu-vm" || engine == "gpu",
+           "unknown engine '{}' (available: auto, gpu, cpu-vm, reference)", engine);
   mk::ref::ModelInput input = input_path.empty() ? mk::ref::random_input(config, options.shape(), options.seed + 1)
                                                  : mk::load_model_input(input_path, config);
   const mk::ModelWeights weights = options.weights(config);
@@ -145,17 +193,74 @@ int run_forward(const ModelOptions& options, const ScheduleOptions& schedule_opt
     timed([&] { output = mk::ref::forward(weights, input); });
   } else {
     const mk::Graph graph(config, input.shape);
+    if (engine == "gpu") schedule_options.use_device_sm_count();
     const mk::Schedule schedule = schedule_options.make(graph);
     fmt::print("schedule: {} instructions on {} SMs ({}), verified\n", schedule.instructions.size(), schedule.num_sms,
                mk::schedule_policy_name(schedule.policy));
-    timed([&] { output = mk::run_cpu_vm(graph, schedule, weights, input, vm_options).output(graph); });
+    if (engine == "cpu-vm") {
+      timed([&] { output = mk::run_cpu_vm(graph, schedule, weights, input, vm_options).output(graph); });
+    } else {
+      mk::GpuEngine gpu(graph, schedule, weights);
+      gpu.set_input(input);
+      gpu.run();  // warm-up: module load and first-touch costs stay out of the time
+      std::vector<float> times = gpu.time_runs(iterations);
+      std::sort(times.begin(), times.end());
+      seconds = times[times.size() / 2] / 1e3;
+      fmt::print("gpu: median of {} launches (min {:.3f} ms, max {:.3f} ms)\n", times.size(), times.front(), times.back());
+      output = gpu.output();
+    }
   }
-  fmt::print("time: {:.3f} s ({:.2f} GFLOP/s)\n", seconds, mk::forward_cost(config, input.shape).flops / seconds / 1e9);
+  if (seconds < 0.1) {
+    fmt::print("time: {:.3f} ms ({:.1f} TFLOP/s)\n", seconds * 1e3, mk::forward_cost(config, input.shape).flops / seconds / 1e12);
+  } else {
+    fmt::print("time: {:.3f} s ({:.2f} GFLOP/s)\n", seconds, mk::forward_cost(config, input.shape).flops / seconds / 1e9);
+  }
   print_checksum(config, output);
   if (!output_path.empty()) {
     mk::save_model_output(output_path, config.has_lm_head ? "logits" : "hidden", output, input.shape);
     fmt::print("wrote {}\n", output_path);
   }
+  if (!json_path.empty()) {
+    const mk::ForwardCost cost = mk::forward_cost(config, input.shape);
+    const nlohmann::json result = {{"engine", engine},
+                                   {"model", config.name},
+                                   {"batch", input.shape.batch},
+                                   {"seq_len", input.shape.seq_len},
+                                   {"d_model", config.d_model},
+                                   {"n_layers", config.n_layers},
+                                   {"d_ff", config.d_ff},
+                                   {"n_heads", config.n_heads},
+                                   {"ms", seconds * 1e3},
+                                   {"flops", cost.flops},
+                                   {"tflops", cost.flops / seconds / 1e12}};
+    std::ofstream(json_path) << result.dump() << "\n";
+  }
+  return 0;
+}
+
+int run_bisect(const ModelOptions& options, ScheduleOptions schedule_options, int until_layer) {
+  const mk::ModelConfig config = options.config();
+  const mk::RunShape shape = options.shape();
+  const mk::ModelWeights weights = options.weights(config);
+  const mk::ref::ModelInput input = mk::ref::random_input(config, shape, options.seed + 1);
+  const mk::Graph graph(config, shape);
+  schedule_options.use_device_sm_count();
+  const mk::Schedule schedule = schedule_options.make(graph);
+  fmt::print("{}\nbatch {} x seq {}: gpu against cpu-vm, buffer by buffer{}\n", mk::describe(config), shape.batch,
+             shape.seq_len, until_layer >= 0 ? fmt::format(", up to layer {}", until_layer) : "");
+  mk::GpuEngine gpu(graph, schedule, weights);
+  gpu.set_input(input);
+  gpu.run();
+  const mk::CpuVmRun reference = mk::run_cpu_vm(graph, schedule, weights, input);
+  const auto rows = mk::bisect_buffers(graph, weights, input, gpu.buffers(), reference.buffers, until_layer);
+  fmt::print("{}", mk::format_bisect(rows));
+  for (const mk::BufferComparison& row : rows) {
+    if (!row.op_passed) {
+      fmt::print("first failing buffer: {}\n", row.buffer);
+      return 1;
+    }
+  }
+  fmt::print("every op within tolerance\n");
   return 0;
 }
 
@@ -207,19 +312,24 @@ int main(int argc, char** argv) {
   info_options.add_to(*info);
 
   ModelOptions run_options;
-  std::string engine = "reference";
+  std::string engine = "auto";
   std::string input_path, output_path;
   CLI::App* run = app.add_subcommand("run", "run one forward pass and print its time and an output checksum");
   run_options.add_to(*run);
   ScheduleOptions run_schedule_options;
   mk::CpuVmOptions vm_options;
   run_schedule_options.add_to(*run);
-  run->add_option("--engine", engine, "reference | cpu-vm")->capture_default_str();
+  run->add_option("--engine", engine, "auto (gpu where possible) | gpu | cpu-vm | reference")->capture_default_str();
   run->add_option("--max-delay-us", vm_options.max_delay_us, "cpu-vm: random delay before each instruction")
       ->capture_default_str();
   run->add_flag("!--no-race-check", vm_options.detect_races, "cpu-vm: skip the happens-before race detector");
   run->add_option("--input", input_path, "safetensors with 'tokens' (batch, seq) or 'hidden' (batch, seq, d_model)");
   run->add_option("--output", output_path, "write the output (logits or hidden states, F32) as safetensors");
+  int iterations = 20;
+  std::string json_path;
+  run->add_option("--iterations", iterations, "gpu: timed launches after one warm-up (the median is reported)")
+      ->capture_default_str();
+  run->add_option("--json", json_path, "write the timing and shape as one JSON object to this file");
 
   ModelOptions schedule_model_options;
   ScheduleOptions schedule_options;
@@ -231,6 +341,16 @@ int main(int argc, char** argv) {
   schedule_options.add_to(*schedule_command);
   schedule_command->add_flag("--explain", explain, "per-SM load and instruction count, makespan, idle, critical path");
   schedule_command->add_option("--out", schedule_out, "write the schedule to this file");
+
+  ModelOptions bisect_options;
+  ScheduleOptions bisect_schedule_options;
+  int until_layer = -1;
+  CLI::App* bisect = app.add_subcommand(
+      "bisect", "run gpu and cpu-vm on one input and compare every intermediate buffer, each op also alone");
+  bisect_options.add_to(*bisect);
+  bisect_schedule_options.add_to(*bisect);
+  bisect->add_option("--until-layer", until_layer, "compare buffers of layers up to this one only (-1: all)")
+      ->capture_default_str();
 
   ModelOptions export_options;
   std::string export_dir, export_input;
@@ -247,7 +367,10 @@ int main(int argc, char** argv) {
   }
   try {
     if (*info) return run_info(info_options);
-    if (*run) return run_forward(run_options, run_schedule_options, engine, vm_options, input_path, output_path);
+    if (*run)
+      return run_forward(run_options, run_schedule_options, engine, vm_options, input_path, output_path, iterations,
+                         json_path);
+    if (*bisect) return run_bisect(bisect_options, bisect_schedule_options, until_layer);
     if (*schedule_command) return run_schedule(schedule_model_options, schedule_options, explain, schedule_out);
     if (*export_command) return run_export(export_options, export_dir, export_input);
   } catch (const mk::Error& error) {

@@ -88,7 +88,15 @@ struct ModelInput {
 ModelInput random_input(const ModelConfig& config, const RunShape& shape, uint64_t seed);
 void validate_input(const ModelConfig& config, const ModelInput& input);  // token ids in range, shapes right
 
+struct ForwardOptions {
+  // Round every op's output to bf16, as a bf16 PyTorch model (and the GPU) stores its activations: the yardstick of
+  // the tolerance policy, which lets the GPU err at most about twice as much as this against the fp32 forward.
+  bool round_activations_to_bf16 = false;
+};
+
 // Logits (T, vocab) with an LM head, final hidden states (T, d_model) without.
-Matrix forward(const ModelWeights& weights, const ModelInput& input);
+Matrix forward(const ModelWeights& weights, const ModelInput& input, const ForwardOptions& options = {});
+
+void round_to_bf16(Matrix& matrix, Range rows);  // in place, rows [rows) only
 
 }  // namespace mk::ref

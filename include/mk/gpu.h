@@ -1,0 +1,56 @@
+// The gpu engine: the schedule run by the megakernel on an sm_90 GPU. Declared in every build; a build without
+// CUDA, a machine without a GPU, or a GPU other than Hopper gets a clear reason instead.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "mk/graph.h"
+#include "mk/reference.h"
+#include "mk/schedule.h"
+#include "mk/weights.h"
+
+namespace mk {
+
+struct GpuInfo {
+  bool usable = false;
+  std::string reason;  // why not, when not usable
+  std::string name;
+  int sm_count = 0;
+  int compute_major = 0;
+  int compute_minor = 0;
+  size_t memory_bytes = 0;
+};
+GpuInfo query_gpu();  // never throws
+
+struct GpuOptions {
+  double stall_timeout_s = 5.0;  // a counter or pipeline wait longer than this aborts the launch with a report
+  bool verify = true;            // false only for tests that feed a deliberately broken schedule
+};
+
+class GpuEngine {
+ public:
+  // Uploads weights and schedule, allocates activations. The graph must outlive the engine.
+  GpuEngine(const Graph& graph, const Schedule& schedule, const ModelWeights& weights, const GpuOptions& options = {});
+  ~GpuEngine();
+  GpuEngine(const GpuEngine&) = delete;
+  GpuEngine& operator=(const GpuEngine&) = delete;
+
+  void set_input(const ref::ModelInput& input);
+  // One forward pass (one launch). Throws mk::Error naming SM, instruction, task and counter if the kernel reports a
+  // stall; the engine is unusable after that.
+  void run();
+  // Runs `launches` forward passes, each timed with CUDA events; milliseconds per launch.
+  std::vector<float> time_runs(int launches);
+  ref::Matrix output() const;                // logits or final hidden states, converted to fp32
+  std::vector<ref::Matrix> buffers() const;  // every graph buffer (the host-written too), for bisecting
+  size_t device_bytes() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace mk

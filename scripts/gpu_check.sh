@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: configure, build with all cores, then run the requested steps, logging into a folder.
+# Usage: scripts/gpu_check.sh OUT_DIR [steps...]   steps: smoke tests hf bench sanitize sass (default: all but sanitize)
+set -uo pipefail
+out=${1:?usage: scripts/gpu_check.sh OUT_DIR [steps...]}
+shift
+steps=${*:-"smoke tests hf bench sass"}
+mkdir -p "$out"
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=$root/build-gpu
+status=0
+
+step() {  # step NAME COMMAND...: runs the command, logs to $out/NAME.log, remembers a failure
+  local name=$1
+  shift
+  echo "=== $name: $*"
+  if ! "$@" >"$out/$name.log" 2>&1; then
+    echo "!!! $name failed (exit $?), log tail:"
+    status=1
+  fi
+  tail -n 25 "$out/$name.log"
+}
+
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --format=csv >"$out/gpu.txt" 2>&1
+cat "$out/gpu.txt"
+git -C "$root" log -1 --format='commit %h %s' >"$out/commit.txt" 2>/dev/null || echo "commit unknown" >"$out/commit.txt"
+step build bash -c "cmake -S '$root' -B '$build' -G Ninja -DCMAKE_BUILD_TYPE=Release && cmake --build '$build' -j $(nproc)"
+grep -E "spill|stack frame" "$out/build.log" || echo "ptxas: no spill warnings"
+
+for s in $steps; do
+  case $s in
+    smoke)
+      step smoke-tiny timeout 120 "$build/mk" bisect --preset tiny
+      step smoke-seed timeout 300 "$build/mk" run --preset seed --engine gpu
+      ;;
+    tests)
+      step gpu-tests timeout 900 ctest --test-dir "$build" -L gpu --output-on-failure
+      ;;
+    hf)
+      step hf timeout 600 python3 "$root/scripts/compare_hf.py" --mk "$build/mk" --work /tmp/mk-hf
+      ;;
+    bench)
+      step bench timeout 900 python3 "$root/bench/bench.py" --mk "$build/mk" --out "$out"
+      ;;
+    sanitize)
+      for tool in memcheck racecheck synccheck; do
+        step "sanitize-$tool" timeout 600 compute-sanitizer --tool "$tool" --error-exitcode 1 \
+          "$build/mk" run --preset tiny --engine gpu
+      done
+      ;;
+    sass)
+      obj=$(find "$build" -name 'megakernel.cu.o' | head -1)
+      cuobjdump --dump-sass "$obj" >"$out/megakernel.sass" 2>&1
+      echo "SASS: $(grep -c HGMMA "$out/megakernel.sass") HGMMA, $(grep -cE 'STL|LDL' "$out/megakernel.sass") local-memory instructions"
+      ;;
+  esac
+done
+exit $status

@@ -1,0 +1,117 @@
+// Synchronization of the megakernel: the shared-memory stage ring, bounded counter and barrier waits, publication of
+// finished tiles to other SMs, and the error slot that turns a stall into a report instead of a hang.
+#pragma once
+
+#include <cstdint>
+
+#include "../megakernel_params.h"
+#include "config.cuh"
+#include "ptx.cuh"
+
+namespace mk::gpu {
+
+// Position in the ring of shared-memory stages. Producer and consumers advance identical copies in the same order.
+struct PipelineState {
+  uint32_t stage = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void advance() {
+    if (++stage == KernelConfig::kNumStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+};
+
+struct SharedState {
+  uint8_t* stages;           // kNumStages x kStageBytes, 1024-byte aligned
+  uint64_t* full;            // (kNumStages) TMA bytes landed
+  uint64_t* empty;           // (kNumStages) every consumer warp is done with the stage
+  volatile uint32_t* flag;   // consumer broadcast: did the counter waits succeed
+  __device__ __forceinline__ uint8_t* stage(uint32_t index) const { return stages + index * KernelConfig::kStageBytes; }
+};
+
+// Where the calling code is, for error reports.
+struct Site {
+  uint32_t sm;
+  uint32_t instruction;
+  uint32_t task;
+};
+
+__device__ __forceinline__ bool aborting(const MegakernelParams& p) {
+  return *reinterpret_cast<volatile const uint32_t*>(&p.error->abort) != 0;
+}
+
+__device__ __forceinline__ void report_error(const MegakernelParams& p, ErrorKind kind, Site site, uint32_t counter,
+                                          uint32_t value, uint32_t target) {
+  if (atomicCAS(&p.error->kind, kErrorNone, uint32_t(kind)) == kErrorNone) {
+    p.error->sm = site.sm;
+    p.error->instruction = site.instruction;
+    p.error->task = site.task;
+    p.error->counter = counter;
+    p.error->value = value;
+    p.error->target = target;
+    __threadfence();
+  }
+  atomicExch(&p.error->abort, 1u);
+}
+
+// Acquire-waits until counters[wait.counter] >= epoch * wait.target. False when the kernel is aborting.
+__device__ __forceinline__ bool wait_counter(const MegakernelParams& p, const Wait& wait, Site site) {
+  const uint32_t target = p.epoch * wait.target;
+  const uint32_t* counter = p.counters + wait.counter;
+  uint32_t value = ptx::load_acquire(counter);
+  if (value >= target) return true;
+  const uint64_t start = ptx::global_timer_ns();
+  uint32_t sleep_ns = 32;
+  while (true) {
+    value = ptx::load_acquire(counter);
+    if (value >= target) return true;
+    if (aborting(p)) return false;
+    if (ptx::global_timer_ns() - start > p.stall_timeout_ns) {
+      report_error(p, kErrorCounterStall, site, wait.counter, value, target);
+      return false;
+    }
+    __nanosleep(sleep_ns);
+    sleep_ns = sleep_ns < 512 ? 2 * sleep_ns : sleep_ns;
+  }
+}
+
+__device__ __forceinline__ bool wait_all_counters(const MegakernelParams& p, const Instruction& in, Site site) {
+  for (uint32_t k = 0; k < in.num_waits; ++k)
+    if (!wait_counter(p, p.waits[in.wait_begin + k], site)) return false;
+  return true;
+}
+
+// Waits for an mbarrier phase; false when the kernel is aborting or this wait ran past the timeout.
+__device__ __forceinline__ bool wait_barrier(const MegakernelParams& p, uint64_t* barrier, uint32_t parity, Site site) {
+  if (ptx::mbarrier_try_wait(barrier, parity)) return true;
+  const uint64_t start = ptx::global_timer_ns();
+  while (!ptx::mbarrier_try_wait(barrier, parity)) {
+    if (aborting(p)) return false;
+    if (ptx::global_timer_ns() - start > p.stall_timeout_ns) {
+      report_error(p, kErrorPipelineStall, site, ~0u, 0, 0);
+      return false;
+    }
+  }
+  return true;
+}
+
+// Called by every consumer warp when it is done reading a stage.
+__device__ __forceinline__ void release_stage(const SharedState& s, uint32_t stage) {
+  __syncwarp();
+  if (threadIdx.x % 32 == 0) ptx::mbarrier_arrive(&s.empty[stage]);
+}
+
+// Makes the tile the consumers just stored visible to every SM, then counts it.
+// NOTE: the bar.sync orders all consumer threads' stores before thread 0's release; the proxy fence lets other SMs
+// read the data with TMA (async proxy) after they acquire the counter.
+__device__ __forceinline__ void publish(const MegakernelParams& p, uint32_t counter, uint32_t consumer_thread) {
+  ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
+  if (consumer_thread == 0) {
+    __threadfence();
+    ptx::fence_proxy_async_global();
+    ptx::add_release(p.counters + counter, 1);
+  }
+}
+
+}  // namespace mk::gpu

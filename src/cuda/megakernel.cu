@@ -1,0 +1,122 @@
+// The megakernel: one persistent CTA per SM runs that SM's instruction list. Warpgroup 0's elected thread produces
+// (waits on counters, streams tiles into the shared-memory ring with TMA, running ahead across instructions);
+// warpgroups 1 and 2 consume (wgmma / mma.sync / row-wise math, epilogues, publication of finished tiles).
+#include "device/config.cuh"
+#include "device/ops/attention_tma_mma.cuh"
+#include "device/ops/gemm_sm90.cuh"
+#include "device/ops/rowwise.cuh"
+#include "device/ptx.cuh"
+#include "device/sync.cuh"
+#include "megakernel.h"
+
+namespace mk::gpu {
+
+namespace {
+
+__device__ __forceinline__ bool is_gemm(Opcode opcode) {
+  return opcode == Opcode::kQkv || opcode == Opcode::kOProj || opcode == Opcode::kGateUp || opcode == Opcode::kDown ||
+         opcode == Opcode::kLmHead;
+}
+
+__device__ void run_producer(const MegakernelParams& p, const SharedState& s, uint32_t sm) {
+  for (int map = 0; map < kNumMaps; ++map) ptx::prefetch_tensor_map(&p.maps[map]);
+  PipelineState state;
+  const uint32_t begin = p.sm_begin[sm];
+  const uint32_t end = p.sm_begin[sm + 1];
+  for (uint32_t i = begin; i < end; ++i) {
+    const Instruction in = p.instructions[i];
+    const bool attention = in.opcode == Opcode::kAttention;
+    if (!is_gemm(in.opcode) && !attention) continue;
+    const Site site{sm, i - begin, in.task};
+    if (!wait_all_counters(p, in, site)) return;
+    ptx::fence_proxy_async_global();  // the awaited tiles were written by generic stores; TMA reads them next
+    const bool ok = attention ? produce_attention(p, s, in, state, site) : produce_gemm(p, s, in, state, site);
+    if (!ok) return;
+  }
+}
+
+__device__ void run_consumers(const MegakernelParams& p, const SharedState& s, uint32_t sm, int consumer_thread) {
+  const int warpgroup = consumer_thread / 128;
+  const int thread_in_wg = consumer_thread % 128;
+  PipelineState state;
+  const uint32_t begin = p.sm_begin[sm];
+  const uint32_t end = p.sm_begin[sm + 1];
+  for (uint32_t i = begin; i < end; ++i) {
+    const Instruction in = p.instructions[i];
+    const Site site{sm, i - begin, in.task};
+    // One thread waits (bounded) and tells the others, so that all consumers leave together on an abort.
+    // NOTE: TMA-fed data is already ordered by the ring's barriers; this wait covers the residual and row-wise reads.
+    if (consumer_thread == 0) *s.flag = wait_all_counters(p, in, site) ? 1u : 0u;
+    ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
+    if (*s.flag == 0) return;
+    bool ok = true;
+    switch (in.opcode) {
+      case Opcode::kEmbed:
+        run_embed(p, in, consumer_thread);
+        break;
+      case Opcode::kAttnNorm:
+      case Opcode::kMlpNorm:
+      case Opcode::kFinalNorm:
+        run_rmsnorm(p, in, consumer_thread);
+        break;
+      case Opcode::kAttention:
+        ok = consume_attention(p, s, in, state, site, consumer_thread);
+        break;
+      case Opcode::kQkv:
+      case Opcode::kOProj:
+      case Opcode::kGateUp:
+      case Opcode::kDown:
+      case Opcode::kLmHead:
+        ok = consume_gemm(p, s, in, state, site, warpgroup, thread_in_wg);
+        break;
+      default:
+        if (consumer_thread == 0) report_error(p, kErrorBadInstruction, site, ~0u, uint32_t(in.opcode), 0);
+        ok = false;
+        break;
+    }
+    if (!ok) return;
+    publish(p, in.signal_counter, consumer_thread);
+  }
+}
+
+}  // namespace
+
+__global__ void __launch_bounds__(KernelConfig::kThreads, 1) megakernel(const __grid_constant__ MegakernelParams p) {
+  extern __shared__ uint8_t shared_raw[];
+  const uint32_t base = ptx::smem_address(shared_raw);
+  uint8_t* aligned = shared_raw + ((1024 - base % 1024) % 1024);
+  SharedState s;
+  s.stages = aligned;
+  s.full = reinterpret_cast<uint64_t*>(aligned + KernelConfig::kNumStages * KernelConfig::kStageBytes);
+  s.empty = s.full + KernelConfig::kNumStages;
+  s.flag = reinterpret_cast<volatile uint32_t*>(s.empty + KernelConfig::kNumStages);
+
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < KernelConfig::kNumStages; ++i) {
+      ptx::mbarrier_init(&s.full[i], 1);
+      ptx::mbarrier_init(&s.empty[i], KernelConfig::kConsumerWarps);
+    }
+    ptx::fence_mbarrier_init();
+  }
+  __syncthreads();
+
+  const uint32_t sm = blockIdx.x;
+  if (threadIdx.x < 128) {
+    ptx::setmaxnreg_dec<KernelConfig::kProducerRegisters>();
+    if (threadIdx.x == 0) run_producer(p, s, sm);
+  } else {
+    ptx::setmaxnreg_inc<KernelConfig::kConsumerRegisters>();
+    run_consumers(p, s, sm, int(threadIdx.x) - 128);
+  }
+}
+
+cudaError_t prepare_megakernel() {
+  return cudaFuncSetAttribute(megakernel, cudaFuncAttributeMaxDynamicSharedMemorySize, KernelConfig::kSmemBytes);
+}
+
+cudaError_t launch_megakernel(const MegakernelParams& params, int grid_size, cudaStream_t stream) {
+  megakernel<<<grid_size, KernelConfig::kThreads, KernelConfig::kSmemBytes, stream>>>(params);
+  return cudaGetLastError();
+}
+
+}  // namespace mk::gpu

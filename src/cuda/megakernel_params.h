@@ -1,0 +1,102 @@
+// What the host hands the megakernel: tensor maps, model dimensions, device buffers, the schedule and the error slot.
+// Shared by runtime.cu (fills it) and megakernel.cu (reads it as a __grid_constant__ parameter).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "mk/instruction.h"
+
+namespace mk::gpu {
+
+// Tensor maps, one per GEMM operand kind and two for attention; per-layer tensors are stacked as (layers, rows, cols)
+// so a map serves every layer and out-of-range rows still read as zeros.
+enum TensorMapId : int {
+  kMapAttnNorm,   // A of qkv:      attn_norm (n_layers, T, d_model)
+  kMapAttn,       // A of o_proj:   attn (n_layers, T, q_dim)
+  kMapMlpNorm,    // A of gate_up:  mlp_norm (n_layers, T, d_model)
+  kMapAct,        // A of down:     act (n_layers, T, d_ff)
+  kMapFinalNorm,  // A of lm_head:  final_norm (1, T, d_model)
+  kMapWqkv,       // B of qkv:      [wq; wk; wv] (n_layers, qkv_dim, d_model)
+  kMapWo,         // B of o_proj:   wo (n_layers, d_model, q_dim)
+  kMapWgateUp,    // B of gate_up:  gate and up rows interleaved per tile (n_layers, 2 * d_ff padded, d_model)
+  kMapWdown,      // B of down:     w_down (n_layers, d_model, d_ff)
+  kMapLmHead,     // B of lm_head:  lm_head or the tied embedding (1, vocab_size, d_model)
+  kMapQuery,      // attention Q:   qkv viewed as (n_layers * batch, seq_len, qkv_dim), boxes of kBlockQ rows
+  kMapKeyValue,   // attention K/V: the same tensor, boxes of kBlockKv rows
+  kNumMaps,
+};
+
+enum ErrorKind : uint32_t {
+  kErrorNone = 0,
+  kErrorCounterStall = 1,   // a counter wait ran past the timeout
+  kErrorPipelineStall = 2,  // a shared-memory pipeline barrier ran past the timeout
+  kErrorBadInstruction = 3,
+};
+
+// Written once by the first thread that hits an error; `abort` tells every CTA to leave.
+struct DeviceError {
+  uint32_t abort;
+  uint32_t kind;
+  uint32_t sm;
+  uint32_t instruction;  // index in the SM's list
+  uint32_t task;
+  uint32_t counter;
+  uint32_t value;
+  uint32_t target;
+};
+
+struct ModelDims {
+  int32_t tokens;      // T = batch * seq_len
+  int32_t batch;
+  int32_t seq_len;
+  int32_t d_model;
+  int32_t q_dim;
+  int32_t kv_dim;
+  int32_t qkv_dim;
+  int32_t d_ff;
+  int32_t vocab_size;
+  int32_t head_dim;
+  int32_t group_size;  // query heads per kv head
+  int32_t n_layers;
+  int32_t rope;        // 0: no RoPE
+  float rms_norm_eps;
+  float softmax_scale_log2;  // log2(e) / sqrt(head_dim)
+};
+
+struct MegakernelParams {
+  CUtensorMap maps[kNumMaps];
+  ModelDims dims;
+
+  const Instruction* instructions;  // every SM's list, back to back
+  const uint32_t* sm_begin;         // (num_sms + 1)
+  const Wait* waits;
+  uint32_t* counters;               // (num_counters), monotonic across launches
+  uint32_t epoch;                   // 1 for the first launch, then 2, ...
+  uint64_t stall_timeout_ns;
+  DeviceError* error;
+
+  // activations, bf16
+  __nv_bfloat16* hidden;      // (n_layers + 1, T, d_model)
+  __nv_bfloat16* attn_norm;   // (n_layers, T, d_model)
+  __nv_bfloat16* qkv;         // (n_layers, T, qkv_dim)
+  __nv_bfloat16* attn;        // (n_layers, T, q_dim)
+  __nv_bfloat16* hidden_mid;  // (n_layers, T, d_model)
+  __nv_bfloat16* mlp_norm;    // (n_layers, T, d_model)
+  __nv_bfloat16* act;         // (n_layers, T, d_ff)
+  __nv_bfloat16* final_norm;  // (T, d_model)
+  __nv_bfloat16* logits;      // (T, vocab_size)
+  const int32_t* tokens;      // (T)
+
+  // weights read outside the GEMMs
+  const __nv_bfloat16* embedding;          // (vocab_size, d_model)
+  const __nv_bfloat16* attn_norm_weight;   // (n_layers, d_model)
+  const __nv_bfloat16* mlp_norm_weight;    // (n_layers, d_model)
+  const __nv_bfloat16* final_norm_weight;  // (d_model)
+  const float* rope_cos;                   // (seq_len, head_dim / 2)
+  const float* rope_sin;                   // (seq_len, head_dim / 2)
+};
+
+}  // namespace mk::gpu

@@ -1,0 +1,26 @@
+// The gpu engine in a build without CUDA: every entry point explains why there is no GPU engine.
+#include "mk/check.h"
+#include "mk/gpu.h"
+
+namespace mk {
+
+GpuInfo query_gpu() {
+  GpuInfo info;
+  info.reason = "this build has no CUDA support (nvcc was not found when it was configured)";
+  return info;
+}
+
+struct GpuEngine::Impl {};
+
+GpuEngine::GpuEngine(const Graph&, const Schedule&, const ModelWeights&, const GpuOptions&) {
+  throw Error("gpu engine: " + query_gpu().reason);
+}
+GpuEngine::~GpuEngine() = default;
+void GpuEngine::set_input(const ref::ModelInput&) {}
+void GpuEngine::run() {}
+std::vector<float> GpuEngine::time_runs(int) { return {}; }
+ref::Matrix GpuEngine::output() const { return {}; }
+std::vector<ref::Matrix> GpuEngine::buffers() const { return {}; }
+size_t GpuEngine::device_bytes() const { return 0; }
+
+}  // namespace mk

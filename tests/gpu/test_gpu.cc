@@ -1,0 +1,170 @@
+// GPU tests of the megakernel: every op alone and the whole model against the reference, determinism, stall
+// reports. Without a Hopper GPU they report themselves skipped.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "mk/check.h"
+#include "mk/compare.h"
+#include "mk/cpu_vm.h"
+#include "mk/gpu.h"
+#include "mk/graph.h"
+#include "mk/schedule.h"
+
+namespace mk {
+namespace {
+
+using ::testing::HasSubstr;
+
+class Gpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    info_ = query_gpu();
+    if (!info_.usable) GTEST_SKIP() << "no suitable GPU: " << info_.reason;
+  }
+  Schedule schedule_for(const Graph& graph, SchedulePolicy policy = SchedulePolicy::kCostModel) const {
+    return make_schedule(graph, derive_dependencies(graph), policy, info_.sm_count);
+  }
+  GpuInfo info_;
+};
+
+ModelConfig small_config(int64_t d_model, int64_t d_ff, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+                         bool rope, bool embedding_and_head, int64_t n_layers = 2) {
+  ModelConfig c;
+  c.name = fmt::format("d{}-ff{}-h{}-kv{}-hd{}{}{}", d_model, d_ff, n_heads, n_kv_heads, head_dim, rope ? "-rope" : "",
+                       embedding_and_head ? "-lm" : "");
+  c.d_model = d_model;
+  c.d_ff = d_ff;
+  c.n_layers = n_layers;
+  c.n_heads = n_heads;
+  c.n_kv_heads = n_kv_heads;
+  c.head_dim = head_dim;
+  c.vocab_size = 1000;
+  c.max_position_embeddings = 4096;
+  c.rope = rope ? RopeConfig{RopeType::kLlama3, 500000.0, 8.0, 1.0, 4.0, 128} : RopeConfig{};
+  c.has_embedding = embedding_and_head;
+  c.has_lm_head = embedding_and_head;
+  c.validate();
+  return c;
+}
+
+// Every op alone on the GPU's own inputs, then the whole output under the tolerance policy.
+void check_against_reference(const GpuInfo& info, const ModelConfig& config, const RunShape& shape, uint64_t seed) {
+  SCOPED_TRACE(describe(config) + fmt::format(" batch {} seq {}", shape.batch, shape.seq_len));
+  const ModelWeights weights = random_weights(config, seed);
+  const ref::ModelInput input = ref::random_input(config, shape, seed + 1);
+  const Graph graph(config, shape);
+  const Schedule schedule = make_schedule(graph, derive_dependencies(graph), SchedulePolicy::kCostModel, info.sm_count);
+  GpuEngine gpu(graph, schedule, weights);
+  gpu.set_input(input);
+  gpu.run();
+  const CpuVmRun reference = run_cpu_vm(graph, schedule, weights, input, {.detect_races = false});
+  const std::vector<BufferComparison> rows = bisect_buffers(graph, weights, input, gpu.buffers(), reference.buffers);
+  for (const BufferComparison& row : rows) {
+    EXPECT_TRUE(row.op_passed) << row.buffer << ": op alone rel L2 " << row.op_alone.rel_l2_error << ", max abs "
+                               << row.op_alone.max_abs_error << ", NaN " << row.op_alone.nan_count << "\n"
+                               << format_bisect(rows);
+  }
+  const TolerancePolicy policy = check_tolerance(gpu.output(), weights, input);
+  EXPECT_TRUE(policy.passed) << policy.describe();
+  std::printf("%s batch %lld seq %lld: %s\n", config.name.c_str(), (long long)shape.batch, (long long)shape.seq_len,
+              policy.describe().c_str());
+}
+
+TEST_F(Gpu, EachOpAloneOverASweepOfShapes) {
+  struct Case {
+    ModelConfig config;
+    RunShape shape;
+  };
+  const std::vector<Case> cases = {
+      {find_preset("tiny").config, {2, 40}},
+      {small_config(256, 512, 2, 2, 128, false, false), {1, 128}},      // seed-like MHA, head_dim 128, no RoPE
+      {small_config(512, 1024, 8, 2, 64, true, true), {3, 200}},        // odd shapes: batch 3, seq 200, GQA 4:1
+      {small_config(384, 320, 4, 1, 128, true, true), {2, 300}},        // GQA 4:1, d_ff not a multiple of 128
+      {small_config(256, 768, 8, 1, 64, true, true, 1), {1, 1000}},     // GQA 8:1, long sequence
+      {small_config(128, 256, 1, 1, 128, true, false, 3), {5, 17}},     // tiny sequences, one head
+  };
+  for (size_t i = 0; i < cases.size(); ++i) check_against_reference(info_, cases[i].config, cases[i].shape, 10 + i);
+}
+
+TEST_F(Gpu, SeedPreset) {
+  const Preset& seed = find_preset("seed");
+  check_against_reference(info_, seed.config, seed.shape, 3);
+}
+
+TEST_F(Gpu, Llama1bShapeWithTwoLayers) {
+  ModelConfig config = find_preset("llama-3.2-1b").config;
+  config.n_layers = 2;
+  check_against_reference(info_, config, {2, 256}, 4);
+}
+
+TEST_F(Gpu, RoundRobinScheduleGivesTheSameBits) {
+  const ModelConfig config = small_config(512, 1024, 8, 2, 64, true, true);
+  const RunShape shape{3, 200};
+  const ModelWeights weights = random_weights(config, 1);
+  const ref::ModelInput input = ref::random_input(config, shape, 2);
+  const Graph graph(config, shape);
+  std::vector<ref::Matrix> outputs;
+  for (SchedulePolicy policy : {SchedulePolicy::kCostModel, SchedulePolicy::kRoundRobin}) {
+    GpuEngine gpu(graph, schedule_for(graph, policy), weights);
+    gpu.set_input(input);
+    gpu.run();
+    outputs.push_back(gpu.output());
+  }
+  EXPECT_EQ(std::memcmp(outputs[0].data.data(), outputs[1].data.data(), outputs[0].data.size() * 4), 0);
+}
+
+TEST_F(Gpu, TwoHundredLaunchesAreBitwiseIdentical) {
+  const Preset& seed = find_preset("seed");
+  const ModelWeights weights = random_weights(seed.config, 7);
+  const ref::ModelInput input = ref::random_input(seed.config, seed.shape, 8);
+  const Graph graph(seed.config, seed.shape);
+  GpuEngine gpu(graph, schedule_for(graph), weights);
+  gpu.set_input(input);
+  gpu.run();
+  const ref::Matrix first = gpu.output();
+  size_t nans = 0;
+  for (float v : first.data) nans += !std::isfinite(v);
+  ASSERT_EQ(nans, 0u);
+  for (int launch = 1; launch < 200; ++launch) {
+    gpu.run();
+    const ref::Matrix again = gpu.output();
+    ASSERT_EQ(std::memcmp(first.data.data(), again.data.data(), first.data.size() * 4), 0) << "launch " << launch;
+  }
+}
+
+TEST_F(Gpu, MissingSignalIsReportedNamingTheWait) {
+  const ModelConfig config = find_preset("tiny").config;
+  const RunShape shape{2, 64};
+  const Graph graph(config, shape);
+  Schedule schedule = schedule_for(graph);
+  // Plant a wait for one signal more than the counter ever gets.
+  uint32_t planted_counter = 0;
+  for (Instruction& in : schedule.instructions) {
+    if (in.opcode != Opcode::kOProj || in.num_waits == 0) continue;
+    const Wait original = schedule.waits[in.wait_begin];
+    planted_counter = original.counter;
+    schedule.waits.push_back({original.counter, original.target + 1});
+    in.wait_begin = uint32_t(schedule.waits.size() - 1);
+    in.num_waits = 1;
+    break;
+  }
+  GpuEngine gpu(graph, schedule, random_weights(config, 1), {.stall_timeout_s = 0.5, .verify = false});
+  gpu.set_input(ref::random_input(config, shape, 2));
+  EXPECT_THAT([&] { gpu.run(); },
+              testing::ThrowsMessage<Error>(AllOf(HasSubstr("megakernel stall: SM"), HasSubstr("o_proj"),
+                                                  HasSubstr(fmt::format("counter {},", planted_counter)))));
+  EXPECT_THAT([&] { gpu.run(); }, testing::ThrowsMessage<Error>(HasSubstr("unusable")));
+}
+
+TEST_F(Gpu, RefusesWhatItCannotServe) {
+  ModelConfig config = small_config(256, 512, 4, 2, 64, true, true);
+  config.vocab_size = 1001;
+  const Graph graph(config, {1, 64});
+  EXPECT_THAT([&] { GpuEngine(graph, schedule_for(graph), random_weights(config, 1)); },
+              testing::ThrowsMessage<Error>(HasSubstr("vocab_size 1001")));
+}
+
+}  // namespace
+}  // namespace mk
