@@ -19,7 +19,6 @@ __device__ __forceinline__ bool is_gemm(Opcode opcode) {
 }
 
 __device__ void run_producer(const MegakernelParams& p, const SharedState& s, uint32_t sm) {
-  for (int map = 0; map < kNumMaps; ++map) ptx::prefetch_tensor_map(&p.maps[map]);
   PipelineState state;
   const uint32_t begin = p.sm_begin[sm];
   const uint32_t end = p.sm_begin[sm + 1];

@@ -4,7 +4,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <fstream>
+#include <type_traits>
 
 #include "mk/check.h"
 
@@ -114,11 +116,22 @@ std::vector<Preset> make_presets() {
 template <typename T>
 T required(const nlohmann::json& json, const char* field, const std::string& source) {
   MK_CHECK(json.contains(field) && !json.at(field).is_null(), "{}: missing field '{}'", source, field);
-  try {
-    return json.at(field).get<T>();
-  } catch (const nlohmann::json::exception&) {
-    throw Error(fmt::format("{}: field '{}' has the wrong type ({})", source, field, json.at(field).dump()));
+  const nlohmann::json& value = json.at(field);
+  // nlohmann converts true to 1 and truncates 2.5 to 2; a size field must hold a whole number.
+  bool right_type = true;
+  if constexpr (std::is_same_v<T, bool>) {
+    right_type = value.is_boolean();
+  } else if constexpr (std::is_integral_v<T>) {
+    const double number = value.is_number_float() ? value.get<double>() : 0.5;
+    right_type = value.is_number_integer() || (std::trunc(number) == number && std::fabs(number) < 0x1p62);
+  } else if constexpr (std::is_floating_point_v<T>) {
+    right_type = value.is_number();
   }
+  try {
+    if (right_type) return value.get<T>();
+  } catch (const nlohmann::json::exception&) {
+  }
+  throw Error(fmt::format("{}: field '{}' has the wrong type ({})", source, field, value.dump()));
 }
 
 template <typename T>

@@ -111,7 +111,9 @@ std::vector<TensorInfo> parse_safetensors(std::span<const uint8_t> file_bytes, c
     tensor.data_end = json_offset(value["data_offsets"][1], where + " data_offsets");
     MK_CHECK(tensor.data_begin <= tensor.data_end, "{}: data_offsets [{}, {}] are reversed", where, tensor.data_begin,
              tensor.data_end);
-    MK_CHECK(tensor.data_end <= data_size, "{}: data_offsets [{}, {}] lie outside the {}-byte data section", where,
+    // A download cut short lands here rather than in the header checks, so the message says so.
+    MK_CHECK(tensor.data_end <= data_size,
+             "{}: data_offsets [{}, {}] lie outside the {}-byte data section (truncated file?)", where,
              tensor.data_begin, tensor.data_end, data_size);
     const uint64_t expected_bytes = numel * uint64_t(found->size);
     MK_CHECK(tensor.data_end - tensor.data_begin == expected_bytes,
@@ -123,14 +125,15 @@ std::vector<TensorInfo> parse_safetensors(std::span<const uint8_t> file_bytes, c
   std::sort(tensors.begin(), tensors.end(), [](const TensorInfo& a, const TensorInfo& b) {
     return std::tie(a.data_begin, a.data_end) < std::tie(b.data_begin, b.data_end);
   });
-  for (size_t i = 1; i < tensors.size(); ++i) {
-    const TensorInfo& previous = tensors[i - 1];
-    const TensorInfo& current = tensors[i];
-    // Empty tensors occupy no bytes and cannot overlap anything.
-    if (current.data_begin == current.data_end || previous.data_begin == previous.data_end) continue;
-    MK_CHECK(current.data_begin >= previous.data_end, "{}: tensors '{}' [{}, {}] and '{}' [{}, {}] overlap", source,
-             previous.name, previous.data_begin, previous.data_end, current.name, current.data_begin,
-             current.data_end);
+  // Empty tensors occupy no bytes and cannot overlap anything, so each non-empty tensor is compared with the last
+  // non-empty one before it (comparing plain neighbours let an empty tensor in between hide an overlap).
+  const TensorInfo* previous = nullptr;
+  for (const TensorInfo& current : tensors) {
+    if (current.data_begin == current.data_end) continue;
+    MK_CHECK(previous == nullptr || current.data_begin >= previous->data_end,
+             "{}: tensors '{}' [{}, {}] and '{}' [{}, {}] overlap", source, previous->name, previous->data_begin,
+             previous->data_end, current.name, current.data_begin, current.data_end);
+    previous = &current;
   }
   return tensors;
 }

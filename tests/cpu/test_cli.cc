@@ -1,1 +1,204 @@
-// placeholder
+// Tests of the `mk` command-line tool, run as a child process: exit codes, messages, and its files.
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
+
+#include "mk/model_config.h"
+#include "mk/model_io.h"
+#include "mk/reference.h"
+#include "mk/safetensors.h"
+#include "mk/weights.h"
+
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+struct Result {
+  bool exited = false;  // false: killed by a signal, i.e. a crash
+  int status = -1;      // the exit status when exited
+  std::string output;   // stdout and stderr together
+};
+
+// Runs `mk <args>` through the shell; args are quoted by the caller where needed.
+Result run_mk(const std::string& args) {
+  const std::string command = fmt::format("'{}' {} 2>&1", MK_BINARY, args);
+  Result result;
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) {
+    ADD_FAILURE() << "popen failed for " << command;
+    return result;
+  }
+  std::array<char, 4096> buffer;
+  size_t count;
+  while ((count = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) result.output.append(buffer.data(), count);
+  const int status = ::pclose(pipe);
+  result.exited = WIFEXITED(status);
+  result.status = result.exited ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+std::string quoted(const std::filesystem::path& path) { return fmt::format("'{}'", path.string()); }
+
+class TempDir {
+ public:
+  TempDir() {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    path_ = std::filesystem::temp_directory_path() /
+            (std::string("mk_test_cli_") + info->name() + "_" + std::to_string(::getpid()));
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+// The line of `mk run` output that holds the checksum.
+std::string checksum_line(const std::string& output) {
+  const size_t at = output.find("checksum");
+  if (at == std::string::npos) return "";
+  const size_t begin = output.rfind('\n', at) + 1;  // npos + 1 == 0 on the first line
+  return output.substr(begin, output.find('\n', at) - begin);
+}
+
+}  // namespace
+
+TEST(Cli, InfoPrintsFlops) {
+  const Result result = run_mk("info --preset seed");
+  ASSERT_TRUE(result.exited);
+  EXPECT_EQ(result.status, 0) << result.output;
+  const mk::Preset& seed = mk::find_preset("seed");
+  const double gflops = mk::forward_cost(seed.config, seed.shape).flops / 1e9;
+  EXPECT_THAT(result.output, HasSubstr(fmt::format("FLOPs:              {:.3f} GFLOP", gflops)));
+  EXPECT_THAT(result.output, HasSubstr("model seed: d_model 1024"));
+  EXPECT_THAT(result.output, HasSubstr("batch 8 x seq 256"));
+}
+
+TEST(Cli, RunTinyPrintsAChecksum) {
+  const Result result = run_mk("run --preset tiny");
+  ASSERT_TRUE(result.exited);
+  EXPECT_EQ(result.status, 0) << result.output;
+  EXPECT_THAT(result.output, HasSubstr("output logits (80 x 384) checksum: sum "));
+}
+
+TEST(Cli, UnknownPresetFails) {
+  const Result result = run_mk("run --preset nope");
+  ASSERT_TRUE(result.exited);
+  EXPECT_EQ(result.status, 1);
+  EXPECT_THAT(result.output, HasSubstr("unknown preset 'nope'"));
+  EXPECT_THAT(result.output, HasSubstr("tiny"));  // the known names are listed
+}
+
+TEST(Cli, MissingModelDirectoryFails) {
+  const Result result = run_mk("run --model /nonexistent");
+  ASSERT_TRUE(result.exited);
+  EXPECT_EQ(result.status, 1);
+  EXPECT_THAT(result.output, HasSubstr("mk: error: /nonexistent/config.json: cannot open"));
+}
+
+TEST(Cli, UsageErrorsFail) {
+  Result result = run_mk("");
+  ASSERT_TRUE(result.exited);
+  EXPECT_NE(result.status, 0);
+  result = run_mk("run --preset tiny --model /x");  // mutually exclusive
+  ASSERT_TRUE(result.exited);
+  EXPECT_NE(result.status, 0);
+  EXPECT_THAT(result.output, HasSubstr("excludes"));
+  result = run_mk("run --preset tiny --batch -2");
+  ASSERT_TRUE(result.exited);
+  EXPECT_EQ(result.status, 1);
+  EXPECT_THAT(result.output, HasSubstr("must be positive"));
+}
+
+TEST(Cli, ExportThenRunTheExportedModel) {
+  TempDir dir;
+  const std::filesystem::path model = dir.path() / "model";
+  const std::filesystem::path input = dir.path() / "in.safetensors";
+  const std::filesystem::path output = dir.path() / "out.safetensors";
+  Result result = run_mk("export --preset tiny --out " + quoted(model) + " --input " + quoted(input));
+  ASSERT_TRUE(result.exited);
+  ASSERT_EQ(result.status, 0) << result.output;
+  ASSERT_TRUE(std::filesystem::exists(model / "config.json"));
+  ASSERT_TRUE(std::filesystem::exists(model / "model.safetensors"));
+  ASSERT_TRUE(std::filesystem::exists(input));
+
+  result = run_mk("run --model " + quoted(model) + " --input " + quoted(input) + " --output " + quoted(output));
+  ASSERT_TRUE(result.exited);
+  ASSERT_EQ(result.status, 0) << result.output;
+  EXPECT_THAT(result.output, HasSubstr("wrote " + output.string()));
+
+  mk::SafetensorsFile file(output);
+  const mk::TensorInfo* logits = file.find("logits");
+  ASSERT_NE(logits, nullptr);
+  EXPECT_EQ(logits->dtype, mk::DType::kF32);
+  const mk::Preset& tiny = mk::find_preset("tiny");
+  EXPECT_EQ(logits->shape, (std::vector<int64_t>{tiny.shape.batch, tiny.shape.seq_len, tiny.config.vocab_size}));
+
+  // Export writes seed-1 weights and a seed-2 input, which is what `run --preset tiny` uses: the round trip
+  // through the files must change nothing, down to the bits.
+  const mk::ref::Matrix from_file = mk::load_model_output(output, "logits");
+  const mk::ref::Matrix in_process =
+      mk::ref::forward(mk::random_weights(tiny.config, 1), mk::ref::random_input(tiny.config, tiny.shape, 2));
+  ASSERT_EQ(from_file.data.size(), in_process.data.size());
+  EXPECT_EQ(std::memcmp(from_file.data.data(), in_process.data.data(), in_process.data.size() * sizeof(float)), 0);
+  const Result preset_run = run_mk("run --preset tiny");
+  EXPECT_EQ(checksum_line(preset_run.output), checksum_line(result.output));
+  EXPECT_NE(checksum_line(result.output), "");
+}
+
+TEST(Cli, ExportOfTheSeedModelNamesTheMissingEmbedding) {
+  TempDir dir;
+  const Result result = run_mk("export --preset seed --out " + quoted(dir.path() / "seed"));
+  ASSERT_TRUE(result.exited);
+  EXPECT_EQ(result.status, 1);
+  EXPECT_THAT(result.output, HasSubstr("no embedding"));
+  EXPECT_FALSE(std::filesystem::exists(dir.path() / "seed" / "model.safetensors"));
+}
+
+TEST(Cli, TruncatedWeightsFailCleanly) {
+  TempDir dir;
+  const std::filesystem::path model = dir.path() / "model";
+  Result result = run_mk("export --preset tiny --out " + quoted(model));
+  ASSERT_TRUE(result.exited);
+  ASSERT_EQ(result.status, 0) << result.output;
+  const std::filesystem::path weights = model / "model.safetensors";
+  const uintmax_t full_size = std::filesystem::file_size(weights);
+
+  // Cut in the data section (an interrupted download), then inside the header.
+  for (uintmax_t size : {full_size / 2, full_size - 1, uintmax_t{100}, uintmax_t{5}}) {
+    std::filesystem::resize_file(weights, size);
+    result = run_mk("run --model " + quoted(model));
+    ASSERT_TRUE(result.exited) << "mk crashed on a file truncated to " << size << " bytes";
+    EXPECT_EQ(result.status, 1) << result.output;
+    EXPECT_THAT(result.output, HasSubstr("mk: error: " + weights.string())) << size;
+    EXPECT_THAT(result.output, HasSubstr("truncated")) << size;
+    EXPECT_THAT(result.output, Not(HasSubstr("unexpected error")));
+  }
+}
+
+TEST(Cli, BadInputFileFails) {
+  TempDir dir;
+  const std::filesystem::path model = dir.path() / "model";
+  const std::filesystem::path input = dir.path() / "in.safetensors";
+  Result result = run_mk("export --preset tiny --out " + quoted(model));
+  ASSERT_EQ(result.status, 0) << result.output;
+  // Token ids beyond the vocabulary.
+  const std::vector<int32_t> tokens = {1, 2, 384};
+  mk::write_safetensors(input, {{"tokens", mk::DType::kI32, {1, 3},
+                                 {reinterpret_cast<const uint8_t*>(tokens.data()), tokens.size() * 4}}});
+  result = run_mk("run --model " + quoted(model) + " --input " + quoted(input));
+  ASSERT_TRUE(result.exited);
+  EXPECT_EQ(result.status, 1);
+  EXPECT_THAT(result.output, HasSubstr("token id 384 at index 2 is outside the vocabulary"));
+}
