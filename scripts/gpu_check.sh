@@ -34,7 +34,7 @@ for s in $steps; do
       step smoke-seed timeout 300 "$build/mk" run --preset seed --engine gpu
       ;;
     tests)
-      step gpu-tests timeout 900 ctest --test-dir "$build" -L gpu --output-on-failure
+      step gpu-tests timeout 900 "$build/tests/mk_gpu_tests"
       ;;
     hf)
       step hf timeout 600 python3 "$root/scripts/compare_hf.py" --mk "$build/mk" --work /tmp/mk-hf
@@ -45,7 +45,7 @@ for s in $steps; do
     sanitize)
       for tool in memcheck racecheck synccheck; do
         step "sanitize-$tool" timeout 600 compute-sanitizer --tool "$tool" --error-exitcode 1 \
-          "$build/mk" run --preset tiny --engine gpu
+          "$build/mk" run --preset tiny --engine gpu --iterations 2
       done
       ;;
     sass)
