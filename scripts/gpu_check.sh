@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: configure, build with all cores, then run the requested steps, logging into a folder.
-# Usage: scripts/gpu_check.sh OUT_DIR [steps...]   steps: smoke tests hf bench sanitize sass (default: all but sanitize)
+# Usage: scripts/gpu_check.sh OUT_DIR [steps...]   steps: smoke tests trace hf bench sanitize sass
+#        (default: all but sanitize)
 set -uo pipefail
 out=${1:?usage: scripts/gpu_check.sh OUT_DIR [steps...]}
 shift
-steps=${*:-"smoke tests hf bench sass"}
+steps=${*:-"smoke tests trace hf bench sass"}
 mkdir -p "$out"
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=$root/build-gpu
@@ -47,6 +48,10 @@ for s in $steps; do
         step "sanitize-$tool" timeout 600 compute-sanitizer --tool "$tool" --error-exitcode 1 \
           "$build/mk" run --preset tiny --engine gpu --iterations 2
       done
+      ;;
+    trace)
+      step trace timeout 300 "$build/mk" trace --preset seed --engine gpu --out "$out/trace-seed.json" --overhead 20
+      step trace-plot python3 "$root/scripts/plot_trace.py" "$out/trace-seed.json" --out "$out/trace-seed.png"
       ;;
     sass)
       obj=$(find "$build" -name 'megakernel.cu.o' | head -1)

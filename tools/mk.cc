@@ -18,6 +18,7 @@
 #include "mk/model_io.h"
 #include "mk/reference.h"
 #include "mk/schedule.h"
+#include "mk/trace.h"
 #include "mk/weights.h"
 
 namespace {
@@ -264,6 +265,50 @@ int run_bisect(const ModelOptions& options, ScheduleOptions schedule_options, in
   return 0;
 }
 
+int run_trace(const ModelOptions& options, ScheduleOptions schedule_options, const std::string& requested_engine,
+              const std::string& out_path, int overhead_launches) {
+  const mk::ModelConfig config = options.config();
+  const mk::RunShape shape = options.shape();
+  const std::string engine = resolve_engine(requested_engine);
+  MK_CHECK(engine == "gpu" || engine == "cpu-vm", "mk trace records the gpu or cpu-vm engine, not '{}'", engine);
+  const mk::ModelWeights weights = options.weights(config);
+  const mk::ref::ModelInput input = mk::ref::random_input(config, shape, options.seed + 1);
+  const mk::Graph graph(config, shape);
+  if (engine == "gpu") schedule_options.use_device_sm_count();
+  const mk::Schedule schedule = schedule_options.make(graph);
+  fmt::print("{}\nbatch {} x seq {}, engine {}, {} instructions on {} SMs\n", mk::describe(config), shape.batch,
+             shape.seq_len, engine, schedule.instructions.size(), schedule.num_sms);
+  mk::Trace trace;
+  if (engine == "gpu") {
+    mk::GpuEngine gpu(graph, schedule, weights);
+    gpu.set_input(input);
+    gpu.run();
+    trace = gpu.run_traced();
+    if (overhead_launches > 0) {
+      // Alternate plain and traced launches so that clock drift affects both alike.
+      std::vector<float> plain, traced;
+      for (int i = 0; i < overhead_launches; ++i) {
+        plain.push_back(gpu.time_runs(1).at(0));
+        traced.push_back(float(gpu.run_traced().launch_ns / 1e6));
+      }
+      std::sort(plain.begin(), plain.end());
+      std::sort(traced.begin(), traced.end());
+      const float plain_ms = plain[plain.size() / 2], traced_ms = traced[traced.size() / 2];
+      fmt::print("tracing overhead: median {:.4f} ms traced vs {:.4f} ms plain over {} launches each: {:+.2f}%\n",
+                 traced_ms, plain_ms, overhead_launches, 100.0 * (traced_ms / plain_ms - 1.0));
+    }
+  } else {
+    mk::CpuVmOptions vm_options;
+    vm_options.record_trace = true;
+    vm_options.detect_races = false;
+    trace = mk::run_cpu_vm(graph, schedule, weights, input, vm_options).trace;
+  }
+  std::ofstream(out_path) << mk::trace_to_chrome_json(graph, schedule, trace);
+  fmt::print("wrote {} (open it in ui.perfetto.dev)\n", out_path);
+  fmt::print("{}", mk::format_trace_summary(graph, mk::summarize_trace(graph, schedule, trace), trace));
+  return 0;
+}
+
 int run_schedule(const ModelOptions& options, const ScheduleOptions& schedule_options, bool explain,
                  const std::string& out_path) {
   const mk::ModelConfig config = options.config();
@@ -352,6 +397,19 @@ int main(int argc, char** argv) {
   bisect->add_option("--until-layer", until_layer, "compare buffers of layers up to this one only (-1: all)")
       ->capture_default_str();
 
+  ModelOptions trace_options;
+  ScheduleOptions trace_schedule_options;
+  std::string trace_engine = "auto", trace_out = "trace.json";
+  int overhead_launches = 0;
+  CLI::App* trace_command =
+      app.add_subcommand("trace", "record a per-SM timeline of one forward pass (Chrome trace JSON) and summarize it");
+  trace_options.add_to(*trace_command);
+  trace_schedule_options.add_to(*trace_command);
+  trace_command->add_option("--engine", trace_engine, "auto | gpu | cpu-vm")->capture_default_str();
+  trace_command->add_option("--out", trace_out, "trace file to write")->capture_default_str();
+  trace_command->add_option("--overhead", overhead_launches, "gpu: also measure tracing overhead over N launch pairs")
+      ->capture_default_str();
+
   ModelOptions export_options;
   std::string export_dir, export_input;
   CLI::App* export_command =
@@ -370,6 +428,8 @@ int main(int argc, char** argv) {
     if (*run)
       return run_forward(run_options, run_schedule_options, engine, vm_options, input_path, output_path, iterations,
                          json_path);
+    if (*trace_command)
+      return run_trace(trace_options, trace_schedule_options, trace_engine, trace_out, overhead_launches);
     if (*bisect) return run_bisect(bisect_options, bisect_schedule_options, until_layer);
     if (*schedule_command) return run_schedule(schedule_model_options, schedule_options, explain, schedule_out);
     if (*export_command) return run_export(export_options, export_dir, export_input);

@@ -8,6 +8,7 @@
 #include "mk/graph.h"
 #include "mk/reference.h"
 #include "mk/schedule.h"
+#include "mk/trace.h"
 #include "mk/weights.h"
 
 namespace mk {
@@ -23,10 +24,12 @@ struct CpuVmOptions {
   double stall_timeout_s = 60.0;  // a wait longer than this is reported as a stall, never a hang
   std::vector<uint32_t> slow_tasks;  // fault injection for tests: these tasks sleep slow_task_delay_ms first
   int slow_task_delay_ms = 0;
+  bool record_trace = false;  // fill CpuVmRun::trace (of the last launch), in the gpu engine's format
 };
 
 struct CpuVmRun {
   std::vector<ref::Matrix> buffers;  // one per graph buffer, fp32; unwritten elements stay NaN
+  Trace trace;                       // when CpuVmOptions::record_trace
   const ref::Matrix& output(const Graph& graph) const { return buffers[graph.output_buffer()]; }
 };
 

@@ -10,6 +10,7 @@
 #include "mk/graph.h"
 #include "mk/reference.h"
 #include "mk/schedule.h"
+#include "mk/trace.h"
 #include "mk/weights.h"
 
 namespace mk {
@@ -44,6 +45,8 @@ class GpuEngine {
   void run();
   // Runs `launches` forward passes, each timed with CUDA events; milliseconds per launch.
   std::vector<float> time_runs(int launches);
+  // One forward pass with per-instruction timestamps recorded (tracing costs nothing when this is not called).
+  Trace run_traced();
   ref::Matrix output() const;                // logits or final hidden states, converted to fp32
   std::vector<ref::Matrix> buffers() const;  // every graph buffer (the host-written too), for bisecting
   size_t device_bytes() const;

@@ -27,10 +27,14 @@ __device__ void run_producer(const MegakernelParams& p, const SharedState& s, ui
     const bool attention = in.opcode == Opcode::kAttention;
     if (!is_gemm(in.opcode) && !attention) continue;
     const Site site{sm, i - begin, in.task};
+    uint64_t* trace = p.trace_records != nullptr ? p.trace_records + uint64_t(i) * kTraceSlots : nullptr;
+    if (trace) trace[kTraceProducerStart] = clock64();
     if (!wait_all_counters(p, in, site)) return;
+    if (trace) trace[kTraceProducerWaitsDone] = clock64();
     ptx::fence_proxy_async_global();  // the awaited tiles were written by generic stores; TMA reads them next
     const bool ok = attention ? produce_attention(p, s, in, state, site) : produce_gemm(p, s, in, state, site);
     if (!ok) return;
+    if (trace) trace[kTraceProducerLoadsIssued] = clock64();
   }
 }
 
@@ -43,11 +47,15 @@ __device__ void run_consumers(const MegakernelParams& p, const SharedState& s, u
   for (uint32_t i = begin; i < end; ++i) {
     const Instruction in = p.instructions[i];
     const Site site{sm, i - begin, in.task};
+    uint64_t* trace =
+        p.trace_records != nullptr && consumer_thread == 0 ? p.trace_records + uint64_t(i) * kTraceSlots : nullptr;
+    if (trace) trace[kTraceStart] = clock64();
     // One thread waits (bounded) and tells the others, so that all consumers leave together on an abort.
     // NOTE: TMA-fed data is already ordered by the ring's barriers; this wait covers the residual and row-wise reads.
     if (consumer_thread == 0) *s.flag = wait_all_counters(p, in, site) ? 1u : 0u;
     ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
     if (*s.flag == 0) return;
+    if (trace) trace[kTraceWaitsDone] = clock64();
     bool ok = true;
     switch (in.opcode) {
       case Opcode::kEmbed:
@@ -59,14 +67,14 @@ __device__ void run_consumers(const MegakernelParams& p, const SharedState& s, u
         run_rmsnorm(p, in, consumer_thread);
         break;
       case Opcode::kAttention:
-        ok = consume_attention(p, s, in, state, site, consumer_thread);
+        ok = consume_attention(p, s, in, state, site, consumer_thread, trace);
         break;
       case Opcode::kQkv:
       case Opcode::kOProj:
       case Opcode::kGateUp:
       case Opcode::kDown:
       case Opcode::kLmHead:
-        ok = consume_gemm(p, s, in, state, site, warpgroup, thread_in_wg);
+        ok = consume_gemm(p, s, in, state, site, warpgroup, thread_in_wg, trace);
         break;
       default:
         if (consumer_thread == 0) report_error(p, kErrorBadInstruction, site, ~0u, uint32_t(in.opcode), 0);
@@ -75,6 +83,14 @@ __device__ void run_consumers(const MegakernelParams& p, const SharedState& s, u
     }
     if (!ok) return;
     publish(p, in.signal_counter, consumer_thread);
+    if (trace) {
+      if (trace[kTraceMathDone] == 0) trace[kTraceMathDone] = clock64();
+      trace[kTraceEnd] = clock64();
+    }
+  }
+  if (p.trace_sms != nullptr && consumer_thread == 0) {
+    p.trace_sms[4 * sm + 2] = ptx::global_timer_ns();
+    p.trace_sms[4 * sm + 3] = clock64();
   }
 }
 
@@ -100,6 +116,10 @@ __global__ void __launch_bounds__(KernelConfig::kThreads, 1) megakernel(const __
   __syncthreads();
 
   const uint32_t sm = blockIdx.x;
+  if (p.trace_sms != nullptr && threadIdx.x == 0) {
+    p.trace_sms[4 * sm + 0] = ptx::global_timer_ns();
+    p.trace_sms[4 * sm + 1] = clock64();
+  }
   if (threadIdx.x < 128) {
     ptx::setmaxnreg_dec<KernelConfig::kProducerRegisters>();
     if (threadIdx.x == 0) run_producer(p, s, sm);

@@ -48,6 +48,17 @@ struct DeviceError {
   uint32_t target;
 };
 
+enum TraceSlot : int {
+  kTraceStart,               // consumers fetched the instruction
+  kTraceWaitsDone,           // its counters were reached
+  kTraceMathDone,            // main loop finished (before the epilogue)
+  kTraceEnd,                 // output published
+  kTraceProducerStart,
+  kTraceProducerWaitsDone,
+  kTraceProducerLoadsIssued,
+  kTraceSlots = 8,
+};
+
 struct ModelDims {
   int32_t tokens;      // T = batch * seq_len
   int32_t batch;
@@ -77,6 +88,11 @@ struct MegakernelParams {
   uint32_t epoch;                   // 1 for the first launch, then 2, ...
   uint64_t stall_timeout_ns;
   DeviceError* error;
+
+  // Tracing, off when null: clock64 stamps per instruction (kTraceSlots each, see TraceSlot) and per SM
+  // (globaltimer and clock64 at the start and the end, to turn clocks into a common time line).
+  uint64_t* trace_records;  // (num_instructions, kTraceSlots)
+  uint64_t* trace_sms;      // (num_sms, 4)
 
   // activations, bf16
   __nv_bfloat16* hidden;      // (n_layers + 1, T, d_model)

@@ -128,8 +128,13 @@ struct GpuEngine::Impl {
   std::vector<void*> allocations;
   size_t bytes = 0;
   cudaStream_t stream = nullptr;
-  // device address of each graph buffer, and its element size
+  // device address of each graph buffer
   std::vector<void*> buffer_address;
+  // what a trace needs to name its records
+  std::vector<uint32_t> sm_begin;
+  std::vector<uint32_t> task_of_instruction;
+  uint64_t* trace_records = nullptr;
+  uint64_t* trace_sms = nullptr;
 
   Impl(const Graph& g, const GpuOptions& o) : graph(g), options(o) {}
 
@@ -300,6 +305,8 @@ GpuEngine::GpuEngine(const Graph& graph, const Schedule& schedule, const ModelWe
   check_cuda(cudaMemset(p.error, 0, sizeof(gpu::DeviceError)), "clearing the error slot");
   for (const Wait& w : schedule.waits) m.max_target = std::max(m.max_target, w.target);
   m.num_counters = std::max<uint32_t>(schedule.num_counters, 1);
+  m.sm_begin = schedule.sm_begin;
+  for (const Instruction& in : schedule.instructions) m.task_of_instruction.push_back(in.task);
   p.stall_timeout_ns = uint64_t(options.stall_timeout_s * 1e9);
   p.epoch = 0;
 }
@@ -383,6 +390,61 @@ std::vector<float> GpuEngine::time_runs(int launches) {
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   return times;
+}
+
+Trace GpuEngine::run_traced() {
+  Impl& m = *impl_;
+  const size_t num_instructions = m.task_of_instruction.size();
+  if (m.trace_records == nullptr) {
+    m.trace_records = m.allocate<uint64_t>(num_instructions * gpu::kTraceSlots, "allocating the trace");
+    m.trace_sms = m.allocate<uint64_t>(size_t(m.num_sms) * 4, "allocating the trace");
+  }
+  check_cuda(cudaMemset(m.trace_records, 0, num_instructions * gpu::kTraceSlots * 8), "clearing the trace");
+  m.params.trace_records = m.trace_records;
+  m.params.trace_sms = m.trace_sms;
+  std::vector<float> times;
+  try {
+    times = time_runs(1);
+  } catch (...) {
+    m.params.trace_records = m.params.trace_sms = nullptr;
+    throw;
+  }
+  m.params.trace_records = m.params.trace_sms = nullptr;
+  std::vector<uint64_t> records(num_instructions * gpu::kTraceSlots), sms(size_t(m.num_sms) * 4);
+  check_cuda(cudaMemcpy(records.data(), m.trace_records, records.size() * 8, cudaMemcpyDeviceToHost), "reading the trace");
+  check_cuda(cudaMemcpy(sms.data(), m.trace_sms, sms.size() * 8, cudaMemcpyDeviceToHost), "reading the trace");
+
+  // Each SM's clock64 runs at its own offset: map it onto the global timer with the SM's first and last stamps.
+  uint64_t base = UINT64_MAX;
+  for (int32_t s = 0; s < m.num_sms; ++s) base = std::min(base, sms[size_t(4 * s)]);
+  Trace trace;
+  trace.engine = "gpu";
+  trace.num_sms = m.num_sms;
+  trace.launch_ns = double(times.at(0)) * 1e6;
+  for (int32_t s = 0; s < m.num_sms; ++s) {
+    const uint64_t* stamps = &sms[size_t(4 * s)];
+    const double ns_per_clock =
+        stamps[3] > stamps[1] ? double(stamps[2] - stamps[0]) / double(stamps[3] - stamps[1]) : 0.0;
+    auto to_ns = [&](uint64_t clock) {
+      return clock == 0 ? -1.0 : double(stamps[0] - base) + double(int64_t(clock - stamps[1])) * ns_per_clock;
+    };
+    for (uint32_t i = m.sm_begin[size_t(s)]; i < m.sm_begin[size_t(s) + 1]; ++i) {
+      const uint64_t* slot = &records[size_t(i) * gpu::kTraceSlots];
+      TraceRecord r;
+      r.sm = uint32_t(s);
+      r.index = i - m.sm_begin[size_t(s)];
+      r.task = m.task_of_instruction[i];
+      r.start = to_ns(slot[gpu::kTraceStart]);
+      r.waits_done = to_ns(slot[gpu::kTraceWaitsDone]);
+      r.math_done = to_ns(slot[gpu::kTraceMathDone]);
+      r.end = to_ns(slot[gpu::kTraceEnd]);
+      r.producer_start = to_ns(slot[gpu::kTraceProducerStart]);
+      r.producer_waits_done = to_ns(slot[gpu::kTraceProducerWaitsDone]);
+      r.producer_loads_issued = to_ns(slot[gpu::kTraceProducerLoadsIssued]);
+      trace.records.push_back(r);
+    }
+  }
+  return trace;
 }
 
 namespace {

@@ -19,6 +19,7 @@ GpuEngine::~GpuEngine() = default;
 void GpuEngine::set_input(const ref::ModelInput&) {}
 void GpuEngine::run() {}
 std::vector<float> GpuEngine::time_runs(int) { return {}; }
+Trace GpuEngine::run_traced() { return {}; }
 ref::Matrix GpuEngine::output() const { return {}; }
 std::vector<ref::Matrix> GpuEngine::buffers() const { return {}; }
 size_t GpuEngine::device_bytes() const { return 0; }

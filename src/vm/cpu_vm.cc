@@ -74,10 +74,17 @@ class CpuVm {
         for (auto& clock : sm_clock_) std::fill(clock.begin(), clock.end(), 0);
         for (auto& clock : counter_clock_) std::fill(clock.begin(), clock.end(), 0);
       }
+      if (options_.record_trace) {
+        run_.trace.engine = "cpu-vm";
+        run_.trace.num_sms = schedule_.num_sms;
+        run_.trace.records.assign(schedule_.instructions.size(), TraceRecord{});
+      }
+      launch_start_ = Clock::now();
       std::vector<std::thread> threads;
       for (int32_t sm = 0; sm < schedule_.num_sms; ++sm)
         threads.emplace_back([this, sm, epoch] { run_sm(uint32_t(sm), epoch); });
       for (std::thread& thread : threads) thread.join();
+      run_.trace.launch_ns = since_launch();
       if (!error_.empty()) throw Error(error_);
     }
     return std::move(run_);
@@ -116,20 +123,25 @@ class CpuVm {
     return true;
   }
 
+  double since_launch() const { return std::chrono::duration<double, std::nano>(Clock::now() - launch_start_).count(); }
+
   void run_sm(uint32_t sm, uint32_t epoch) {
     Random random(options_.delay_seed * 7919 + sm * 31 + epoch);
     for (uint32_t i = schedule_.sm_begin[sm]; i < schedule_.sm_begin[sm + 1]; ++i) {
       const Instruction& in = schedule_.instructions[i];
       const uint32_t index = i - schedule_.sm_begin[sm];
+      TraceRecord* record = options_.record_trace ? &run_.trace.records[i] : nullptr;
       if (options_.max_delay_us > 0)
         std::this_thread::sleep_for(std::chrono::microseconds(random.next_u64() % uint64_t(options_.max_delay_us + 1)));
       if (std::find(options_.slow_tasks.begin(), options_.slow_tasks.end(), in.task) != options_.slow_tasks.end())
         std::this_thread::sleep_for(std::chrono::milliseconds(options_.slow_task_delay_ms));
+      if (record) *record = TraceRecord{sm, index, in.task, since_launch()};
       for (uint32_t k = 0; k < in.num_waits; ++k) {
         const Wait& wait = schedule_.waits[in.wait_begin + k];
         if (!wait_for(sm, index, wait, epoch)) return;
         if (options_.detect_races) join_clock(sm, wait.counter);
       }
+      if (record) record->waits_done = since_launch();
       try {
         if (options_.detect_races) check_reads(sm, index, in);
         execute(in);
@@ -137,6 +149,7 @@ class CpuVm {
         fail(fmt::format("{}: {}", where(sm, index), error.what()));
         return;
       }
+      if (record) record->math_done = since_launch();
       if (options_.detect_races) {
         sm_clock_[sm][sm] = index + 1;
         std::lock_guard lock(counter_clock_mutex_[in.signal_counter]);
@@ -144,6 +157,7 @@ class CpuVm {
         for (size_t s = 0; s < clock.size(); ++s) clock[s] = std::max(clock[s], sm_clock_[sm][s]);
       }
       counters_[in.signal_counter].fetch_add(1, std::memory_order_release);
+      if (record) record->end = since_launch();
     }
   }
 
@@ -237,6 +251,7 @@ class CpuVm {
   ref::StackedWeights lm_head_;
   ref::RopeTable rope_;
   std::atomic<bool> stop_{false};
+  Clock::time_point launch_start_;
   std::mutex error_mutex_;
   std::string error_;
   // race detector state

@@ -94,7 +94,7 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 template <int kHeadDim>
 __device__ __forceinline__ bool consume_attention_head_dim(const MegakernelParams& p, const SharedState& s,
                                                            const Instruction& in, PipelineState& state, Site site,
-                                                           int consumer_thread) {
+                                                           int consumer_thread, uint64_t* trace) {
   constexpr int kChunks = kHeadDim / 16;  // 16-wide k-chunks of QK^T, and pairs of 8-wide output tiles of PV
   const ModelDims& d = p.dims;
   const int warp = consumer_thread / 32;
@@ -216,6 +216,7 @@ __device__ __forceinline__ bool consume_attention_head_dim(const MegakernelParam
     state.advance();
   }
 
+  if (trace) trace[kTraceMathDone] = clock64();
   // normalize and store the rows that belong to the sequence
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -241,9 +242,9 @@ __device__ __forceinline__ bool consume_attention_head_dim(const MegakernelParam
 
 __device__ __forceinline__ bool consume_attention(const MegakernelParams& p, const SharedState& s,
                                                   const Instruction& in, PipelineState& state, Site site,
-                                                  int consumer_thread) {
-  if (p.dims.head_dim == 128) return consume_attention_head_dim<128>(p, s, in, state, site, consumer_thread);
-  return consume_attention_head_dim<64>(p, s, in, state, site, consumer_thread);
+                                                  int consumer_thread, uint64_t* trace) {
+  if (p.dims.head_dim == 128) return consume_attention_head_dim<128>(p, s, in, state, site, consumer_thread, trace);
+  return consume_attention_head_dim<64>(p, s, in, state, site, consumer_thread, trace);
 }
 
 }  // namespace mk::gpu

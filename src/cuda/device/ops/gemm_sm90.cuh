@@ -201,8 +201,10 @@ __device__ __forceinline__ void epilogue_swiglu(const Instruction& in, const flo
 
 // ---- the consumer side of one GEMM instruction ----
 
+// trace: this thread's trace slots when it records (consumer thread 0 with tracing on), else null.
 __device__ __forceinline__ bool consume_gemm(const MegakernelParams& p, const SharedState& s, const Instruction& in,
-                                             PipelineState& state, Site site, int warpgroup, int thread_in_wg) {
+                                             PipelineState& state, Site site, int warpgroup, int thread_in_wg,
+                                             uint64_t* trace) {
   const ModelDims& d = p.dims;
   const int64_t T = d.tokens;
   const EpilogueCoords c = epilogue_coords(in, warpgroup, thread_in_wg);
@@ -210,11 +212,13 @@ __device__ __forceinline__ bool consume_gemm(const MegakernelParams& p, const Sh
   if (in.opcode == Opcode::kGateUp) {
     float acc[128];
     const bool ok = gemm_mainloop<256>(p, s, in, state, site, warpgroup, acc);
+    if (trace) trace[kTraceMathDone] = clock64();
     epilogue_swiglu(in, acc, c, p.act + layer * T * d.d_ff, d.d_ff);
     return ok;
   }
   float acc[64];
   const bool ok = gemm_mainloop<128>(p, s, in, state, site, warpgroup, acc);
+  if (trace) trace[kTraceMathDone] = clock64();
   switch (in.opcode) {
     case Opcode::kQkv:
       if (d.rope) {

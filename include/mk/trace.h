@@ -1,0 +1,65 @@
+// Per-SM timelines of one forward pass: what each instruction did when, recorded by the gpu engine (clock64 and
+// globaltimer) or the cpu-vm (steady_clock); written as Chrome trace-event JSON for ui.perfetto.dev and summarized.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "mk/graph.h"
+#include "mk/schedule.h"
+
+namespace mk {
+
+// One instruction's phases, in ns since the launch began. Consumer: fetched -> counters satisfied -> math done ->
+// output published. Producer (gpu only, for GEMM and attention tiles; negative where it did not take part):
+// started the instruction -> counters satisfied -> last load issued.
+struct TraceRecord {
+  uint32_t sm = 0;
+  uint32_t index = 0;  // within the SM's list
+  uint32_t task = 0;
+  double start = 0;
+  double waits_done = 0;
+  double math_done = 0;
+  double end = 0;
+  double producer_start = -1;
+  double producer_waits_done = -1;
+  double producer_loads_issued = -1;
+};
+
+struct Trace {
+  std::string engine;
+  int32_t num_sms = 0;
+  double launch_ns = 0;                // the launch's duration measured outside the trace (events or wall clock)
+  std::vector<TraceRecord> records;    // in schedule order: SM 0's list, then SM 1's, ...
+};
+
+// Chrome trace-event JSON ("X" events): one process per SM, one thread per role, slices named by op, layer and tile.
+std::string trace_to_chrome_json(const Graph& graph, const Schedule& schedule, const Trace& trace);
+
+struct TraceSummary {
+  double span_ns = 0;  // first start to last end
+  struct Op {
+    std::string name;
+    size_t count = 0;
+    double total_ns = 0;  // consumer start (after its waits) to end
+  };
+  std::vector<Op> ops;
+  struct Sm {
+    double busy_ns = 0;     // executing (waits done to end)
+    double waiting_ns = 0;  // in counter waits
+    double idle_ns = 0;     // the rest of the span: before the first, between and after its instructions
+  };
+  std::vector<Sm> sms;
+  struct LongWait {
+    uint32_t sm, index, task;
+    double wait_ns;
+    uint32_t counter;  // the wait that was satisfied last
+  };
+  std::vector<LongWait> longest_waits;  // the 10 longest
+  std::vector<uint32_t> critical_path;  // tasks, first to last: each released its successor's last wait
+};
+TraceSummary summarize_trace(const Graph& graph, const Schedule& schedule, const Trace& trace);
+std::string format_trace_summary(const Graph& graph, const TraceSummary& summary, const Trace& trace);
+
+}  // namespace mk

@@ -1,0 +1,200 @@
+// Trace output: Chrome trace-event JSON and the summary (per op, per SM, longest waits, observed critical path).
+#include "mk/trace.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <map>
+
+#include "mk/check.h"
+
+namespace mk {
+
+namespace {
+
+std::string slice_name(const Task& task) {
+  const bool global = task.opcode == Opcode::kFinalNorm || task.opcode == Opcode::kLmHead;
+  return global ? opcode_name(task.opcode) : fmt::format("{} L{}", opcode_name(task.opcode), task.layer);
+}
+
+const Instruction& instruction_of(const Schedule& schedule, const TraceRecord& r) {
+  return schedule.instructions[schedule.sm_begin[r.sm] + r.index];
+}
+
+}  // namespace
+
+std::string trace_to_chrome_json(const Graph& graph, const Schedule& schedule, const Trace& trace) {
+  nlohmann::json events = nlohmann::json::array();
+  for (int32_t sm = 0; sm < trace.num_sms; ++sm) {
+    events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", sm}, {"args", {{"name", fmt::format("SM {}", sm)}}}});
+    events.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", sm}, {"args", {{"sort_index", sm}}}});
+    events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", sm}, {"tid", 0}, {"args", {{"name", "consumers"}}}});
+    events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", sm}, {"tid", 1}, {"args", {{"name", "producer"}}}});
+    events.push_back(
+        {{"ph", "M"}, {"name", "thread_name"}, {"pid", sm}, {"tid", 2}, {"args", {{"name", "consumer phases"}}}});
+  }
+  auto slice = [&](const std::string& name, const std::string& category, uint32_t sm, int tid, double begin_ns,
+                   double end_ns, nlohmann::json args) {
+    events.push_back({{"name", name}, {"cat", category}, {"ph", "X"}, {"pid", sm}, {"tid", tid},
+                      {"ts", begin_ns / 1e3}, {"dur", std::max(0.0, end_ns - begin_ns) / 1e3}, {"args", std::move(args)}});
+  };
+  for (const TraceRecord& r : trace.records) {
+    const Task& task = graph.tasks()[r.task];
+    const std::string name = slice_name(task);
+    const std::string category = opcode_name(task.opcode);
+    nlohmann::json args = {{"task", r.task},
+                           {"instruction", r.index},
+                           {"rows", fmt::format("[{},{})", task.row_begin, task.row_end)},
+                           {"cols", fmt::format("[{},{})", task.col_begin, task.col_end)}};
+    if (task.opcode == Opcode::kAttention) {
+      args["sequence"] = task.sequence;
+      args["head"] = task.head;
+    }
+    if (r.waits_done > r.start) slice("wait", "wait", r.sm, 0, r.start, r.waits_done, {{"task", r.task}});
+    slice(name, category, r.sm, 0, r.waits_done, r.end, args);
+    if (r.math_done > r.waits_done && r.math_done < r.end) {
+      slice("math", category, r.sm, 2, r.waits_done, r.math_done, {{"task", r.task}});
+      slice("epilogue+store", category, r.sm, 2, r.math_done, r.end, {{"task", r.task}});
+    }
+    if (r.producer_start >= 0) {
+      if (r.producer_waits_done > r.producer_start)
+        slice("wait", "wait", r.sm, 1, r.producer_start, r.producer_waits_done, {{"task", r.task}});
+      slice("load " + name, category, r.sm, 1, r.producer_waits_done, r.producer_loads_issued, {{"task", r.task}});
+    }
+  }
+  const nlohmann::json document = {{"traceEvents", events},
+                                   {"displayTimeUnit", "ns"},
+                                   {"otherData", {{"engine", trace.engine}, {"launch_us", trace.launch_ns / 1e3},
+                                                  {"model", graph.config().name}}}};
+  (void)schedule;
+  return document.dump();
+}
+
+TraceSummary summarize_trace(const Graph& graph, const Schedule& schedule, const Trace& trace) {
+  MK_CHECK(trace.records.size() == schedule.instructions.size(), "trace has {} records for {} instructions",
+           trace.records.size(), schedule.instructions.size());
+  TraceSummary summary;
+  double first = 1e300, last = -1e300;
+  for (const TraceRecord& r : trace.records) {
+    first = std::min(first, r.start);
+    last = std::max(last, r.end);
+  }
+  summary.span_ns = trace.records.empty() ? 0 : last - first;
+
+  std::map<Opcode, TraceSummary::Op> ops;
+  summary.sms.resize(size_t(trace.num_sms));
+  // counter -> (latest end among its tasks, that task)
+  std::vector<std::pair<double, uint32_t>> counter_done(schedule.num_counters, {-1e300, UINT32_MAX});
+  std::vector<const TraceRecord*> record_of_task(graph.tasks().size(), nullptr);
+  for (const TraceRecord& r : trace.records) {
+    const Task& task = graph.tasks()[r.task];
+    TraceSummary::Op& op = ops[task.opcode];
+    op.name = opcode_name(task.opcode);
+    ++op.count;
+    op.total_ns += r.end - r.waits_done;
+    TraceSummary::Sm& sm = summary.sms[r.sm];
+    sm.busy_ns += r.end - r.waits_done;
+    sm.waiting_ns += r.waits_done - r.start;
+    const Instruction& in = instruction_of(schedule, r);
+    auto& done = counter_done[in.signal_counter];
+    if (r.end > done.first) done = {r.end, r.task};
+    record_of_task[r.task] = &r;
+  }
+  for (auto& [opcode, op] : ops) summary.ops.push_back(op);
+  for (TraceSummary::Sm& sm : summary.sms) sm.idle_ns = summary.span_ns - sm.busy_ns - sm.waiting_ns;
+
+  // The wait satisfied last is the one that held the instruction back.
+  auto binding_counter = [&](const TraceRecord& r) {
+    const Instruction& in = instruction_of(schedule, r);
+    uint32_t counter = UINT32_MAX;
+    double latest = -1e300;
+    for (uint32_t k = 0; k < in.num_waits; ++k) {
+      const uint32_t c = schedule.waits[in.wait_begin + k].counter;
+      if (counter_done[c].first > latest) {
+        latest = counter_done[c].first;
+        counter = c;
+      }
+    }
+    return counter;
+  };
+  for (const TraceRecord& r : trace.records) {
+    if (r.waits_done <= r.start) continue;
+    summary.longest_waits.push_back({r.sm, r.index, r.task, r.waits_done - r.start, binding_counter(r)});
+  }
+  std::sort(summary.longest_waits.begin(), summary.longest_waits.end(),
+            [](const auto& a, const auto& b) { return a.wait_ns > b.wait_ns; });
+  if (summary.longest_waits.size() > 10) summary.longest_waits.resize(10);
+
+  // Observed critical path: from the last instruction to finish, step to whatever released it: the last signaler of
+  // its binding counter if it waited, else its predecessor on the same SM.
+  const TraceRecord* at = nullptr;
+  for (const TraceRecord& r : trace.records)
+    if (at == nullptr || r.end > at->end) at = &r;
+  constexpr double kWaitThresholdNs = 200;
+  while (at != nullptr) {
+    summary.critical_path.push_back(at->task);
+    const TraceRecord* next = nullptr;
+    const uint32_t counter = at->waits_done - at->start > kWaitThresholdNs ? binding_counter(*at) : UINT32_MAX;
+    if (counter != UINT32_MAX && counter_done[counter].second != UINT32_MAX) {
+      next = record_of_task[counter_done[counter].second];
+    } else if (at->index > 0) {
+      next = &trace.records[schedule.sm_begin[at->sm] + at->index - 1];
+    }
+    at = next;
+  }
+  std::reverse(summary.critical_path.begin(), summary.critical_path.end());
+  return summary;
+}
+
+std::string format_trace_summary(const Graph& graph, const TraceSummary& s, const Trace& trace) {
+  std::string out = fmt::format("trace ({}): span {:.1f} us, launch measured {:.1f} us\n", trace.engine,
+                                s.span_ns / 1e3, trace.launch_ns / 1e3);
+  out += "per op: count, total and mean time (waits excluded)\n";
+  double busy_total = 0;
+  for (const TraceSummary::Op& op : s.ops) busy_total += op.total_ns;
+  for (const TraceSummary::Op& op : s.ops) {
+    out += fmt::format("  {:<11} {:>7}  total {:>10.1f} us ({:>4.1f}%)  mean {:>8.2f} us\n", op.name, op.count,
+                       op.total_ns / 1e3, 100.0 * op.total_ns / busy_total, op.total_ns / 1e3 / double(op.count));
+  }
+  double busy = 0, waiting = 0, idle = 0;
+  for (const TraceSummary::Sm& sm : s.sms) {
+    busy += sm.busy_ns;
+    waiting += sm.waiting_ns;
+    idle += sm.idle_ns;
+  }
+  const double all = busy + waiting + idle;
+  out += fmt::format("SMs: busy {:.1f}%, waiting {:.1f}%, idle {:.1f}% of {} SMs x {:.1f} us\n", 100 * busy / all,
+                     100 * waiting / all, 100 * idle / all, s.sms.size(), s.span_ns / 1e3);
+  auto least = std::min_element(s.sms.begin(), s.sms.end(), [](auto& a, auto& b) { return a.busy_ns < b.busy_ns; });
+  auto most = std::max_element(s.sms.begin(), s.sms.end(), [](auto& a, auto& b) { return a.busy_ns < b.busy_ns; });
+  if (!s.sms.empty()) {
+    out += fmt::format("  least busy SM {} ({:.1f}%), most busy SM {} ({:.1f}%)\n", least - s.sms.begin(),
+                       100 * least->busy_ns / s.span_ns, most - s.sms.begin(), 100 * most->busy_ns / s.span_ns);
+  }
+  out += "longest waits:\n";
+  for (const auto& w : s.longest_waits) {
+    out += fmt::format("  {:>8.2f} us  SM {} instruction {} ({}) on counter {}\n", w.wait_ns / 1e3, w.sm, w.index,
+                       graph.describe(graph.tasks()[w.task]), w.counter);
+  }
+  out += fmt::format("observed critical path ({} tasks):", s.critical_path.size());
+  std::string previous;
+  size_t run = 0;
+  auto flush = [&] {
+    if (run > 0) out += fmt::format(" {}{}", previous, run > 1 ? fmt::format(" x{}", run) : "");
+  };
+  for (uint32_t t : s.critical_path) {
+    const std::string name = slice_name(graph.tasks()[t]);
+    if (name != previous) {
+      flush();
+      previous = name;
+      run = 0;
+    }
+    ++run;
+  }
+  flush();
+  out += "\n";
+  return out;
+}
+
+}  // namespace mk

@@ -1,0 +1,90 @@
+// Tests of the trace: the cpu-vm records one, the Chrome JSON is well formed, and the summary adds up.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <set>
+
+#include "mk/cpu_vm.h"
+#include "mk/trace.h"
+
+namespace mk {
+namespace {
+
+class CpuVmTrace : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    config_ = find_preset("tiny").config;
+    graph_ = std::make_unique<Graph>(config_, shape_);
+    schedule_ = make_schedule(*graph_, derive_dependencies(*graph_), SchedulePolicy::kCostModel, 6);
+    CpuVmOptions options;
+    options.record_trace = true;
+    options.max_delay_us = 100;  // make waits visible
+    trace_ = run_cpu_vm(*graph_, schedule_, random_weights(config_, 1), ref::random_input(config_, shape_, 2), options)
+                 .trace;
+  }
+  ModelConfig config_;
+  RunShape shape_{2, 100};
+  std::unique_ptr<Graph> graph_;
+  Schedule schedule_;
+  Trace trace_;
+};
+
+TEST_F(CpuVmTrace, RecordsEveryInstructionInOrder) {
+  ASSERT_EQ(trace_.records.size(), schedule_.instructions.size());
+  EXPECT_EQ(trace_.engine, "cpu-vm");
+  for (size_t i = 0; i < trace_.records.size(); ++i) {
+    const TraceRecord& r = trace_.records[i];
+    EXPECT_EQ(r.task, schedule_.instructions[i].task);
+    EXPECT_LE(r.start, r.waits_done);
+    EXPECT_LE(r.waits_done, r.math_done);
+    EXPECT_LE(r.math_done, r.end);
+    EXPECT_LE(r.end, trace_.launch_ns);
+    if (r.index > 0) EXPECT_GE(r.start, trace_.records[i - 1].end) << "SM lists run in order";
+  }
+}
+
+TEST_F(CpuVmTrace, ChromeJsonHasOneTrackPerSmAndNamedSlices) {
+  const nlohmann::json document = nlohmann::json::parse(trace_to_chrome_json(*graph_, schedule_, trace_));
+  ASSERT_TRUE(document.contains("traceEvents"));
+  std::set<int> processes;
+  size_t op_slices = 0;
+  std::set<std::string> names;
+  for (const nlohmann::json& event : document["traceEvents"]) {
+    ASSERT_TRUE(event.contains("ph") && event.contains("pid")) << event.dump();
+    if (event["ph"] == "M" && event["name"] == "process_name") processes.insert(event["pid"].get<int>());
+    if (event["ph"] != "X") continue;
+    for (const char* field : {"name", "ts", "dur", "tid"}) ASSERT_TRUE(event.contains(field)) << event.dump();
+    EXPECT_GE(event["dur"].get<double>(), 0.0);
+    if (event["tid"] == 0 && event["name"] != "wait") {
+      ++op_slices;
+      names.insert(event["name"].get<std::string>());
+    }
+  }
+  EXPECT_EQ(processes.size(), size_t(schedule_.num_sms));
+  EXPECT_EQ(op_slices, schedule_.instructions.size());
+  EXPECT_TRUE(names.count("qkv L1"));
+  EXPECT_TRUE(names.count("attention L0"));
+  EXPECT_TRUE(names.count("lm_head"));
+}
+
+TEST_F(CpuVmTrace, SummaryAddsUpToTheSpan) {
+  const TraceSummary summary = summarize_trace(*graph_, schedule_, trace_);
+  ASSERT_EQ(summary.sms.size(), size_t(schedule_.num_sms));
+  for (const TraceSummary::Sm& sm : summary.sms) {
+    EXPECT_NEAR(sm.busy_ns + sm.waiting_ns + sm.idle_ns, summary.span_ns, 1e-6 * summary.span_ns);
+    EXPECT_GE(sm.idle_ns, -1e-6 * summary.span_ns);
+  }
+  size_t counted = 0;
+  for (const TraceSummary::Op& op : summary.ops) counted += op.count;
+  EXPECT_EQ(counted, schedule_.instructions.size());
+  EXPECT_LE(summary.span_ns, trace_.launch_ns);
+  // The observed critical path runs from the first layer to the LM head, each step ordered in time.
+  ASSERT_FALSE(summary.critical_path.empty());
+  EXPECT_EQ(graph_->tasks()[summary.critical_path.back()].opcode, Opcode::kLmHead);
+  EXPECT_EQ(graph_->tasks()[summary.critical_path.front()].opcode, Opcode::kEmbed);
+  EXPECT_FALSE(summary.longest_waits.empty());
+  EXPECT_NE(format_trace_summary(*graph_, summary, trace_).find("observed critical path"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace mk
