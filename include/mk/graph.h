@@ -13,10 +13,13 @@ namespace mk {
 
 // Tile sizes. The GPU megakernel is compiled for one TileConfig; the host builds schedules for any.
 struct TileConfig {
-  int32_t block_m = 128;  // token rows per embedding, norm and GEMM tile
+  int32_t block_m = 128;  // token rows per GEMM tile
   int32_t block_n = 128;  // output columns per GEMM tile
   int32_t block_k = 64;   // K step of the GPU GEMM: K dimensions must be multiples of it
   int32_t block_q = 128;  // queries per attention tile
+  // NOTE: row-wise tasks (embedding, norms) move bytes, not FLOPs: 32 rows spread a norm over 4x more SMs than a
+  // GEMM row block and shorten the norm -> GEMM hop on the critical path.
+  int32_t block_rows = 32;  // token rows per embedding and norm task
 };
 
 enum class BufferKind : uint8_t {

@@ -50,11 +50,10 @@ __device__ void run_consumers(const MegakernelParams& p, const SharedState& s, u
     uint64_t* trace =
         p.trace_records != nullptr && consumer_thread == 0 ? p.trace_records + uint64_t(i) * kTraceSlots : nullptr;
     if (trace) trace[kTraceStart] = clock64();
-    // One thread waits (bounded) and tells the others, so that all consumers leave together on an abort.
-    // NOTE: TMA-fed data is already ordered by the ring's barriers; this wait covers the residual and row-wise reads.
-    if (consumer_thread == 0) *s.flag = wait_all_counters(p, in, site) ? 1u : 0u;
-    ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
-    if (*s.flag == 0) return;
+    // NOTE: what consumers read through the stage ring is ordered by its barriers (the producer waited on the
+    // counters before loading); only row-wise ops read other SMs' results with plain loads before the math.
+    const bool rowwise = !is_gemm(in.opcode) && in.opcode != Opcode::kAttention;
+    if (rowwise && !consumers_wait(p, s, in, site, consumer_thread)) return;
     if (trace) trace[kTraceWaitsDone] = clock64();
     bool ok = true;
     switch (in.opcode) {

@@ -66,7 +66,8 @@ Graph::Graph(const ModelConfig& config, const RunShape& shape, const TileConfig&
   MK_CHECK(shape.batch > 0 && shape.seq_len > 0, "batch ({}) and sequence length ({}) must be positive", shape.batch,
            shape.seq_len);
   MK_CHECK(T < (int64_t(1) << 30), "{} tokens are more than the 2^30 one schedule addresses", T);
-  MK_CHECK(tiles.block_m > 0 && tiles.block_n > 0 && tiles.block_k > 0 && tiles.block_q > 0, "tile sizes must be positive");
+  MK_CHECK(tiles.block_m > 0 && tiles.block_n > 0 && tiles.block_k > 0 && tiles.block_q > 0 && tiles.block_rows > 0,
+           "tile sizes must be positive");
   for (auto [value, field] : {std::pair{c.d_model, "hidden_size"}, std::pair{c.q_dim(), "num_heads * head_dim"},
                               std::pair{c.d_ff, "intermediate_size"}}) {
     MK_CHECK(value % tiles.block_k == 0,
@@ -106,9 +107,8 @@ Graph::Graph(const ModelConfig& config, const RunShape& shape, const TileConfig&
   // Tasks in a topological order: op after op, layer after layer.
   const int32_t num_m_blocks = ceil_div(T, tiles.block_m);
   auto row_tiles = [&](Opcode opcode, int32_t layer, int64_t width) {
-    for (int32_t m = 0; m < num_m_blocks; ++m) {
-      const int32_t row_begin = m * tiles.block_m;
-      const int32_t row_end = int32_t(std::min<int64_t>(T, row_begin + tiles.block_m));
+    for (int32_t row_begin = 0; row_begin < T; row_begin += tiles.block_rows) {
+      const int32_t row_end = int32_t(std::min<int64_t>(T, row_begin + tiles.block_rows));
       tasks_.push_back({opcode, uint16_t(layer), row_begin, row_end, 0, int32_t(width), -1, -1});
     }
   };

@@ -78,18 +78,24 @@ class PlantedBug : public ::testing::Test {
     input_ = ref::random_input(config_, shape_, 4);
     graph_ = std::make_unique<Graph>(config_, shape_);
     schedule_ = make_schedule(*graph_, derive_dependencies(*graph_), SchedulePolicy::kCostModel, 8);
-    // Drop the wait of an attention task of layer 1 on the qkv rows of its first block.
-    for (Instruction& in : schedule_.instructions) {
-      if (in.opcode != Opcode::kAttention || in.layer != 1 || in.num_waits < 2) continue;
-      victim_task_ = in.task;
-      dropped_counter_ = schedule_.waits[in.wait_begin].counter;
-      const uint32_t begin = uint32_t(schedule_.waits.size());
-      for (uint32_t k = 1; k < in.num_waits; ++k) schedule_.waits.push_back(schedule_.waits[in.wait_begin + k]);
-      in.wait_begin = begin;
-      in.num_waits -= 1;
-      break;
+    // Drop the only wait of the first layer-1 attention tile (queries and keys [0, 128) of sequence 0), and give the
+    // tile an SM of its own: it then starts at once, long before its qkv rows exist. Deterministic: no timing.
+    size_t victim = schedule_.instructions.size();
+    for (size_t i = 0; i < schedule_.instructions.size(); ++i) {
+      const Instruction& in = schedule_.instructions[i];
+      if (in.opcode == Opcode::kAttention && in.layer == 1 && in.row_begin == 0 && in.num_waits == 1) victim = i;
     }
-    ASSERT_NE(victim_task_, UINT32_MAX);
+    ASSERT_LT(victim, schedule_.instructions.size());
+    Instruction moved = schedule_.instructions[victim];
+    victim_task_ = moved.task;
+    dropped_counter_ = schedule_.waits[moved.wait_begin].counter;
+    moved.num_waits = 0;
+    schedule_.instructions.erase(schedule_.instructions.begin() + int64_t(victim));
+    for (uint32_t& begin : schedule_.sm_begin)
+      if (begin > victim) --begin;
+    schedule_.instructions.push_back(moved);
+    schedule_.sm_begin.push_back(uint32_t(schedule_.instructions.size()));
+    schedule_.num_sms += 1;
     for (const Instruction& in : schedule_.instructions)
       if (in.signal_counter == dropped_counter_) writers_.push_back(in.task);
   }
@@ -121,8 +127,8 @@ TEST_F(PlantedBug, RaceDetectorExposesItWhateverTheTiming) {
 TEST_F(PlantedBug, OutputGoesWrongWhenTheWriterIsLate) {
   CpuVmOptions options;
   options.detect_races = false;
-  options.slow_tasks = writers_;
-  options.slow_task_delay_ms = 300;
+  options.slow_tasks = writers_;  // belt and braces: the writers start late as well
+  options.slow_task_delay_ms = 200;
   const CpuVmRun run = run_cpu_vm_unverified(*graph_, schedule_, weights_, input_, options);
   // The victim read poisoned (NaN) keys, so its output and everything downstream differ from the reference.
   const ref::Matrix expected = ref::forward(weights_, input_);

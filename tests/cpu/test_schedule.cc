@@ -153,9 +153,12 @@ TEST(Verifier, RejectsDeadlockAndUnreachableTargets) {
   const ModelConfig config = find_preset("tiny").config;
   const Graph graph(config, {1, 64});
   {
-    // One SM running a consumer before its producer waits forever.
+    // One SM running a consumer before its producers waits forever.
     Schedule schedule = build(graph, SchedulePolicy::kRoundRobin, 1);
-    std::swap(schedule.instructions[0], schedule.instructions[1]);
+    auto consumer = std::find_if(schedule.instructions.begin(), schedule.instructions.end(),
+                                 [](const Instruction& in) { return in.num_waits > 0; });
+    ASSERT_NE(consumer, schedule.instructions.end());
+    std::rotate(schedule.instructions.begin(), consumer, consumer + 1);
     EXPECT_THAT(verify_error(graph, schedule), HasSubstr("deadlock: SM 0 instruction 0"));
   }
   {

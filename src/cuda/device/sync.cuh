@@ -96,6 +96,18 @@ __device__ __forceinline__ bool wait_barrier(const MegakernelParams& p, uint64_t
   return true;
 }
 
+// All consumer threads: thread 0 waits on the instruction's counters (bounded) and tells the others, so that all
+// consumers go on, or leave on an abort, together.
+__device__ __forceinline__ bool consumers_wait(const MegakernelParams& p, const SharedState& s, const Instruction& in,
+                                               Site site, int consumer_thread) {
+  if (consumer_thread == 0) *s.flag = wait_all_counters(p, in, site) ? 1u : 0u;
+  ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
+  const bool ok = *s.flag != 0;
+  // The flag is rewritten at the next instruction only after publish's barrier, which every thread passes after
+  // reading it here.
+  return ok;
+}
+
 // Called by every consumer warp when it is done reading a stage.
 __device__ __forceinline__ void release_stage(const SharedState& s, uint32_t stage) {
   __syncwarp();

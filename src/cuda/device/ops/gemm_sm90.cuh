@@ -121,8 +121,22 @@ __device__ __forceinline__ float2 load_pair(const __nv_bfloat16* row_pointer, in
 }
 
 // out[rows, cols] <- acc (+ residual[rows, cols]); out and residual have `ld` columns.
+// NOTE: all residual loads are issued before the first store: interleaved, the compiler could not move a load past
+// a store that might alias it, and each pair would cost a round trip to L2.
 __device__ __forceinline__ void epilogue_store(const Instruction& in, const float (&acc)[64], EpilogueCoords c,
-                                               __nv_bfloat16* out, const __nv_bfloat16* residual, int32_t ld) {
+                                               __nv_bfloat16* __restrict__ out,
+                                               const __nv_bfloat16* __restrict__ residual, int32_t ld) {
+  float2 add[2][16];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const int32_t col = in.col_begin + c.col + 8 * j;
+      const bool inside = c.row[half] < in.row_end && col < in.col_end;
+      add[half][j] = residual != nullptr && inside ? load_pair(residual + int64_t(c.row[half]) * ld, col)
+                                                   : make_float2(0.0f, 0.0f);
+    }
+  }
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int32_t row = c.row[half];
@@ -131,13 +145,8 @@ __device__ __forceinline__ void epilogue_store(const Instruction& in, const floa
     for (int j = 0; j < 16; ++j) {
       const int32_t col = in.col_begin + c.col + 8 * j;
       if (col >= in.col_end) continue;
-      float v0 = acc[4 * j + 2 * half], v1 = acc[4 * j + 2 * half + 1];
-      if (residual != nullptr) {
-        const float2 r = load_pair(residual + int64_t(row) * ld, col);
-        v0 = r.x + v0;
-        v1 = r.y + v1;
-      }
-      store_pair(out + int64_t(row) * ld, col, v0, v1);
+      store_pair(out + int64_t(row) * ld, col, add[half][j].x + acc[4 * j + 2 * half],
+                 add[half][j].y + acc[4 * j + 2 * half + 1]);
     }
   }
 }
@@ -217,8 +226,12 @@ __device__ __forceinline__ bool consume_gemm(const MegakernelParams& p, const Sh
     return ok;
   }
   float acc[64];
-  const bool ok = gemm_mainloop<128>(p, s, in, state, site, warpgroup, acc);
+  bool ok = gemm_mainloop<128>(p, s, in, state, site, warpgroup, acc);
   if (trace) trace[kTraceMathDone] = clock64();
+  // The residual is read with plain loads, so the consumers acquire its counters themselves (already reached in
+  // practice: the producer waited for them before loading A).
+  if (in.opcode == Opcode::kOProj || in.opcode == Opcode::kDown)
+    ok &= consumers_wait(p, s, in, site, warpgroup * 128 + thread_in_wg);
   switch (in.opcode) {
     case Opcode::kQkv:
       if (d.rope) {

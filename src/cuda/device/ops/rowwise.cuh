@@ -21,7 +21,101 @@ __device__ __forceinline__ void run_embed(const MegakernelParams& p, const Instr
   }
 }
 
-// out[rows] <- x * rsqrt(mean(x^2) + eps) * weight; one warp per row, two passes over the row (the second from L1/L2).
+// One row of RMSNorm by one warp, the whole row held in registers: kChunks 16-byte pieces per lane cover
+// d_model <= 256 kChunks. NOTE: all loads of the row are issued before the first use, so a row costs one trip
+// to L2 instead of one per piece.
+template <int kChunks>
+__device__ __forceinline__ void rmsnorm_row(const __nv_bfloat16* x, const __nv_bfloat16* weight, __nv_bfloat16* out,
+                                            int32_t d_model, float eps, int lane) {
+  const int32_t chunks = d_model / 8;
+  const uint4* x_row = reinterpret_cast<const uint4*>(x);
+  uint4 packed[kChunks];
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int32_t chunk = lane + 32 * c;
+    packed[c] = chunk < chunks ? __ldcg(x_row + chunk) : make_uint4(0, 0, 0, 0);
+  }
+  float sum_of_squares = 0.0f;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&packed[c]);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 v = __bfloat1622float2(pairs[i]);
+      sum_of_squares += v.x * v.x + v.y * v.y;
+    }
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) sum_of_squares += __shfl_xor_sync(0xffffffff, sum_of_squares, offset);
+  const float inv_rms = 1.0f / sqrtf(sum_of_squares / float(d_model) + eps);
+  const uint4* weight_row = reinterpret_cast<const uint4*>(weight);
+  uint4* out_row = reinterpret_cast<uint4*>(out);
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int32_t chunk = lane + 32 * c;
+    if (chunk >= chunks) continue;
+    const uint4 packed_weight = weight_row[chunk];
+    const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&packed[c]);
+    const __nv_bfloat162* weights = reinterpret_cast<const __nv_bfloat162*>(&packed_weight);
+    uint4 result;
+    __nv_bfloat162* results = reinterpret_cast<__nv_bfloat162*>(&result);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 v = __bfloat1622float2(pairs[i]);
+      const float2 w = __bfloat1622float2(weights[i]);
+      results[i] = __floats2bfloat162_rn(v.x * inv_rms * w.x, v.y * inv_rms * w.y);
+    }
+    out_row[chunk] = result;
+  }
+}
+
+// The same for rows too long for registers: two passes, each over batches of 512 elements per warp pass.
+__device__ __forceinline__ void rmsnorm_long_row(const __nv_bfloat16* x, const __nv_bfloat16* weight,
+                                                 __nv_bfloat16* out, int32_t d_model, float eps, int lane) {
+  constexpr int kBatch = 8;
+  const int32_t chunks = d_model / 8;
+  const uint4* x_row = reinterpret_cast<const uint4*>(x);
+  float sum_of_squares = 0.0f;
+  for (int32_t first = 0; first < chunks; first += 32 * kBatch) {
+    uint4 packed[kBatch];
+#pragma unroll
+    for (int c = 0; c < kBatch; ++c) {
+      const int32_t chunk = first + lane + 32 * c;
+      packed[c] = chunk < chunks ? __ldcg(x_row + chunk) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int c = 0; c < kBatch; ++c) {
+      const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&packed[c]);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float2 v = __bfloat1622float2(pairs[i]);
+        sum_of_squares += v.x * v.x + v.y * v.y;
+      }
+    }
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) sum_of_squares += __shfl_xor_sync(0xffffffff, sum_of_squares, offset);
+  const float inv_rms = 1.0f / sqrtf(sum_of_squares / float(d_model) + eps);
+  const uint4* weight_row = reinterpret_cast<const uint4*>(weight);
+  uint4* out_row = reinterpret_cast<uint4*>(out);
+  for (int32_t chunk = lane; chunk < chunks; chunk += 32) {
+    const uint4 packed = __ldcg(x_row + chunk);
+    const uint4 packed_weight = weight_row[chunk];
+    const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&packed);
+    const __nv_bfloat162* weights = reinterpret_cast<const __nv_bfloat162*>(&packed_weight);
+    uint4 result;
+    __nv_bfloat162* results = reinterpret_cast<__nv_bfloat162*>(&result);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 v = __bfloat1622float2(pairs[i]);
+      const float2 w = __bfloat1622float2(weights[i]);
+      results[i] = __floats2bfloat162_rn(v.x * inv_rms * w.x, v.y * inv_rms * w.y);
+    }
+    out_row[chunk] = result;
+  }
+}
+
+// out[rows] <- x * rsqrt(mean(x^2) + eps) * weight; one warp per row.
 __device__ __forceinline__ void run_rmsnorm(const MegakernelParams& p, const Instruction& in, int consumer_thread) {
   const ModelDims& d = p.dims;
   const int64_t T = d.tokens;
@@ -47,38 +141,16 @@ __device__ __forceinline__ void run_rmsnorm(const MegakernelParams& p, const Ins
   }
   const int warp = consumer_thread / 32;
   const int lane = consumer_thread % 32;
-  const int32_t chunks = d.d_model / 8;
   for (int32_t row = in.row_begin + warp; row < in.row_end; row += KernelConfig::kConsumerWarps) {
-    const uint4* x_row = reinterpret_cast<const uint4*>(x + int64_t(row) * d.d_model);
-    float sum_of_squares = 0.0f;
-    for (int32_t chunk = lane; chunk < chunks; chunk += 32) {
-      const uint4 packed = __ldcg(x_row + chunk);
-      const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&packed);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float2 v = __bfloat1622float2(pairs[i]);
-        sum_of_squares += v.x * v.x + v.y * v.y;
-      }
-    }
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) sum_of_squares += __shfl_xor_sync(0xffffffff, sum_of_squares, offset);
-    const float inv_rms = 1.0f / sqrtf(sum_of_squares / float(d.d_model) + d.rms_norm_eps);
-    uint4* out_row = reinterpret_cast<uint4*>(out + int64_t(row) * d.d_model);
-    const uint4* weight_row = reinterpret_cast<const uint4*>(weight);
-    for (int32_t chunk = lane; chunk < chunks; chunk += 32) {
-      const uint4 packed = __ldcg(x_row + chunk);
-      const uint4 packed_weight = weight_row[chunk];
-      const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&packed);
-      const __nv_bfloat162* weights = reinterpret_cast<const __nv_bfloat162*>(&packed_weight);
-      uint4 result;
-      __nv_bfloat162* results = reinterpret_cast<__nv_bfloat162*>(&result);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float2 v = __bfloat1622float2(pairs[i]);
-        const float2 w = __bfloat1622float2(weights[i]);
-        results[i] = __floats2bfloat162_rn(v.x * inv_rms * w.x, v.y * inv_rms * w.y);
-      }
-      out_row[chunk] = result;
+    const int64_t offset = int64_t(row) * d.d_model;
+    if (d.d_model <= 1024) {
+      rmsnorm_row<4>(x + offset, weight, out + offset, d.d_model, d.rms_norm_eps, lane);
+    } else if (d.d_model <= 2048) {
+      rmsnorm_row<8>(x + offset, weight, out + offset, d.d_model, d.rms_norm_eps, lane);
+    } else if (d.d_model <= 4096) {
+      rmsnorm_row<16>(x + offset, weight, out + offset, d.d_model, d.rms_norm_eps, lane);
+    } else {
+      rmsnorm_long_row(x + offset, weight, out + offset, d.d_model, d.rms_norm_eps, lane);
     }
   }
 }
