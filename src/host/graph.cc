@@ -66,7 +66,8 @@ Graph::Graph(const ModelConfig& config, const RunShape& shape, const TileConfig&
   MK_CHECK(shape.batch > 0 && shape.seq_len > 0, "batch ({}) and sequence length ({}) must be positive", shape.batch,
            shape.seq_len);
   MK_CHECK(T < (int64_t(1) << 30), "{} tokens are more than the 2^30 one schedule addresses", T);
-  MK_CHECK(tiles.block_m > 0 && tiles.block_n > 0 && tiles.block_k > 0 && tiles.block_q > 0 && tiles.block_rows > 0,
+  MK_CHECK(tiles.block_m > 0 && tiles.block_n > 0 && tiles.block_n_wide > 0 && tiles.block_k > 0 && tiles.block_q > 0 &&
+               tiles.block_rows > 0,
            "tile sizes must be positive");
   for (auto [value, field] : {std::pair{c.d_model, "hidden_size"}, std::pair{c.q_dim(), "num_heads * head_dim"},
                               std::pair{c.d_ff, "intermediate_size"}}) {
@@ -77,9 +78,9 @@ Graph::Graph(const ModelConfig& config, const RunShape& shape, const TileConfig&
   MK_CHECK(c.head_dim == 64 || c.head_dim == 128,
            "model '{}': head_dim {} is not supported: attention tiles and the RoPE epilogue need 64 or 128", c.name,
            c.head_dim);
-  MK_CHECK(tiles.block_n % c.head_dim == 0,
-           "model '{}': GEMM tiles of {} columns must hold whole heads of {} for RoPE in the QKV epilogue", c.name,
-           tiles.block_n, c.head_dim);
+  MK_CHECK(tiles.block_n_wide % c.head_dim == 0,
+           "model '{}': qkv tiles of {} columns must hold whole heads of {} for RoPE in the QKV epilogue", c.name,
+           tiles.block_n_wide, c.head_dim);
   if (c.rope.type != RopeType::kNone) {
     MK_CHECK(shape.seq_len <= c.max_position_embeddings,
              "sequence length {} exceeds the model's max_position_embeddings {}", shape.seq_len,
@@ -112,12 +113,12 @@ Graph::Graph(const ModelConfig& config, const RunShape& shape, const TileConfig&
       tasks_.push_back({opcode, uint16_t(layer), row_begin, row_end, 0, int32_t(width), -1, -1});
     }
   };
-  auto gemm_tiles = [&](Opcode opcode, int32_t layer, int64_t n) {
+  auto gemm_tiles = [&](Opcode opcode, int32_t layer, int64_t n, int32_t block_n) {
     for (int32_t m = 0; m < num_m_blocks; ++m) {
       const int32_t row_begin = m * tiles.block_m;
       const int32_t row_end = int32_t(std::min<int64_t>(T, row_begin + tiles.block_m));
-      for (int64_t col_begin = 0; col_begin < n; col_begin += tiles.block_n) {
-        const int32_t col_end = int32_t(std::min<int64_t>(n, col_begin + tiles.block_n));
+      for (int64_t col_begin = 0; col_begin < n; col_begin += block_n) {
+        const int32_t col_end = int32_t(std::min<int64_t>(n, col_begin + block_n));
         tasks_.push_back({opcode, uint16_t(layer), row_begin, row_end, int32_t(col_begin), col_end, -1, -1});
       }
     }
@@ -125,7 +126,7 @@ Graph::Graph(const ModelConfig& config, const RunShape& shape, const TileConfig&
   if (c.has_embedding) row_tiles(Opcode::kEmbed, 0, c.d_model);
   for (int32_t l = 0; l < c.n_layers; ++l) {
     row_tiles(Opcode::kAttnNorm, l, c.d_model);
-    gemm_tiles(Opcode::kQkv, l, c.qkv_dim());
+    gemm_tiles(Opcode::kQkv, l, c.qkv_dim(), tiles.block_n_wide);
     for (int32_t b = 0; b < shape.batch; ++b) {
       for (int64_t q = 0; q < shape.seq_len; q += tiles.block_q) {
         const int32_t row_begin = int32_t(b * shape.seq_len + q);
@@ -137,14 +138,14 @@ Graph::Graph(const ModelConfig& config, const RunShape& shape, const TileConfig&
         }
       }
     }
-    gemm_tiles(Opcode::kOProj, l, c.d_model);
+    gemm_tiles(Opcode::kOProj, l, c.d_model, tiles.block_n);
     row_tiles(Opcode::kMlpNorm, l, c.d_model);
-    gemm_tiles(Opcode::kGateUp, l, c.d_ff);
-    gemm_tiles(Opcode::kDown, l, c.d_model);
+    gemm_tiles(Opcode::kGateUp, l, c.d_ff, tiles.block_n);
+    gemm_tiles(Opcode::kDown, l, c.d_model, tiles.block_n);
   }
   if (c.has_lm_head) {
     row_tiles(Opcode::kFinalNorm, -1, c.d_model);
-    gemm_tiles(Opcode::kLmHead, -1, c.vocab_size);
+    gemm_tiles(Opcode::kLmHead, -1, c.vocab_size, tiles.block_n_wide);
   }
 }
 

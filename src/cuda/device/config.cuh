@@ -8,6 +8,7 @@ namespace mk::gpu {
 struct KernelConfig {
   static constexpr int kBlockM = 128;   // token rows per GEMM tile
   static constexpr int kBlockN = 128;   // output columns per GEMM tile
+  static constexpr int kBlockNWide = 256;  // output columns per qkv and lm_head tile
   static constexpr int kBlockK = 64;    // bf16 elements per 128-byte swizzled row: one TMA box, four wgmma k-steps
   static constexpr int kBlockQ = 128;   // queries per attention tile
   static constexpr int kBlockKv = 64;   // keys per attention pipeline stage

@@ -23,11 +23,11 @@ __device__ __forceinline__ GemmOperands gemm_operands(const MegakernelParams& p,
   const ModelDims& d = p.dims;
   const int32_t layer = in.layer;
   switch (in.opcode) {
-    case Opcode::kQkv: return {kMapAttnNorm, kMapWqkv, d.d_model, 128, layer, in.col_begin};
+    case Opcode::kQkv: return {kMapAttnNorm, kMapWqkv, d.d_model, 256, layer, in.col_begin};
     case Opcode::kOProj: return {kMapAttn, kMapWo, d.q_dim, 128, layer, in.col_begin};
     case Opcode::kGateUp: return {kMapMlpNorm, kMapWgateUp, d.d_model, 256, layer, 2 * in.col_begin};
     case Opcode::kDown: return {kMapAct, kMapWdown, d.d_ff, 128, layer, in.col_begin};
-    default: return {kMapFinalNorm, kMapLmHead, d.d_model, 128, 0, in.col_begin};
+    default: return {kMapFinalNorm, kMapLmHead, d.d_model, 256, 0, in.col_begin};
   }
 }
 
@@ -123,18 +123,32 @@ __device__ __forceinline__ float2 load_pair(const __nv_bfloat16* row_pointer, in
 // out[rows, cols] <- acc (+ residual[rows, cols]); out and residual have `ld` columns.
 // NOTE: all residual loads are issued before the first store: interleaved, the compiler could not move a load past
 // a store that might alias it, and each pair would cost a round trip to L2.
-__device__ __forceinline__ void epilogue_store(const Instruction& in, const float (&acc)[64], EpilogueCoords c,
+template <int kCols>
+__device__ __forceinline__ void epilogue_store(const Instruction& in, const float (&acc)[kCols / 2], EpilogueCoords c,
                                                __nv_bfloat16* __restrict__ out,
                                                const __nv_bfloat16* __restrict__ residual, int32_t ld) {
-  float2 add[2][16];
+  constexpr int kGroups = kCols / 8;
+  if (residual == nullptr) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int32_t row = c.row[half];
+      if (row >= in.row_end) continue;
+#pragma unroll
+      for (int j = 0; j < kGroups; ++j) {
+        const int32_t col = in.col_begin + c.col + 8 * j;
+        if (col < in.col_end) store_pair(out + int64_t(row) * ld, col, acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
+      }
+    }
+    return;
+  }
+  float2 add[2][kGroups];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
+    for (int j = 0; j < kGroups; ++j) {
       const int32_t col = in.col_begin + c.col + 8 * j;
       const bool inside = c.row[half] < in.row_end && col < in.col_end;
-      add[half][j] = residual != nullptr && inside ? load_pair(residual + int64_t(c.row[half]) * ld, col)
-                                                   : make_float2(0.0f, 0.0f);
+      add[half][j] = inside ? load_pair(residual + int64_t(c.row[half]) * ld, col) : make_float2(0.0f, 0.0f);
     }
   }
 #pragma unroll
@@ -142,7 +156,7 @@ __device__ __forceinline__ void epilogue_store(const Instruction& in, const floa
     const int32_t row = c.row[half];
     if (row >= in.row_end) continue;
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
+    for (int j = 0; j < kGroups; ++j) {
       const int32_t col = in.col_begin + c.col + 8 * j;
       if (col >= in.col_end) continue;
       store_pair(out + int64_t(row) * ld, col, add[half][j].x + acc[4 * j + 2 * half],
@@ -153,14 +167,14 @@ __device__ __forceinline__ void epilogue_store(const Instruction& in, const floa
 
 // RoPE on the q and k heads of a qkv tile, in registers: element d < head_dim/2 of a head pairs with d + head_dim/2,
 // which the same thread holds kHeadDim/16 column groups later.
-template <int kHeadDim>
-__device__ __forceinline__ void epilogue_rope(const MegakernelParams& p, const Instruction& in, float (&acc)[64],
-                                              EpilogueCoords c) {
+template <int kHeadDim, int kCols>
+__device__ __forceinline__ void epilogue_rope(const MegakernelParams& p, const Instruction& in,
+                                              float (&acc)[kCols / 2], EpilogueCoords c) {
   constexpr int kPartner = kHeadDim / 16;  // column groups between x1 and x2
   constexpr int kHalf = kHeadDim / 2;
   const int32_t rotated_cols = p.dims.q_dim + p.dims.kv_dim;
 #pragma unroll
-  for (int j = 0; j < 16; ++j) {
+  for (int j = 0; j < kCols / 8; ++j) {
     if ((j % (2 * kPartner)) >= kPartner) continue;  // x2 columns are rotated with their x1
     const int32_t col = in.col_begin + c.col + 8 * j;
     if (col >= rotated_cols) continue;
@@ -225,34 +239,35 @@ __device__ __forceinline__ bool consume_gemm(const MegakernelParams& p, const Sh
     epilogue_swiglu(in, acc, c, p.act + layer * T * d.d_ff, d.d_ff);
     return ok;
   }
+  if (in.opcode == Opcode::kQkv || in.opcode == Opcode::kLmHead) {
+    float acc[128];
+    const bool ok = gemm_mainloop<256>(p, s, in, state, site, warpgroup, acc);
+    if (trace) trace[kTraceMathDone] = clock64();
+    if (in.opcode == Opcode::kLmHead) {
+      epilogue_store<256>(in, acc, c, p.logits, nullptr, d.vocab_size);
+      return ok;
+    }
+    if (d.rope) {
+      if (d.head_dim == 128) {
+        epilogue_rope<128, 256>(p, in, acc, c);
+      } else {
+        epilogue_rope<64, 256>(p, in, acc, c);
+      }
+    }
+    epilogue_store<256>(in, acc, c, p.qkv + layer * T * d.qkv_dim, nullptr, d.qkv_dim);
+    return ok;
+  }
   float acc[64];
   bool ok = gemm_mainloop<128>(p, s, in, state, site, warpgroup, acc);
   if (trace) trace[kTraceMathDone] = clock64();
   // The residual is read with plain loads, so the consumers acquire its counters themselves (already reached in
   // practice: the producer waited for them before loading A).
-  if (in.opcode == Opcode::kOProj || in.opcode == Opcode::kDown)
-    ok &= consumers_wait(p, s, in, site, warpgroup * 128 + thread_in_wg);
-  switch (in.opcode) {
-    case Opcode::kQkv:
-      if (d.rope) {
-        if (d.head_dim == 128) {
-          epilogue_rope<128>(p, in, acc, c);
-        } else {
-          epilogue_rope<64>(p, in, acc, c);
-        }
-      }
-      epilogue_store(in, acc, c, p.qkv + layer * T * d.qkv_dim, nullptr, d.qkv_dim);
-      break;
-    case Opcode::kOProj:
-      epilogue_store(in, acc, c, p.hidden_mid + layer * T * d.d_model, p.hidden + layer * T * d.d_model, d.d_model);
-      break;
-    case Opcode::kDown:
-      epilogue_store(in, acc, c, p.hidden + (layer + 1) * T * d.d_model, p.hidden_mid + layer * T * d.d_model,
-                     d.d_model);
-      break;
-    default:  // kLmHead
-      epilogue_store(in, acc, c, p.logits, nullptr, d.vocab_size);
-      break;
+  ok &= consumers_wait(p, s, in, site, warpgroup * 128 + thread_in_wg);
+  if (in.opcode == Opcode::kOProj) {
+    epilogue_store<128>(in, acc, c, p.hidden_mid + layer * T * d.d_model, p.hidden + layer * T * d.d_model, d.d_model);
+  } else {  // kDown
+    epilogue_store<128>(in, acc, c, p.hidden + (layer + 1) * T * d.d_model, p.hidden_mid + layer * T * d.d_model,
+                        d.d_model);
   }
   return ok;
 }

@@ -29,11 +29,15 @@ __device__ __forceinline__ void rmsnorm_row(const __nv_bfloat16* x, const __nv_b
                                             int32_t d_model, float eps, int lane) {
   const int32_t chunks = d_model / 8;
   const uint4* x_row = reinterpret_cast<const uint4*>(x);
+  const uint4* weight_row = reinterpret_cast<const uint4*>(weight);
+  // NOTE: the row and the norm weight are both loaded before the first use: one trip to L2 per row.
   uint4 packed[kChunks];
+  uint4 packed_weight[kChunks];
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     const int32_t chunk = lane + 32 * c;
     packed[c] = chunk < chunks ? __ldcg(x_row + chunk) : make_uint4(0, 0, 0, 0);
+    packed_weight[c] = chunk < chunks ? weight_row[chunk] : make_uint4(0, 0, 0, 0);
   }
   float sum_of_squares = 0.0f;
 #pragma unroll
@@ -48,15 +52,13 @@ __device__ __forceinline__ void rmsnorm_row(const __nv_bfloat16* x, const __nv_b
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) sum_of_squares += __shfl_xor_sync(0xffffffff, sum_of_squares, offset);
   const float inv_rms = 1.0f / sqrtf(sum_of_squares / float(d_model) + eps);
-  const uint4* weight_row = reinterpret_cast<const uint4*>(weight);
   uint4* out_row = reinterpret_cast<uint4*>(out);
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     const int32_t chunk = lane + 32 * c;
     if (chunk >= chunks) continue;
-    const uint4 packed_weight = weight_row[chunk];
     const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&packed[c]);
-    const __nv_bfloat162* weights = reinterpret_cast<const __nv_bfloat162*>(&packed_weight);
+    const __nv_bfloat162* weights = reinterpret_cast<const __nv_bfloat162*>(&packed_weight[c]);
     uint4 result;
     __nv_bfloat162* results = reinterpret_cast<__nv_bfloat162*>(&result);
 #pragma unroll
@@ -147,8 +149,6 @@ __device__ __forceinline__ void run_rmsnorm(const MegakernelParams& p, const Ins
       rmsnorm_row<4>(x + offset, weight, out + offset, d.d_model, d.rms_norm_eps, lane);
     } else if (d.d_model <= 2048) {
       rmsnorm_row<8>(x + offset, weight, out + offset, d.d_model, d.rms_norm_eps, lane);
-    } else if (d.d_model <= 4096) {
-      rmsnorm_row<16>(x + offset, weight, out + offset, d.d_model, d.rms_norm_eps, lane);
     } else {
       rmsnorm_long_row(x + offset, weight, out + offset, d.d_model, d.rms_norm_eps, lane);
     }
