@@ -22,8 +22,10 @@ __device__ void run_producer(const MegakernelParams& p, const SharedState& s, ui
   PipelineState state;
   const uint32_t begin = p.sm_begin[sm];
   const uint32_t end = p.sm_begin[sm + 1];
+  Instruction next = begin < end ? p.instructions[begin] : Instruction{};
   for (uint32_t i = begin; i < end; ++i) {
-    const Instruction in = p.instructions[i];
+    const Instruction in = next;
+    if (i + 1 < end) next = p.instructions[i + 1];
     const bool attention = in.opcode == Opcode::kAttention;
     if (!is_gemm(in.opcode) && !attention) continue;
     const Site site{sm, i - begin, in.task};
@@ -44,8 +46,11 @@ __device__ void run_consumers(const MegakernelParams& p, const SharedState& s, u
   PipelineState state;
   const uint32_t begin = p.sm_begin[sm];
   const uint32_t end = p.sm_begin[sm + 1];
+  // NOTE: the next instruction is fetched while this one runs, so no instruction starts with a trip to L2.
+  Instruction next = begin < end ? p.instructions[begin] : Instruction{};
   for (uint32_t i = begin; i < end; ++i) {
-    const Instruction in = p.instructions[i];
+    const Instruction in = next;
+    if (i + 1 < end) next = p.instructions[i + 1];
     const Site site{sm, i - begin, in.task};
     uint64_t* trace =
         p.trace_records != nullptr && consumer_thread == 0 ? p.trace_records + uint64_t(i) * kTraceSlots : nullptr;
