@@ -21,6 +21,10 @@ struct TileConfig {
   // NOTE: row-wise tasks (embedding, norms) move bytes, not FLOPs: 32 rows spread a norm over 4x more SMs than a
   // GEMM row block and shorten the norm -> GEMM hop on the critical path.
   int32_t block_rows = 32;  // token rows per embedding and norm task
+  // NOTE: GEMM tiles are emitted in groups of group_m row blocks, column by column within a group, so that the ~132
+  // tiles in flight share weight tiles through L2 instead of each streaming its own from HBM (weights of wide models
+  // do not fit in L2). Row blocks of a group still finish together, early enough for the next op to start on them.
+  int32_t group_m = 8;
 };
 
 enum class BufferKind : uint8_t {

@@ -67,7 +67,7 @@ Graph::Graph(const ModelConfig& config, const RunShape& shape, const TileConfig&
            shape.seq_len);
   MK_CHECK(T < (int64_t(1) << 30), "{} tokens are more than the 2^30 one schedule addresses", T);
   MK_CHECK(tiles.block_m > 0 && tiles.block_n > 0 && tiles.block_n_wide > 0 && tiles.block_k > 0 && tiles.block_q > 0 &&
-               tiles.block_rows > 0,
+               tiles.block_rows > 0 && tiles.group_m > 0,
            "tile sizes must be positive");
   for (auto [value, field] : {std::pair{c.d_model, "hidden_size"}, std::pair{c.q_dim(), "num_heads * head_dim"},
                               std::pair{c.d_ff, "intermediate_size"}}) {
@@ -114,12 +114,15 @@ Graph::Graph(const ModelConfig& config, const RunShape& shape, const TileConfig&
     }
   };
   auto gemm_tiles = [&](Opcode opcode, int32_t layer, int64_t n, int32_t block_n) {
-    for (int32_t m = 0; m < num_m_blocks; ++m) {
-      const int32_t row_begin = m * tiles.block_m;
-      const int32_t row_end = int32_t(std::min<int64_t>(T, row_begin + tiles.block_m));
+    for (int32_t group = 0; group < num_m_blocks; group += tiles.group_m) {
+      const int32_t group_end = std::min(num_m_blocks, group + tiles.group_m);
       for (int64_t col_begin = 0; col_begin < n; col_begin += block_n) {
         const int32_t col_end = int32_t(std::min<int64_t>(n, col_begin + block_n));
-        tasks_.push_back({opcode, uint16_t(layer), row_begin, row_end, int32_t(col_begin), col_end, -1, -1});
+        for (int32_t m = group; m < group_end; ++m) {
+          const int32_t row_begin = m * tiles.block_m;
+          const int32_t row_end = int32_t(std::min<int64_t>(T, row_begin + tiles.block_m));
+          tasks_.push_back({opcode, uint16_t(layer), row_begin, row_end, int32_t(col_begin), col_end, -1, -1});
+        }
       }
     }
   };

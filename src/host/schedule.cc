@@ -341,7 +341,7 @@ void save_schedule(const std::filesystem::path& path, const Graph& graph, const 
       {"seq_len", graph.shape().seq_len},
       {"tiles",
        {graph.tiles().block_m, graph.tiles().block_n, graph.tiles().block_n_wide, graph.tiles().block_k,
-        graph.tiles().block_q, graph.tiles().block_rows}},
+        graph.tiles().block_q, graph.tiles().block_rows, graph.tiles().group_m}},
       {"num_sms", schedule.num_sms},
       {"policy", schedule_policy_name(schedule.policy)},
       {"num_counters", schedule.num_counters},
@@ -378,8 +378,8 @@ LoadedSchedule load_schedule(const std::filesystem::path& path) {
     loaded.config = config_from_json(header.at("config"));
     loaded.shape = {header.at("batch"), header.at("seq_len")};
     const auto tiles = header.at("tiles").get<std::vector<int32_t>>();
-    MK_CHECK(tiles.size() == 6, "tiles must have 6 entries");
-    loaded.tiles = {tiles[0], tiles[1], tiles[2], tiles[3], tiles[4], tiles[5]};
+    MK_CHECK(tiles.size() == 7, "tiles must have 7 entries");
+    loaded.tiles = {tiles[0], tiles[1], tiles[2], tiles[3], tiles[4], tiles[5], tiles[6]};
     loaded.schedule.num_sms = header.at("num_sms");
     loaded.schedule.policy = parse_schedule_policy(header.at("policy"));
     loaded.schedule.num_counters = header.at("num_counters");
