@@ -21,10 +21,12 @@ struct TileConfig {
   // NOTE: row-wise tasks (embedding, norms) move bytes, not FLOPs: 32 rows spread a norm over 4x more SMs than a
   // GEMM row block and shorten the norm -> GEMM hop on the critical path.
   int32_t block_rows = 32;  // token rows per embedding and norm task
-  // NOTE: GEMM tiles are emitted in groups of group_m row blocks, column by column within a group, so that the ~132
-  // tiles in flight share weight tiles through L2 instead of each streaming its own from HBM (weights of wide models
-  // do not fit in L2). Row blocks of a group still finish together, early enough for the next op to start on them.
+  // NOTE: a GEMM whose weights do not fit in L2 emits its tiles in groups of group_m row blocks, column by column
+  // within a group, so that the ~132 tiles in flight share weight tiles through L2 instead of each streaming its own
+  // from HBM (measured: 1 layer of d_model 4096, 2.17 -> 1.64 ms). Smaller GEMMs go row block by row block, which
+  // finishes rows earliest for the next op (measured: the seed preset, 1.288 -> 1.276 ms).
   int32_t group_m = 8;
+  int64_t l2_resident_weight_bytes = int64_t(24) << 20;  // half the H200's 50 MB L2 (60 MB reported) for weights
 };
 
 enum class BufferKind : uint8_t {

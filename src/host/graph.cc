@@ -113,9 +113,11 @@ Graph::Graph(const ModelConfig& config, const RunShape& shape, const TileConfig&
       tasks_.push_back({opcode, uint16_t(layer), row_begin, row_end, 0, int32_t(width), -1, -1});
     }
   };
-  auto gemm_tiles = [&](Opcode opcode, int32_t layer, int64_t n, int32_t block_n) {
-    for (int32_t group = 0; group < num_m_blocks; group += tiles.group_m) {
-      const int32_t group_end = std::min(num_m_blocks, group + tiles.group_m);
+  // k: the reduction length; weight_rows: rows of the op's weight matrix (gate_up reads two per output column)
+  auto gemm_tiles = [&](Opcode opcode, int32_t layer, int64_t n, int32_t block_n, int64_t k, int64_t weight_rows) {
+    const int32_t group_m = 2 * weight_rows * k > tiles.l2_resident_weight_bytes ? tiles.group_m : 1;
+    for (int32_t group = 0; group < num_m_blocks; group += group_m) {
+      const int32_t group_end = std::min(num_m_blocks, group + group_m);
       for (int64_t col_begin = 0; col_begin < n; col_begin += block_n) {
         const int32_t col_end = int32_t(std::min<int64_t>(n, col_begin + block_n));
         for (int32_t m = group; m < group_end; ++m) {
@@ -129,7 +131,7 @@ Graph::Graph(const ModelConfig& config, const RunShape& shape, const TileConfig&
   if (c.has_embedding) row_tiles(Opcode::kEmbed, 0, c.d_model);
   for (int32_t l = 0; l < c.n_layers; ++l) {
     row_tiles(Opcode::kAttnNorm, l, c.d_model);
-    gemm_tiles(Opcode::kQkv, l, c.qkv_dim(), tiles.block_n_wide);
+    gemm_tiles(Opcode::kQkv, l, c.qkv_dim(), tiles.block_n_wide, c.d_model, c.qkv_dim());
     for (int32_t b = 0; b < shape.batch; ++b) {
       for (int64_t q = 0; q < shape.seq_len; q += tiles.block_q) {
         const int32_t row_begin = int32_t(b * shape.seq_len + q);
@@ -141,14 +143,14 @@ Graph::Graph(const ModelConfig& config, const RunShape& shape, const TileConfig&
         }
       }
     }
-    gemm_tiles(Opcode::kOProj, l, c.d_model, tiles.block_n);
+    gemm_tiles(Opcode::kOProj, l, c.d_model, tiles.block_n, c.q_dim(), c.d_model);
     row_tiles(Opcode::kMlpNorm, l, c.d_model);
-    gemm_tiles(Opcode::kGateUp, l, c.d_ff, tiles.block_n);
-    gemm_tiles(Opcode::kDown, l, c.d_model, tiles.block_n);
+    gemm_tiles(Opcode::kGateUp, l, c.d_ff, tiles.block_n, c.d_model, 2 * c.d_ff);
+    gemm_tiles(Opcode::kDown, l, c.d_model, tiles.block_n, c.d_ff, c.d_model);
   }
   if (c.has_lm_head) {
     row_tiles(Opcode::kFinalNorm, -1, c.d_model);
-    gemm_tiles(Opcode::kLmHead, -1, c.vocab_size, tiles.block_n_wide);
+    gemm_tiles(Opcode::kLmHead, -1, c.vocab_size, tiles.block_n_wide, c.d_model, c.vocab_size);
   }
 }
 

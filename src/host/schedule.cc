@@ -342,6 +342,7 @@ void save_schedule(const std::filesystem::path& path, const Graph& graph, const 
       {"tiles",
        {graph.tiles().block_m, graph.tiles().block_n, graph.tiles().block_n_wide, graph.tiles().block_k,
         graph.tiles().block_q, graph.tiles().block_rows, graph.tiles().group_m}},
+      {"l2_resident_weight_bytes", graph.tiles().l2_resident_weight_bytes},
       {"num_sms", schedule.num_sms},
       {"policy", schedule_policy_name(schedule.policy)},
       {"num_counters", schedule.num_counters},
@@ -379,7 +380,8 @@ LoadedSchedule load_schedule(const std::filesystem::path& path) {
     loaded.shape = {header.at("batch"), header.at("seq_len")};
     const auto tiles = header.at("tiles").get<std::vector<int32_t>>();
     MK_CHECK(tiles.size() == 7, "tiles must have 7 entries");
-    loaded.tiles = {tiles[0], tiles[1], tiles[2], tiles[3], tiles[4], tiles[5], tiles[6]};
+    loaded.tiles = {tiles[0], tiles[1], tiles[2], tiles[3], tiles[4], tiles[5], tiles[6],
+                    header.at("l2_resident_weight_bytes").get<int64_t>()};
     loaded.schedule.num_sms = header.at("num_sms");
     loaded.schedule.policy = parse_schedule_policy(header.at("policy"));
     loaded.schedule.num_counters = header.at("num_counters");
