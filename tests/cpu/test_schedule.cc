@@ -253,7 +253,7 @@ TEST(Scheduler, CostModelBeatsRoundRobin) {
   // Where the seed's shape divides evenly both policies fill the SMs alike; uneven shapes and SM counts are where
   // balancing by estimated time pays.
   const ModelConfig seed = find_preset("seed").config;
-  for (auto [shape, sms] : {std::pair{RunShape{3, 200}, 132}, std::pair{RunShape{8, 256}, 100},
+  for (auto [shape, sms] : {std::pair{RunShape{5, 300}, 132}, std::pair{RunShape{8, 256}, 100},
                             std::pair{RunShape{8, 1024}, 132}}) {
     const Graph graph(seed, shape);
     const double round_robin = estimate_schedule(graph, build(graph, SchedulePolicy::kRoundRobin, sms)).makespan_ns;
