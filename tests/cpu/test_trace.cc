@@ -39,7 +39,9 @@ TEST_F(CpuVmTrace, RecordsEveryInstructionInOrder) {
     EXPECT_LE(r.waits_done, r.math_done);
     EXPECT_LE(r.math_done, r.end);
     EXPECT_LE(r.end, trace_.launch_ns);
-    if (r.index > 0) EXPECT_GE(r.start, trace_.records[i - 1].end) << "SM lists run in order";
+    if (r.index > 0) {
+      EXPECT_GE(r.start, trace_.records[i - 1].end) << "SM lists run in order";
+    }
   }
 }
 
