@@ -353,6 +353,23 @@ Dependencies derive_dependencies(const Graph& graph) {
   deps.num_waits.resize(tasks.size());
   std::vector<uint32_t> counters;
   std::vector<uint32_t> previous_counters;
+  // Identical wait lists are stored once: tasks of one row block of a GEMM share theirs even when, grouped for L2
+  // reuse, they are not neighbours. Keyed by a hash of the list; equal hashes are compared in full.
+  std::unordered_multimap<uint64_t, uint32_t> list_by_hash;  // hash -> wait_begin
+  auto hash_of = [](const std::vector<uint32_t>& list) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (uint32_t v : list) h = (h ^ v) * 0x100000001b3ull;
+    return h;
+  };
+  auto find_list = [&](uint64_t hash) -> int64_t {
+    auto [begin, end] = list_by_hash.equal_range(hash);
+    for (auto it = begin; it != end; ++it) {
+      bool same = true;
+      for (size_t k = 0; k < counters.size() && same; ++k) same = deps.waits[it->second + k].counter == counters[k];
+      if (same) return it->second;
+    }
+    return -1;
+  };
   for (size_t i = 0; i < tasks.size(); ++i) {
     const TaskRegions regions = graph.regions(tasks[i]);
     counters.clear();
@@ -367,12 +384,20 @@ Dependencies derive_dependencies(const Graph& graph) {
     }
     std::sort(counters.begin(), counters.end());
     counters.erase(std::unique(counters.begin(), counters.end()), counters.end());
-    if (i == 0 || counters != previous_counters) {
-      deps.wait_begin[i] = uint32_t(deps.waits.size());
-      for (uint32_t counter : counters) deps.waits.push_back({counter, deps.counter_target[counter]});
-      previous_counters = counters;
-    } else {
+    if (i > 0 && counters == previous_counters) {
       deps.wait_begin[i] = deps.wait_begin[i - 1];
+    } else {
+      // The hash includes the length: lists of different lengths never compare equal.
+      const uint64_t hash = hash_of(counters) ^ (uint64_t(counters.size()) << 56);
+      const int64_t existing = find_list(hash);
+      if (existing >= 0) {
+        deps.wait_begin[i] = uint32_t(existing);
+      } else {
+        deps.wait_begin[i] = uint32_t(deps.waits.size());
+        for (uint32_t counter : counters) deps.waits.push_back({counter, deps.counter_target[counter]});
+        list_by_hash.emplace(hash, deps.wait_begin[i]);
+      }
+      previous_counters = counters;
     }
     deps.num_waits[i] = uint32_t(counters.size());
   }

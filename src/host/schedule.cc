@@ -107,17 +107,17 @@ Schedule make_schedule(const Graph& graph, const Dependencies& deps, SchedulePol
     std::vector<uint32_t> pending_counters(deps.num_waits.begin(), deps.num_waits.end());
     std::vector<uint32_t> placed_in_counter(deps.num_counters, 0);
     std::vector<double> counter_finish(deps.num_counters, 0.0);
-    auto lower_priority = [&](uint32_t a, uint32_t b) {
-      return bottom_level[a] != bottom_level[b] ? bottom_level[a] < bottom_level[b] : a > b;
-    };
-    std::priority_queue<uint32_t, std::vector<uint32_t>, decltype(lower_priority)> eligible(lower_priority);
+    // NOTE: the heap holds (priority, task) by value: comparing through an index into bottom_level cost a cache
+    // miss per comparison on large graphs. Ties go to the earlier task, keeping graph order among equals.
+    using Entry = std::pair<double, int64_t>;  // (bottom level, -task)
+    std::priority_queue<Entry> eligible;
     for (size_t t = 0; t < num_tasks; ++t)
-      if (pending_counters[t] == 0) eligible.push(uint32_t(t));
+      if (pending_counters[t] == 0) eligible.push({bottom_level[t], -int64_t(t)});
     using SmSlot = std::pair<double, int32_t>;  // (free at, sm)
     std::priority_queue<SmSlot, std::vector<SmSlot>, std::greater<>> sms;
     for (int32_t s = 0; s < num_sms; ++s) sms.push({0.0, s});
     while (!eligible.empty()) {
-      const uint32_t t = eligible.top();
+      const uint32_t t = uint32_t(-eligible.top().second);
       eligible.pop();
       double ready = 0.0;
       for (uint32_t k = 0; k < deps.num_waits[t]; ++k)
@@ -131,7 +131,8 @@ Schedule make_schedule(const Graph& graph, const Dependencies& deps, SchedulePol
       counter_finish[counter] = std::max(counter_finish[counter], finish);
       if (++placed_in_counter[counter] == deps.counter_target[counter]) {
         for (uint32_t w = waiters.begin[counter]; w < waiters.begin[counter + 1]; ++w)
-          if (--pending_counters[waiters.tasks[w]] == 0) eligible.push(waiters.tasks[w]);
+          if (--pending_counters[waiters.tasks[w]] == 0)
+            eligible.push({bottom_level[waiters.tasks[w]], -int64_t(waiters.tasks[w])});
       }
     }
     size_t placed = 0;
