@@ -16,8 +16,11 @@
 #include "mk/reference.h"
 #include "mk/safetensors.h"
 #include "mk/weights.h"
+#include "test_util.h"
 
 namespace {
+
+using mk::testing_util::TempDir;
 
 using ::testing::HasSubstr;
 using ::testing::Not;
@@ -47,22 +50,6 @@ Result run_mk(const std::string& args) {
 }
 
 std::string quoted(const std::filesystem::path& path) { return fmt::format("'{}'", path.string()); }
-
-class TempDir {
- public:
-  TempDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = std::filesystem::temp_directory_path() /
-            (std::string("mk_test_cli_") + info->name() + "_" + std::to_string(::getpid()));
-    std::filesystem::remove_all(path_);
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
 
 // The line of `mk run` output that holds the checksum.
 std::string checksum_line(const std::string& output) {

@@ -12,25 +12,17 @@
 
 #include "mk/check.h"
 #include "mk/model_config.h"
+#include "test_util.h"
 
 namespace {
+
+using mk::testing_util::error_of;
+using mk::testing_util::TempDir;
 
 using ::testing::HasSubstr;
 using nlohmann::json;
 
 // The message of the mk::Error that `body` throws; fails the test when it throws nothing or something else.
-std::string error_of(const std::function<void()>& body) {
-  try {
-    body();
-  } catch (const mk::Error& error) {
-    return error.what();
-  } catch (const std::exception& error) {
-    ADD_FAILURE() << "expected mk::Error, got another exception: " << error.what();
-    return "";
-  }
-  ADD_FAILURE() << "expected mk::Error, nothing was thrown";
-  return "";
-}
 
 std::string parse_error(const json& config) {
   return error_of([&] { mk::model_config_from_json(config, "cfg.json"); });
@@ -106,23 +98,6 @@ void expect_same_shape(const mk::ModelConfig& a, const mk::ModelConfig& b) {
   EXPECT_EQ(a.has_lm_head, b.has_lm_head);
   EXPECT_EQ(a.tie_word_embeddings, b.tie_word_embeddings);
 }
-
-// A unique scratch directory, removed with everything in it at the end of the test.
-class TempDir {
- public:
-  TempDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = std::filesystem::temp_directory_path() /
-            (std::string("mk_test_config_") + info->name() + "_" + std::to_string(::getpid()));
-    std::filesystem::remove_all(path_);
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
 
 }  // namespace
 

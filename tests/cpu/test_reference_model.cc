@@ -13,24 +13,14 @@
 #include "mk/random.h"
 #include "mk/reference.h"
 #include "mk/weights.h"
+#include "test_util.h"
 
 namespace {
 
+using mk::testing_util::error_of;
+
 using ::testing::HasSubstr;
 using mk::ref::Matrix;
-
-std::string error_of(const std::function<void()>& body) {
-  try {
-    body();
-  } catch (const mk::Error& error) {
-    return error.what();
-  } catch (const std::exception& error) {
-    ADD_FAILURE() << "expected mk::Error, got another exception: " << error.what();
-    return "";
-  }
-  ADD_FAILURE() << "expected mk::Error, nothing was thrown";
-  return "";
-}
 
 // ---- an independent model: plain loops in double, nothing shared with src/ref except the RoPE frequencies ----
 

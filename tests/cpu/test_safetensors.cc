@@ -12,44 +12,15 @@
 
 #include "mk/check.h"
 #include "mk/safetensors.h"
+#include "test_util.h"
 
 namespace {
 
+using mk::testing_util::as_bytes;
+using mk::testing_util::error_of;
+using mk::testing_util::TempDir;
+
 using ::testing::HasSubstr;
-
-std::string error_of(const std::function<void()>& body) {
-  try {
-    body();
-  } catch (const mk::Error& error) {
-    return error.what();
-  } catch (const std::exception& error) {
-    ADD_FAILURE() << "expected mk::Error, got another exception: " << error.what();
-    return "";
-  }
-  ADD_FAILURE() << "expected mk::Error, nothing was thrown";
-  return "";
-}
-
-class TempDir {
- public:
-  TempDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = std::filesystem::temp_directory_path() /
-            (std::string("mk_test_safetensors_") + info->name() + "_" + std::to_string(::getpid()));
-    std::filesystem::remove_all(path_);
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
-
-template <typename T>
-std::span<const uint8_t> as_bytes(const std::vector<T>& values) {
-  return {reinterpret_cast<const uint8_t*>(values.data()), values.size() * sizeof(T)};
-}
 
 // A whole file: the 8-byte little-endian length, then `header`, then `data_size` data bytes.
 std::vector<uint8_t> file_bytes(const std::string& header, size_t data_size, uint64_t claimed_header_size) {

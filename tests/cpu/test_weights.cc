@@ -16,39 +16,15 @@
 #include "mk/model_config.h"
 #include "mk/safetensors.h"
 #include "mk/weights.h"
+#include "test_util.h"
 
 namespace {
 
+using mk::testing_util::as_bytes;
+using mk::testing_util::error_of;
+using mk::testing_util::TempDir;
+
 using ::testing::HasSubstr;
-
-std::string error_of(const std::function<void()>& body) {
-  try {
-    body();
-  } catch (const mk::Error& error) {
-    return error.what();
-  } catch (const std::exception& error) {
-    ADD_FAILURE() << "expected mk::Error, got another exception: " << error.what();
-    return "";
-  }
-  ADD_FAILURE() << "expected mk::Error, nothing was thrown";
-  return "";
-}
-
-class TempDir {
- public:
-  TempDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = std::filesystem::temp_directory_path() /
-            (std::string("mk_test_weights_") + info->name() + "_" + std::to_string(::getpid()));
-    std::filesystem::remove_all(path_);
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
 
 struct NamedTensor {
   std::vector<int64_t> shape;

@@ -21,6 +21,38 @@ __device__ __forceinline__ void run_embed(const MegakernelParams& p, const Instr
   }
 }
 
+// 8 bf16 of a row times inv_rms times the matching 8 norm weights.
+__device__ __forceinline__ uint4 normalize_chunk(const uint4& packed, const uint4& packed_weight, float inv_rms) {
+  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&packed);
+  const __nv_bfloat162* weights = reinterpret_cast<const __nv_bfloat162*>(&packed_weight);
+  uint4 result;
+  __nv_bfloat162* results = reinterpret_cast<__nv_bfloat162*>(&result);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 v = __bfloat1622float2(pairs[i]);
+    const float2 w = __bfloat1622float2(weights[i]);
+    results[i] = __floats2bfloat162_rn(v.x * inv_rms * w.x, v.y * inv_rms * w.y);
+  }
+  return result;
+}
+
+__device__ __forceinline__ float sum_of_squares_of_chunk(const uint4& packed) {
+  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&packed);
+  float sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 v = __bfloat1622float2(pairs[i]);
+    sum += v.x * v.x + v.y * v.y;
+  }
+  return sum;
+}
+
+__device__ __forceinline__ float warp_sum(float value) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffff, value, offset);
+  return value;
+}
+
 // One row of RMSNorm by one warp, the whole row held in registers: kChunks 16-byte pieces per lane cover
 // d_model <= 256 kChunks. NOTE: all loads of the row are issued before the first use, so a row costs one trip
 // to L2 instead of one per piece.
@@ -41,33 +73,13 @@ __device__ __forceinline__ void rmsnorm_row(const __nv_bfloat16* x, const __nv_b
   }
   float sum_of_squares = 0.0f;
 #pragma unroll
-  for (int c = 0; c < kChunks; ++c) {
-    const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&packed[c]);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 v = __bfloat1622float2(pairs[i]);
-      sum_of_squares += v.x * v.x + v.y * v.y;
-    }
-  }
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) sum_of_squares += __shfl_xor_sync(0xffffffff, sum_of_squares, offset);
-  const float inv_rms = 1.0f / sqrtf(sum_of_squares / float(d_model) + eps);
+  for (int c = 0; c < kChunks; ++c) sum_of_squares += sum_of_squares_of_chunk(packed[c]);
+  const float inv_rms = 1.0f / sqrtf(warp_sum(sum_of_squares) / float(d_model) + eps);
   uint4* out_row = reinterpret_cast<uint4*>(out);
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     const int32_t chunk = lane + 32 * c;
-    if (chunk >= chunks) continue;
-    const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&packed[c]);
-    const __nv_bfloat162* weights = reinterpret_cast<const __nv_bfloat162*>(&packed_weight[c]);
-    uint4 result;
-    __nv_bfloat162* results = reinterpret_cast<__nv_bfloat162*>(&result);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 v = __bfloat1622float2(pairs[i]);
-      const float2 w = __bfloat1622float2(weights[i]);
-      results[i] = __floats2bfloat162_rn(v.x * inv_rms * w.x, v.y * inv_rms * w.y);
-    }
-    out_row[chunk] = result;
+    if (chunk < chunks) out_row[chunk] = normalize_chunk(packed[c], packed_weight[c], inv_rms);
   }
 }
 
@@ -86,35 +98,13 @@ __device__ __forceinline__ void rmsnorm_long_row(const __nv_bfloat16* x, const _
       packed[c] = chunk < chunks ? __ldcg(x_row + chunk) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
-    for (int c = 0; c < kBatch; ++c) {
-      const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&packed[c]);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float2 v = __bfloat1622float2(pairs[i]);
-        sum_of_squares += v.x * v.x + v.y * v.y;
-      }
-    }
+    for (int c = 0; c < kBatch; ++c) sum_of_squares += sum_of_squares_of_chunk(packed[c]);
   }
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) sum_of_squares += __shfl_xor_sync(0xffffffff, sum_of_squares, offset);
-  const float inv_rms = 1.0f / sqrtf(sum_of_squares / float(d_model) + eps);
+  const float inv_rms = 1.0f / sqrtf(warp_sum(sum_of_squares) / float(d_model) + eps);
   const uint4* weight_row = reinterpret_cast<const uint4*>(weight);
   uint4* out_row = reinterpret_cast<uint4*>(out);
-  for (int32_t chunk = lane; chunk < chunks; chunk += 32) {
-    const uint4 packed = __ldcg(x_row + chunk);
-    const uint4 packed_weight = weight_row[chunk];
-    const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&packed);
-    const __nv_bfloat162* weights = reinterpret_cast<const __nv_bfloat162*>(&packed_weight);
-    uint4 result;
-    __nv_bfloat162* results = reinterpret_cast<__nv_bfloat162*>(&result);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 v = __bfloat1622float2(pairs[i]);
-      const float2 w = __bfloat1622float2(weights[i]);
-      results[i] = __floats2bfloat162_rn(v.x * inv_rms * w.x, v.y * inv_rms * w.y);
-    }
-    out_row[chunk] = result;
-  }
+  for (int32_t chunk = lane; chunk < chunks; chunk += 32)
+    out_row[chunk] = normalize_chunk(__ldcg(x_row + chunk), weight_row[chunk], inv_rms);
 }
 
 // out[rows] <- x * rsqrt(mean(x^2) + eps) * weight; one warp per row.
