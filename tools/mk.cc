@@ -38,14 +38,25 @@ struct ModelOptions {
     auto* preset_option = command.add_option("--preset", preset, "built-in model: seed, tiny, llama-3.2-1b, llama-3.1-8b");
     auto* model_option = command.add_option("--model", model_dir, "Hugging Face model directory (config.json + safetensors)");
     preset_option->excludes(model_option);
-    command.add_option("--batch", batch, "sequences per forward pass (default: the preset's)");
-    command.add_option("--seq", seq_len, "tokens per sequence (default: the preset's)");
+    // 0 stands for "not given" internally, so every size given on the command line must be positive.
+    const CLI::Validator positive(
+        [](std::string& text) {
+          try {
+            return std::stoll(text) > 0 ? std::string() : std::string("must be positive, got ") + text;
+          } catch (const std::exception&) {
+            return std::string("not a number: ") + text;
+          }
+        },
+        "POSITIVE");
+    command.add_option("--batch", batch, "sequences per forward pass (default: the preset's)")->check(positive);
+    command.add_option("--seq", seq_len, "tokens per sequence (default: the preset's)")->check(positive);
     command.add_option("--seed", seed, "seed of random weights and inputs")->capture_default_str();
-    command.add_option("--layers", layers, "override the preset's layer count");
-    command.add_option("--d-model", d_model, "override the preset's width (heads = d_model / head_dim, d_ff = 4 d_model)");
-    command.add_option("--heads", heads, "override the preset's query heads");
-    command.add_option("--kv-heads", kv_heads, "override the preset's kv heads");
-    command.add_option("--d-ff", d_ff, "override the preset's MLP width");
+    command.add_option("--layers", layers, "override the preset's layer count")->check(positive);
+    command.add_option("--d-model", d_model, "override the preset's width (heads = d_model / head_dim, d_ff = 4 d_model)")
+        ->check(positive);
+    command.add_option("--heads", heads, "override the preset's query heads")->check(positive);
+    command.add_option("--kv-heads", kv_heads, "override the preset's kv heads")->check(positive);
+    command.add_option("--d-ff", d_ff, "override the preset's MLP width")->check(positive);
   }
 
   mk::ModelConfig config() const {
@@ -93,15 +104,26 @@ struct ScheduleOptions {
   std::string schedule_file;
 
   void add_to(CLI::App& command) {
-    command.add_option_function<int32_t>("--sms", [this](int32_t n) { num_sms = n, sms_given = true; },
-                                         "SM count to schedule for (default 132; gpu: the device's)");
-    command.add_option("--policy", policy, "round-robin | cost-model")->capture_default_str();
+    command
+        .add_option_function<int32_t>(
+            "--sms",
+            [this](int32_t n) {
+              num_sms = n;
+              sms_given = true;
+            },
+            "SM count to schedule for (default 132; gpu: the device's)")
+        ->check(CLI::Range(1, 4096));
+    command.add_option("--policy", policy, "round-robin | cost-model")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"round-robin", "cost-model"}));
     command.add_option("--schedule", schedule_file, "use a schedule file written by `mk schedule --out`");
   }
 
   // The gpu engine schedules for the device's SMs unless --sms says otherwise.
   void use_device_sm_count() {
-    if (!sms_given) num_sms = mk::query_gpu().sm_count;
+    const mk::GpuInfo gpu = mk::query_gpu();
+    MK_CHECK(gpu.usable, "gpu engine: {}", gpu.reason);
+    if (!sms_given) num_sms = gpu.sm_count;
   }
 
   // Builds the schedule, or loads it and checks it was built for this model and shape; verified either way.
@@ -109,11 +131,12 @@ struct ScheduleOptions {
     mk::Schedule schedule;
     if (!schedule_file.empty()) {
       mk::LoadedSchedule loaded = mk::load_schedule(schedule_file);
-      MK_CHECK(loaded.shape.batch == graph.shape().batch && loaded.shape.seq_len == graph.shape().seq_len &&
-                   loaded.config.d_model == graph.config().d_model && loaded.config.n_layers == graph.config().n_layers,
-               "{}: built for batch {} x seq {} of model '{}', not batch {} x seq {} of '{}'", schedule_file,
-               loaded.shape.batch, loaded.shape.seq_len, loaded.config.name, graph.shape().batch,
-               graph.shape().seq_len, graph.config().name);
+      MK_CHECK(loaded.shape.batch == graph.shape().batch && loaded.shape.seq_len == graph.shape().seq_len,
+               "{}: built for batch {} x seq {}, not batch {} x seq {}", schedule_file, loaded.shape.batch,
+               loaded.shape.seq_len, graph.shape().batch, graph.shape().seq_len);
+      const std::string difference = mk::first_difference(loaded.config, graph.config());
+      MK_CHECK(difference.empty(), "{}: built for another model: {} (file vs model)", schedule_file, difference);
+      MK_CHECK(loaded.tiles == graph.tiles(), "{}: built with other tile sizes", schedule_file);
       schedule = std::move(loaded.schedule);
     } else {
       schedule = mk::make_schedule(graph, mk::derive_dependencies(graph), mk::parse_schedule_policy(policy), num_sms);
@@ -122,6 +145,13 @@ struct ScheduleOptions {
     return schedule;
   }
 };
+
+void write_text_file(const std::string& path, const std::string& text) {
+  std::ofstream file(path);
+  file << text;
+  file.close();
+  MK_CHECK(file.good(), "{}: cannot write", path);
+}
 
 std::string human_bytes(double bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -199,9 +229,10 @@ int run_forward(const ModelOptions& options, ScheduleOptions schedule_options, c
     fmt::print("schedule: {} instructions on {} SMs ({}), verified\n", schedule.instructions.size(), schedule.num_sms,
                mk::schedule_policy_name(schedule.policy));
     if (engine == "cpu-vm") {
-      timed([&] { output = mk::run_cpu_vm(graph, schedule, weights, input, vm_options).output(graph); });
+      // ScheduleOptions::make verified the schedule.
+      timed([&] { output = mk::run_cpu_vm_unverified(graph, schedule, weights, input, vm_options).output(graph); });
     } else {
-      mk::GpuEngine gpu(graph, schedule, weights);
+      mk::GpuEngine gpu(graph, schedule, weights, {.verify = false});  // ScheduleOptions::make verified it
       gpu.set_input(input);
       gpu.run();  // warm-up: module load and first-touch costs stay out of the time
       std::vector<float> times = gpu.time_runs(iterations);
@@ -234,7 +265,7 @@ int run_forward(const ModelOptions& options, ScheduleOptions schedule_options, c
                                    {"ms", seconds * 1e3},
                                    {"flops", cost.flops},
                                    {"tflops", cost.flops / seconds / 1e12}};
-    std::ofstream(json_path) << result.dump() << "\n";
+    write_text_file(json_path, result.dump() + "\n");
   }
   return 0;
 }
@@ -249,10 +280,10 @@ int run_bisect(const ModelOptions& options, ScheduleOptions schedule_options, in
   const mk::Schedule schedule = schedule_options.make(graph);
   fmt::print("{}\nbatch {} x seq {}: gpu against cpu-vm, buffer by buffer{}\n", mk::describe(config), shape.batch,
              shape.seq_len, until_layer >= 0 ? fmt::format(", up to layer {}", until_layer) : "");
-  mk::GpuEngine gpu(graph, schedule, weights);
+  mk::GpuEngine gpu(graph, schedule, weights, {.verify = false});  // ScheduleOptions::make verified it
   gpu.set_input(input);
   gpu.run();
-  const mk::CpuVmRun reference = mk::run_cpu_vm(graph, schedule, weights, input);
+  const mk::CpuVmRun reference = mk::run_cpu_vm_unverified(graph, schedule, weights, input, {});
   const auto rows = mk::bisect_buffers(graph, weights, input, gpu.buffers(), reference.buffers, until_layer);
   fmt::print("{}", mk::format_bisect(rows));
   for (const mk::BufferComparison& row : rows) {
@@ -269,8 +300,12 @@ int run_trace(const ModelOptions& options, ScheduleOptions schedule_options, con
               const std::string& out_path, int overhead_launches) {
   const mk::ModelConfig config = options.config();
   const mk::RunShape shape = options.shape();
-  const std::string engine = resolve_engine(requested_engine);
-  MK_CHECK(engine == "gpu" || engine == "cpu-vm", "mk trace records the gpu or cpu-vm engine, not '{}'", engine);
+  std::string engine = requested_engine;
+  if (engine == "auto") {
+    const mk::GpuInfo gpu = mk::query_gpu();
+    engine = gpu.usable ? "gpu" : "cpu-vm";
+    if (!gpu.usable) fmt::print("gpu engine unavailable: {}; tracing the cpu-vm\n", gpu.reason);
+  }
   const mk::ModelWeights weights = options.weights(config);
   const mk::ref::ModelInput input = mk::ref::random_input(config, shape, options.seed + 1);
   const mk::Graph graph(config, shape);
@@ -280,7 +315,7 @@ int run_trace(const ModelOptions& options, ScheduleOptions schedule_options, con
              shape.seq_len, engine, schedule.instructions.size(), schedule.num_sms);
   mk::Trace trace;
   if (engine == "gpu") {
-    mk::GpuEngine gpu(graph, schedule, weights);
+    mk::GpuEngine gpu(graph, schedule, weights, {.verify = false});  // ScheduleOptions::make verified it
     gpu.set_input(input);
     gpu.run();
     trace = gpu.run_traced();
@@ -301,9 +336,9 @@ int run_trace(const ModelOptions& options, ScheduleOptions schedule_options, con
     mk::CpuVmOptions vm_options;
     vm_options.record_trace = true;
     vm_options.detect_races = false;
-    trace = mk::run_cpu_vm(graph, schedule, weights, input, vm_options).trace;
+    trace = mk::run_cpu_vm_unverified(graph, schedule, weights, input, vm_options).trace;
   }
-  std::ofstream(out_path) << mk::trace_to_chrome_json(graph, schedule, trace);
+  write_text_file(out_path, mk::trace_to_chrome_json(graph, trace));
   fmt::print("wrote {} (open it in ui.perfetto.dev)\n", out_path);
   fmt::print("{}", mk::format_trace_summary(graph, mk::summarize_trace(graph, schedule, trace), trace));
   return 0;
@@ -364,7 +399,9 @@ int main(int argc, char** argv) {
   ScheduleOptions run_schedule_options;
   mk::CpuVmOptions vm_options;
   run_schedule_options.add_to(*run);
-  run->add_option("--engine", engine, "auto (gpu where possible) | gpu | cpu-vm | reference")->capture_default_str();
+  run->add_option("--engine", engine, "auto (gpu where possible) | gpu | cpu-vm | reference")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "gpu", "cpu-vm", "reference"}));
   run->add_option("--max-delay-us", vm_options.max_delay_us, "cpu-vm: random delay before each instruction")
       ->capture_default_str();
   run->add_flag("!--no-race-check", vm_options.detect_races, "cpu-vm: skip the happens-before race detector");
@@ -373,7 +410,8 @@ int main(int argc, char** argv) {
   int iterations = 20;
   std::string json_path;
   run->add_option("--iterations", iterations, "gpu: timed launches after one warm-up (the median is reported)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000000));
   run->add_option("--json", json_path, "write the timing and shape as one JSON object to this file");
 
   ModelOptions schedule_model_options;
@@ -405,7 +443,9 @@ int main(int argc, char** argv) {
       app.add_subcommand("trace", "record a per-SM timeline of one forward pass (Chrome trace JSON) and summarize it");
   trace_options.add_to(*trace_command);
   trace_schedule_options.add_to(*trace_command);
-  trace_command->add_option("--engine", trace_engine, "auto | gpu | cpu-vm")->capture_default_str();
+  trace_command->add_option("--engine", trace_engine, "auto (gpu where possible, else cpu-vm) | gpu | cpu-vm")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "gpu", "cpu-vm"}));
   trace_command->add_option("--out", trace_out, "trace file to write")->capture_default_str();
   trace_command->add_option("--overhead", overhead_launches, "gpu: also measure tracing overhead over N launch pairs")
       ->capture_default_str();
@@ -421,7 +461,8 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
-    return app.exit(error);
+    // --help exits 0; every usage error exits 2, bad input found later exits 1.
+    return app.exit(error) == 0 ? 0 : 2;
   }
   try {
     if (*info) return run_info(info_options);

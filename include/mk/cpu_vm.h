@@ -38,7 +38,8 @@ struct CpuVmRun {
 CpuVmRun run_cpu_vm(const Graph& graph, const Schedule& schedule, const ModelWeights& weights,
                     const ref::ModelInput& input, const CpuVmOptions& options = {});
 
-// Without verification: only for tests that feed a deliberately broken schedule to see the cpu-vm expose it.
+// Without verification: for a schedule the caller has verified already, or for tests that feed a deliberately
+// broken one to see the cpu-vm expose it.
 CpuVmRun run_cpu_vm_unverified(const Graph& graph, const Schedule& schedule, const ModelWeights& weights,
                                const ref::ModelInput& input, const CpuVmOptions& options);
 

@@ -27,6 +27,8 @@ struct TileConfig {
   // finishes rows earliest for the next op (measured: the seed preset, 1.288 -> 1.276 ms).
   int32_t group_m = 8;
   int64_t l2_resident_weight_bytes = int64_t(24) << 20;  // half the H200's 50 MB L2 (60 MB reported) for weights
+
+  bool operator==(const TileConfig&) const = default;
 };
 
 enum class BufferKind : uint8_t {
@@ -60,6 +62,9 @@ struct Region {
   int32_t col_end;
   int64_t area() const { return int64_t(row_end - row_begin) * (col_end - col_begin); }
 };
+
+// Ops outside the layers (their `layer` field means nothing).
+inline bool is_after_layers(Opcode opcode) { return opcode == Opcode::kFinalNorm || opcode == Opcode::kLmHead; }
 
 // The tile coordinates of a task; the same fields an Instruction carries.
 struct Task {
@@ -119,7 +124,7 @@ struct Dependencies {
   uint32_t num_counters = 0;
   std::vector<uint32_t> counter_of_task;  // (num_tasks)
   std::vector<uint32_t> counter_target;   // (num_counters) tasks that signal the counter in one launch
-  std::vector<Wait> waits;                // wait lists; tasks with identical lists share one
+  std::vector<Wait> waits;                // (distinct wait lists, concatenated); tasks with identical lists share one
   std::vector<uint32_t> wait_begin;       // (num_tasks) start of the task's list in `waits`
   std::vector<uint32_t> num_waits;        // (num_tasks)
 };

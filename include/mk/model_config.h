@@ -52,6 +52,9 @@ struct ModelConfig {
   void validate() const;
 };
 
+// "" when the two describe the same model (names aside), else the first differing field, e.g. "d_ff 512 vs 1024".
+std::string first_difference(const ModelConfig& a, const ModelConfig& b);
+
 // The token batch of one forward pass: batch sequences of seq_len tokens each.
 struct RunShape {
   int64_t batch = 1;

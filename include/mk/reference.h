@@ -46,6 +46,9 @@ struct StackedWeights {
   const bf16* row(int64_t r) const;
 };
 
+// [wq; wk; wv] of one layer: (q_dim + 2 kv_dim, d_model), the weight of the fused QKV projection.
+StackedWeights qkv_weights(const ModelConfig& config, const LayerWeights& layer);
+
 // cos/sin of RoPE per position and frequency, computed the way transformers computes them in fp32.
 struct RopeTable {
   int64_t half_dim = 0;

@@ -25,7 +25,7 @@ struct Schedule {
   uint32_t num_counters = 0;
   std::vector<uint32_t> sm_begin;         // (num_sms + 1): SM s runs instructions[sm_begin[s], sm_begin[s + 1])
   std::vector<Instruction> instructions;  // (num_tasks)
-  std::vector<Wait> waits;                // the lists Instruction::wait_begin/num_waits point into
+  std::vector<Wait> waits;                // (total waits): the lists Instruction::wait_begin/num_waits point into
 
   size_t num_instructions(int32_t sm) const { return sm_begin[size_t(sm) + 1] - sm_begin[size_t(sm)]; }
 };

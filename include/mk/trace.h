@@ -35,7 +35,7 @@ struct Trace {
 };
 
 // Chrome trace-event JSON ("X" events): one process per SM, one thread per role, slices named by op, layer and tile.
-std::string trace_to_chrome_json(const Graph& graph, const Schedule& schedule, const Trace& trace);
+std::string trace_to_chrome_json(const Graph& graph, const Trace& trace);
 
 struct TraceSummary {
   double span_ns = 0;  // first start to last end

@@ -80,6 +80,19 @@ CUtensorMap make_tensor_map(const void* base, uint64_t planes, uint64_t rows, ui
   return map;
 }
 
+// A CUDA event destroyed on every path out of its scope.
+class Event {
+ public:
+  Event() { check_cuda(cudaEventCreate(&event_), "creating an event"); }
+  ~Event() { cudaEventDestroy(event_); }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
 }  // namespace
 
 GpuInfo query_gpu() {
@@ -121,20 +134,18 @@ struct GpuEngine::Impl {
   const Graph& graph;
   GpuOptions options;
   int32_t num_sms = 0;
-  uint32_t max_target = 1;
+  uint32_t max_signals = 1;  // most signals any counter receives per launch
   uint32_t num_counters = 1;
   bool broken = false;
   MegakernelParams params{};
-  std::vector<void*> allocations;
+  std::vector<void*> allocations;  // every cudaMalloc, freed in the destructor
   size_t bytes = 0;
   cudaStream_t stream = nullptr;
-  // device address of each graph buffer
-  std::vector<void*> buffer_address;
-  // what a trace needs to name its records
-  std::vector<uint32_t> sm_begin;
-  std::vector<uint32_t> task_of_instruction;
-  uint64_t* trace_records = nullptr;
-  uint64_t* trace_sms = nullptr;
+  std::vector<void*> buffer_address;          // (graph buffers): device address of each
+  std::vector<uint32_t> sm_begin;             // (num_sms + 1): the schedule's, to name trace records
+  std::vector<uint32_t> task_of_instruction;  // (num_instructions)
+  uint64_t* trace_records = nullptr;          // (num_instructions, kTraceSlots), allocated on the first trace
+  uint64_t* trace_sms = nullptr;              // (num_sms, 4)
 
   Impl(const Graph& g, const GpuOptions& o) : graph(g), options(o) {}
 
@@ -184,20 +195,21 @@ GpuEngine::GpuEngine(const Graph& graph, const Schedule& schedule, const ModelWe
            info.name, info.sm_count);
   MK_CHECK(!c.has_lm_head || c.vocab_size % 8 == 0,
            "gpu engine: vocab_size {} must be a multiple of 8 (TMA rows of a multiple of 16 bytes)", c.vocab_size);
-  MK_CHECK(weights.config.d_model == c.d_model && weights.config.n_layers == c.n_layers &&
-               weights.config.d_ff == c.d_ff && weights.config.vocab_size == c.vocab_size,
-           "gpu engine: the weights are for a different model than the schedule");
+  const std::string difference = first_difference(weights.config, c);
+  MK_CHECK(difference.empty(), "gpu engine: the weights are for another model than the schedule ({})", difference);
   if (options.verify) verify_schedule(graph, schedule);
 
-  Impl& m = *impl_;
-  m.num_sms = schedule.num_sms;
-  check_cuda(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking), "creating a stream");
+  Impl& impl = *impl_;
+  impl.num_sms = schedule.num_sms;
+  // NOTE: a blocking stream: the synchronous cudaMemset/cudaMemcpy calls below and in set_input run on the legacy
+  // default stream, which a blocking stream waits for before each launch.
+  check_cuda(cudaStreamCreate(&impl.stream), "creating a stream");
   check_cuda(gpu::prepare_megakernel(), "raising the megakernel's shared memory limit");
 
   const int64_t T = graph.shape().tokens();
   const int64_t L = c.n_layers;
   const int64_t D = c.d_model;
-  MegakernelParams& p = m.params;
+  MegakernelParams& p = impl.params;
   p.dims = {int32_t(T), int32_t(graph.shape().batch), int32_t(graph.shape().seq_len), int32_t(D), int32_t(c.q_dim()),
             int32_t(c.kv_dim()), int32_t(c.qkv_dim()), int32_t(c.d_ff), int32_t(c.vocab_size), int32_t(c.head_dim),
             int32_t(c.group_size()), int32_t(L), c.rope.type != RopeType::kNone ? 1 : 0, c.rms_norm_eps,
@@ -224,42 +236,42 @@ GpuEngine::GpuEngine(const Graph& graph, const Schedule& schedule, const ModelWe
       }
     }
   }
-  const uint16_t* d_wqkv = m.upload(wqkv, "uploading wq/wk/wv");
-  const uint16_t* d_wo = m.upload(wo, "uploading wo");
-  const uint16_t* d_w_gate_up = m.upload(w_gate_up, "uploading w_gate/w_up");
-  const uint16_t* d_w_down = m.upload(w_down, "uploading w_down");
-  p.attn_norm_weight = reinterpret_cast<const __nv_bfloat16*>(m.upload(attn_norm_w, "uploading norm weights"));
-  p.mlp_norm_weight = reinterpret_cast<const __nv_bfloat16*>(m.upload(mlp_norm_w, "uploading norm weights"));
+  const uint16_t* d_wqkv = impl.upload(wqkv, "uploading wq/wk/wv");
+  const uint16_t* d_wo = impl.upload(wo, "uploading wo");
+  const uint16_t* d_w_gate_up = impl.upload(w_gate_up, "uploading w_gate/w_up");
+  const uint16_t* d_w_down = impl.upload(w_down, "uploading w_down");
+  p.attn_norm_weight = reinterpret_cast<const __nv_bfloat16*>(impl.upload(attn_norm_w, "uploading norm weights"));
+  p.mlp_norm_weight = reinterpret_cast<const __nv_bfloat16*>(impl.upload(mlp_norm_w, "uploading norm weights"));
   const uint16_t* d_embedding = nullptr;
   if (c.has_embedding) {
-    d_embedding = m.upload(bits_of(weights.embedding), "uploading the embedding");
+    d_embedding = impl.upload(bits_of(weights.embedding), "uploading the embedding");
     p.embedding = reinterpret_cast<const __nv_bfloat16*>(d_embedding);
   }
   const uint16_t* d_lm_head = nullptr;
   if (c.has_lm_head) {
-    p.final_norm_weight = reinterpret_cast<const __nv_bfloat16*>(m.upload(bits_of(weights.final_norm), "uploading the final norm"));
-    d_lm_head = c.tie_word_embeddings ? d_embedding : m.upload(bits_of(weights.lm_head), "uploading the LM head");
+    p.final_norm_weight = reinterpret_cast<const __nv_bfloat16*>(impl.upload(bits_of(weights.final_norm), "uploading the final norm"));
+    d_lm_head = c.tie_word_embeddings ? d_embedding : impl.upload(bits_of(weights.lm_head), "uploading the LM head");
   }
   const ref::RopeTable rope = ref::make_rope_table(c, graph.shape().seq_len);
   if (c.rope.type != RopeType::kNone) {
-    p.rope_cos = m.upload(rope.cos, "uploading RoPE tables");
-    p.rope_sin = m.upload(rope.sin, "uploading RoPE tables");
+    p.rope_cos = impl.upload(rope.cos, "uploading RoPE tables");
+    p.rope_sin = impl.upload(rope.sin, "uploading RoPE tables");
   }
 
   // ---- activations, one bf16 buffer per graph buffer, stacked over layers per kind ----
-  p.hidden = m.activation(size_t((L + 1) * T * D), "allocating hidden");
-  p.attn_norm = m.activation(size_t(L * T * D), "allocating attn_norm");
-  p.qkv = m.activation(size_t(L * T * c.qkv_dim()), "allocating qkv");
-  p.attn = m.activation(size_t(L * T * c.q_dim()), "allocating attn");
-  p.hidden_mid = m.activation(size_t(L * T * D), "allocating hidden_mid");
-  p.mlp_norm = m.activation(size_t(L * T * D), "allocating mlp_norm");
-  p.act = m.activation(size_t(L * T * c.d_ff), "allocating act");
+  p.hidden = impl.activation(size_t((L + 1) * T * D), "allocating hidden");
+  p.attn_norm = impl.activation(size_t(L * T * D), "allocating attn_norm");
+  p.qkv = impl.activation(size_t(L * T * c.qkv_dim()), "allocating qkv");
+  p.attn = impl.activation(size_t(L * T * c.q_dim()), "allocating attn");
+  p.hidden_mid = impl.activation(size_t(L * T * D), "allocating hidden_mid");
+  p.mlp_norm = impl.activation(size_t(L * T * D), "allocating mlp_norm");
+  p.act = impl.activation(size_t(L * T * c.d_ff), "allocating act");
   if (c.has_lm_head) {
-    p.final_norm = m.activation(size_t(T * D), "allocating final_norm");
-    p.logits = m.activation(size_t(T * c.vocab_size), "allocating logits");
+    p.final_norm = impl.activation(size_t(T * D), "allocating final_norm");
+    p.logits = impl.activation(size_t(T * c.vocab_size), "allocating logits");
   }
-  p.tokens = m.allocate<int32_t>(size_t(T), "allocating tokens");
-  m.buffer_address.resize(graph.buffers().size(), nullptr);
+  p.tokens = impl.allocate<int32_t>(size_t(T), "allocating tokens");
+  impl.buffer_address.resize(graph.buffers().size(), nullptr);
   for (size_t b = 0; b < graph.buffers().size(); ++b) {
     const Buffer& buffer = graph.buffers()[b];
     const int64_t l = buffer.layer;
@@ -276,7 +288,7 @@ GpuEngine::GpuEngine(const Graph& graph, const Schedule& schedule, const ModelWe
       case BufferKind::kFinalNorm: address = p.final_norm; break;
       case BufferKind::kLogits: address = p.logits; break;
     }
-    m.buffer_address[b] = address;
+    impl.buffer_address[b] = address;
   }
 
   // ---- tensor maps ----
@@ -299,17 +311,20 @@ GpuEngine::GpuEngine(const Graph& graph, const Schedule& schedule, const ModelWe
   p.maps[kMapKeyValue] = make_tensor_map(p.qkv, planes, graph.shape().seq_len, c.qkv_dim(), KernelConfig::kBlockKv, "keys and values");
 
   // ---- schedule, counters, error slot ----
-  p.instructions = m.upload(schedule.instructions, "uploading instructions");
-  p.sm_begin = m.upload(schedule.sm_begin, "uploading the schedule");
-  p.waits = m.upload(schedule.waits.empty() ? std::vector<Wait>{Wait{0, 0}} : schedule.waits, "uploading waits");
-  p.counters = m.allocate<uint32_t>(std::max<uint32_t>(schedule.num_counters, 1), "allocating counters");
+  p.instructions = impl.upload(schedule.instructions, "uploading instructions");
+  p.sm_begin = impl.upload(schedule.sm_begin, "uploading the schedule");
+  p.waits = impl.upload(schedule.waits.empty() ? std::vector<Wait>{Wait{0, 0}} : schedule.waits, "uploading waits");
+  p.counters = impl.allocate<uint32_t>(std::max<uint32_t>(schedule.num_counters, 1), "allocating counters");
   check_cuda(cudaMemset(p.counters, 0, std::max<uint32_t>(schedule.num_counters, 1) * 4), "clearing counters");
-  p.error = m.allocate<gpu::DeviceError>(1, "allocating the error slot");
+  p.error = impl.allocate<gpu::DeviceError>(1, "allocating the error slot");
   check_cuda(cudaMemset(p.error, 0, sizeof(gpu::DeviceError)), "clearing the error slot");
-  for (const Wait& w : schedule.waits) m.max_target = std::max(m.max_target, w.target);
-  m.num_counters = std::max<uint32_t>(schedule.num_counters, 1);
-  m.sm_begin = schedule.sm_begin;
-  for (const Instruction& in : schedule.instructions) m.task_of_instruction.push_back(in.task);
+  // Counters grow by their signals per launch; the fastest-growing one bounds the epochs before a reset.
+  std::vector<uint32_t> signals(std::max<uint32_t>(schedule.num_counters, 1), 0);
+  for (const Instruction& in : schedule.instructions) ++signals[in.signal_counter];
+  for (uint32_t count : signals) impl.max_signals = std::max(impl.max_signals, count);
+  impl.num_counters = std::max<uint32_t>(schedule.num_counters, 1);
+  impl.sm_begin = schedule.sm_begin;
+  for (const Instruction& in : schedule.instructions) impl.task_of_instruction.push_back(in.task);
   p.stall_timeout_ns = uint64_t(options.stall_timeout_s * 1e9);
   p.epoch = 0;
 }
@@ -317,71 +332,70 @@ GpuEngine::GpuEngine(const Graph& graph, const Schedule& schedule, const ModelWe
 GpuEngine::~GpuEngine() = default;
 
 void GpuEngine::set_input(const ref::ModelInput& input) {
-  Impl& m = *impl_;
-  const ModelConfig& c = m.graph.config();
-  MK_CHECK(input.shape.batch == m.graph.shape().batch && input.shape.seq_len == m.graph.shape().seq_len,
+  Impl& impl = *impl_;
+  const ModelConfig& c = impl.graph.config();
+  MK_CHECK(input.shape.batch == impl.graph.shape().batch && input.shape.seq_len == impl.graph.shape().seq_len,
            "gpu engine: input of batch {} x seq {} for an engine built for batch {} x seq {}", input.shape.batch,
-           input.shape.seq_len, m.graph.shape().batch, m.graph.shape().seq_len);
+           input.shape.seq_len, impl.graph.shape().batch, impl.graph.shape().seq_len);
   ref::validate_input(c, input);
   if (c.has_embedding) {
-    check_cuda(cudaMemcpy(const_cast<int32_t*>(m.params.tokens), input.tokens.data(), input.tokens.size() * 4,
+    check_cuda(cudaMemcpy(const_cast<int32_t*>(impl.params.tokens), input.tokens.data(), input.tokens.size() * 4,
                           cudaMemcpyHostToDevice),
                "uploading tokens");
   } else {
     std::vector<uint16_t> hidden(input.hidden.data.size());
     for (size_t i = 0; i < hidden.size(); ++i) hidden[i] = to_bf16(input.hidden.data[i]).bits;
-    check_cuda(cudaMemcpy(m.params.hidden, hidden.data(), hidden.size() * 2, cudaMemcpyHostToDevice), "uploading hidden states");
+    check_cuda(cudaMemcpy(impl.params.hidden, hidden.data(), hidden.size() * 2, cudaMemcpyHostToDevice), "uploading hidden states");
   }
 }
 
 void GpuEngine::run() { time_runs(1); }
 
 std::vector<float> GpuEngine::time_runs(int launches) {
-  Impl& m = *impl_;
-  MK_CHECK(!m.broken, "gpu engine: unusable after an earlier device error");
+  Impl& impl = *impl_;
+  MK_CHECK(!impl.broken, "gpu engine: unusable after an earlier device error");
   std::vector<float> times;
-  cudaEvent_t start, stop;
-  check_cuda(cudaEventCreate(&start), "creating events");
-  check_cuda(cudaEventCreate(&stop), "creating events");
+  Event start_event, stop_event;
+  cudaEvent_t start = start_event.get(), stop = stop_event.get();
   for (int i = 0; i < launches; ++i) {
     // Counters grow by one target per launch; start over before epoch * target could overflow 32 bits.
-    if (uint64_t(m.params.epoch + 1) * m.max_target >= (uint64_t(1) << 32)) {
-      check_cuda(cudaMemset(m.params.counters, 0, m.num_counters * sizeof(uint32_t)), "resetting counters");
-      m.params.epoch = 0;
+    if (uint64_t(impl.params.epoch + 1) * impl.max_signals >= (uint64_t(1) << 32)) {
+      check_cuda(cudaMemset(impl.params.counters, 0, impl.num_counters * sizeof(uint32_t)), "resetting counters");
+      impl.params.epoch = 0;
     }
-    m.params.epoch += 1;
-    check_cuda(cudaEventRecord(start, m.stream), "recording an event");
-    check_cuda(gpu::launch_megakernel(m.params, m.num_sms, m.stream), "launching the megakernel");
-    check_cuda(cudaEventRecord(stop, m.stream), "recording an event");
+    impl.params.epoch += 1;
+    check_cuda(cudaEventRecord(start, impl.stream), "recording an event");
+    check_cuda(gpu::launch_megakernel(impl.params, impl.num_sms, impl.stream), "launching the megakernel");
+    check_cuda(cudaEventRecord(stop, impl.stream), "recording an event");
     // Watchdog: the kernel bounds every wait itself; if it still does not finish, no recovery is possible.
     const auto deadline = std::chrono::steady_clock::now() +
-                          std::chrono::duration<double>(2 * m.options.stall_timeout_s + 30.0);
+                          std::chrono::duration<double>(2 * impl.options.stall_timeout_s + 30.0);
     cudaError_t status;
     while ((status = cudaEventQuery(stop)) == cudaErrorNotReady) {
       if (std::chrono::steady_clock::now() > deadline) {
         std::fprintf(stderr, "mk: fatal: the megakernel did not finish within %.0f s; exiting\n",
-                     2 * m.options.stall_timeout_s + 30.0);
+                     2 * impl.options.stall_timeout_s + 30.0);
         std::_Exit(3);
       }
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
     check_cuda(status, "running the megakernel");
     gpu::DeviceError error{};
-    check_cuda(cudaMemcpy(&error, m.params.error, sizeof(error), cudaMemcpyDeviceToHost), "reading the error slot");
+    check_cuda(cudaMemcpy(&error, impl.params.error, sizeof(error), cudaMemcpyDeviceToHost), "reading the error slot");
     if (error.kind != gpu::kErrorNone) {
-      m.broken = true;
+      impl.broken = true;
       const std::string task =
-          error.task < m.graph.tasks().size() ? m.graph.describe(m.graph.tasks()[error.task]) : std::string("?");
+          error.task < impl.graph.tasks().size() ? impl.graph.describe(impl.graph.tasks()[error.task]) : std::string("?");
       if (error.kind == gpu::kErrorCounterStall) {
         throw Error(fmt::format("megakernel stall: SM {} instruction {} (task {}: {}) waited {:.1f} s on counter {}, "
                                 "which reached {} of {}",
-                                error.sm, error.instruction, error.task, task, m.options.stall_timeout_s, error.counter,
+                                error.sm, error.instruction, error.task, task, impl.options.stall_timeout_s, error.counter,
                                 error.value, error.target));
       }
       if (error.kind == gpu::kErrorPipelineStall) {
         throw Error(fmt::format("megakernel pipeline stall: SM {} instruction {} (task {}: {}) waited {:.1f} s on a "
                                 "shared-memory stage",
-                                error.sm, error.instruction, error.task, task, m.options.stall_timeout_s));
+                                error.sm, error.instruction, error.task, task, impl.options.stall_timeout_s));
       }
       throw Error(fmt::format("megakernel error {} at SM {} instruction {} (task {}: {})", error.kind, error.sm,
                               error.instruction, error.task, task));
@@ -390,53 +404,51 @@ std::vector<float> GpuEngine::time_runs(int launches) {
     check_cuda(cudaEventElapsedTime(&ms, start, stop), "reading event times");
     times.push_back(ms);
   }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
   return times;
 }
 
 Trace GpuEngine::run_traced() {
-  Impl& m = *impl_;
-  const size_t num_instructions = m.task_of_instruction.size();
-  if (m.trace_records == nullptr) {
-    m.trace_records = m.allocate<uint64_t>(num_instructions * gpu::kTraceSlots, "allocating the trace");
-    m.trace_sms = m.allocate<uint64_t>(size_t(m.num_sms) * 4, "allocating the trace");
+  Impl& impl = *impl_;
+  const size_t num_instructions = impl.task_of_instruction.size();
+  if (impl.trace_records == nullptr) {
+    impl.trace_records = impl.allocate<uint64_t>(num_instructions * gpu::kTraceSlots, "allocating the trace");
+    impl.trace_sms = impl.allocate<uint64_t>(size_t(impl.num_sms) * 4, "allocating the trace");
   }
-  check_cuda(cudaMemset(m.trace_records, 0, num_instructions * gpu::kTraceSlots * 8), "clearing the trace");
-  m.params.trace_records = m.trace_records;
-  m.params.trace_sms = m.trace_sms;
+  check_cuda(cudaMemset(impl.trace_records, 0, num_instructions * gpu::kTraceSlots * 8), "clearing the trace");
+  impl.params.trace_records = impl.trace_records;
+  impl.params.trace_sms = impl.trace_sms;
   std::vector<float> times;
   try {
     times = time_runs(1);
   } catch (...) {
-    m.params.trace_records = m.params.trace_sms = nullptr;
+    impl.params.trace_records = impl.params.trace_sms = nullptr;
     throw;
   }
-  m.params.trace_records = m.params.trace_sms = nullptr;
-  std::vector<uint64_t> records(num_instructions * gpu::kTraceSlots), sms(size_t(m.num_sms) * 4);
-  check_cuda(cudaMemcpy(records.data(), m.trace_records, records.size() * 8, cudaMemcpyDeviceToHost), "reading the trace");
-  check_cuda(cudaMemcpy(sms.data(), m.trace_sms, sms.size() * 8, cudaMemcpyDeviceToHost), "reading the trace");
+  impl.params.trace_records = impl.params.trace_sms = nullptr;
+  std::vector<uint64_t> records(num_instructions * gpu::kTraceSlots), sms(size_t(impl.num_sms) * 4);
+  check_cuda(cudaMemcpy(records.data(), impl.trace_records, records.size() * 8, cudaMemcpyDeviceToHost), "reading the trace");
+  check_cuda(cudaMemcpy(sms.data(), impl.trace_sms, sms.size() * 8, cudaMemcpyDeviceToHost), "reading the trace");
 
   // Each SM's clock64 runs at its own offset: map it onto the global timer with the SM's first and last stamps.
   uint64_t base = UINT64_MAX;
-  for (int32_t s = 0; s < m.num_sms; ++s) base = std::min(base, sms[size_t(4 * s)]);
+  for (int32_t s = 0; s < impl.num_sms; ++s) base = std::min(base, sms[size_t(4 * s)]);
   Trace trace;
   trace.engine = "gpu";
-  trace.num_sms = m.num_sms;
+  trace.num_sms = impl.num_sms;
   trace.launch_ns = double(times.at(0)) * 1e6;
-  for (int32_t s = 0; s < m.num_sms; ++s) {
+  for (int32_t s = 0; s < impl.num_sms; ++s) {
     const uint64_t* stamps = &sms[size_t(4 * s)];
     const double ns_per_clock =
         stamps[3] > stamps[1] ? double(stamps[2] - stamps[0]) / double(stamps[3] - stamps[1]) : 0.0;
     auto to_ns = [&](uint64_t clock) {
       return clock == 0 ? -1.0 : double(stamps[0] - base) + double(int64_t(clock - stamps[1])) * ns_per_clock;
     };
-    for (uint32_t i = m.sm_begin[size_t(s)]; i < m.sm_begin[size_t(s) + 1]; ++i) {
+    for (uint32_t i = impl.sm_begin[size_t(s)]; i < impl.sm_begin[size_t(s) + 1]; ++i) {
       const uint64_t* slot = &records[size_t(i) * gpu::kTraceSlots];
       TraceRecord r;
       r.sm = uint32_t(s);
-      r.index = i - m.sm_begin[size_t(s)];
-      r.task = m.task_of_instruction[i];
+      r.index = i - impl.sm_begin[size_t(s)];
+      r.task = impl.task_of_instruction[i];
       r.start = to_ns(slot[gpu::kTraceStart]);
       r.waits_done = to_ns(slot[gpu::kTraceWaitsDone]);
       r.math_done = to_ns(slot[gpu::kTraceMathDone]);
@@ -475,9 +487,9 @@ std::vector<ref::Matrix> GpuEngine::buffers() const {
       std::vector<int32_t> tokens(size_t(buffer.rows));
       check_cuda(cudaMemcpy(tokens.data(), impl_->buffer_address[b], tokens.size() * 4, cudaMemcpyDeviceToHost),
                  "downloading tokens");
-      ref::Matrix m(buffer.rows, 1);
-      for (size_t i = 0; i < tokens.size(); ++i) m.data[i] = float(tokens[i]);
-      out.push_back(std::move(m));
+      ref::Matrix tokens_as_floats(buffer.rows, 1);
+      for (size_t i = 0; i < tokens.size(); ++i) tokens_as_floats.data[i] = float(tokens[i]);
+      out.push_back(std::move(tokens_as_floats));
     } else {
       out.push_back(download_bf16(impl_->buffer_address[b], buffer.rows, buffer.cols));
     }

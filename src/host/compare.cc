@@ -76,7 +76,6 @@ std::vector<BufferComparison> bisect_buffers(const Graph& graph, const ModelWeig
     if (buffer.host_written) continue;
     const int32_t l = buffer.layer;
     if (until_layer >= 0 && (l > until_layer || l < 0)) continue;
-    if (buffer.kind == BufferKind::kHidden && until_layer >= 0 && l > until_layer) continue;
     ref::Matrix expected(buffer.rows, buffer.cols);
     switch (buffer.kind) {
       case BufferKind::kHidden:
@@ -97,9 +96,7 @@ std::vector<BufferComparison> bisect_buffers(const Graph& graph, const ModelWeig
         break;
       case BufferKind::kQkv: {
         const LayerWeights& w = weights.layers[size_t(l)];
-        ref::StackedWeights w_qkv(w.wq, c.q_dim(), c.d_model);
-        w_qkv.append(w.wk, c.kv_dim());
-        w_qkv.append(w.wv, c.kv_dim());
+        const ref::StackedWeights w_qkv = ref::qkv_weights(c, w);
         rows([&](ref::Range r) {
           ref::linear_tile(in(BufferKind::kAttnNorm, l), w_qkv, expected, r, {0, c.qkv_dim()});
           if (c.rope.type != RopeType::kNone) ref::rope_tile(c, rope, S, expected, r, {0, c.qkv_dim()});

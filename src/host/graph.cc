@@ -66,6 +66,14 @@ Graph::Graph(const ModelConfig& config, const RunShape& shape, const TileConfig&
   MK_CHECK(shape.batch > 0 && shape.seq_len > 0, "batch ({}) and sequence length ({}) must be positive", shape.batch,
            shape.seq_len);
   MK_CHECK(T < (int64_t(1) << 30), "{} tokens are more than the 2^30 one schedule addresses", T);
+  // Layers are 16-bit in instructions (65535 marks tasks outside the layers); columns and rows are 32-bit.
+  MK_CHECK(c.n_layers < 65535, "model '{}': {} layers are more than the 65534 one schedule addresses", c.name,
+           c.n_layers);
+  for (auto [value, field] : {std::pair{c.d_model, "hidden_size"}, std::pair{c.qkv_dim(), "(heads + 2 kv heads) * head_dim"},
+                              std::pair{c.d_ff, "intermediate_size"}, std::pair{c.vocab_size, "vocab_size"}}) {
+    MK_CHECK(value < (int64_t(1) << 30), "model '{}': {} {} is more than the 2^30 columns one schedule addresses",
+             c.name, field, value);
+  }
   MK_CHECK(tiles.block_m > 0 && tiles.block_n > 0 && tiles.block_n_wide > 0 && tiles.block_k > 0 && tiles.block_q > 0 &&
                tiles.block_rows > 0 && tiles.group_m > 0,
            "tile sizes must be positive");
@@ -282,7 +290,7 @@ TaskWork Graph::work(const Task& t) const {
 
 std::string Graph::describe(const Task& t) const {
   std::string where = t.opcode == Opcode::kAttention ? fmt::format(" seq {} head {}", t.sequence, t.head) : "";
-  std::string layer = (t.opcode == Opcode::kFinalNorm || t.opcode == Opcode::kLmHead) ? "" : fmt::format(" L{}", t.layer);
+  std::string layer = is_after_layers(t.opcode) ? "" : fmt::format(" L{}", t.layer);
   return fmt::format("{}{}{} rows [{},{}) cols [{},{})", opcode_name(t.opcode), layer, where, t.row_begin, t.row_end,
                      t.col_begin, t.col_end);
 }

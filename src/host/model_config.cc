@@ -43,6 +43,33 @@ void ModelConfig::validate() const {
   }
 }
 
+std::string first_difference(const ModelConfig& a, const ModelConfig& b) {
+  const std::pair<const char*, std::pair<double, double>> fields[] = {
+      {"d_model", {double(a.d_model), double(b.d_model)}},
+      {"d_ff", {double(a.d_ff), double(b.d_ff)}},
+      {"n_layers", {double(a.n_layers), double(b.n_layers)}},
+      {"n_heads", {double(a.n_heads), double(b.n_heads)}},
+      {"n_kv_heads", {double(a.n_kv_heads), double(b.n_kv_heads)}},
+      {"head_dim", {double(a.head_dim), double(b.head_dim)}},
+      {"vocab_size", {double(a.vocab_size), double(b.vocab_size)}},
+      {"max_position_embeddings", {double(a.max_position_embeddings), double(b.max_position_embeddings)}},
+      {"rms_norm_eps", {double(a.rms_norm_eps), double(b.rms_norm_eps)}},
+      {"rope type", {double(int(a.rope.type)), double(int(b.rope.type))}},
+      {"rope_theta", {a.rope.theta, b.rope.theta}},
+      {"rope factor", {a.rope.factor, b.rope.factor}},
+      {"rope low_freq_factor", {a.rope.low_freq_factor, b.rope.low_freq_factor}},
+      {"rope high_freq_factor", {a.rope.high_freq_factor, b.rope.high_freq_factor}},
+      {"rope original_max_position_embeddings",
+       {double(a.rope.original_max_position_embeddings), double(b.rope.original_max_position_embeddings)}},
+      {"has_embedding", {double(a.has_embedding), double(b.has_embedding)}},
+      {"has_lm_head", {double(a.has_lm_head), double(b.has_lm_head)}},
+      {"tie_word_embeddings", {double(a.tie_word_embeddings), double(b.tie_word_embeddings)}},
+  };
+  for (const auto& [name, values] : fields)
+    if (values.first != values.second) return fmt::format("{} {} vs {}", name, values.first, values.second);
+  return "";
+}
+
 namespace {
 
 RopeConfig llama3_rope(double theta, double factor, int64_t original_max_position_embeddings) {
@@ -213,11 +240,7 @@ ModelConfig model_config_from_json(const nlohmann::json& json, const std::string
   config.rms_norm_eps = float(optional<double>(json, "rms_norm_eps", 1e-6, source));
   config.rope = parse_rope(json, source);
   config.tie_word_embeddings = optional<bool>(json, "tie_word_embeddings", false, source);
-  try {
-    config.validate();
-  } catch (const Error& error) {
-    throw Error(fmt::format("{}: {}", source, error.what()));
-  }
+  config.validate();  // its messages name the model, which is `source` here
   return config;
 }
 

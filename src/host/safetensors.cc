@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -149,8 +150,9 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
   mapping_size_ = size_t(status.st_size);
   if (mapping_size_ > 0) {
     void* mapping = ::mmap(nullptr, mapping_size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    const int mmap_errno = errno;
     ::close(fd);
-    MK_CHECK(mapping != MAP_FAILED, "{}: mmap failed: {}", path_, std::strerror(errno));
+    MK_CHECK(mapping != MAP_FAILED, "{}: mmap failed: {}", path_, std::strerror(mmap_errno));
     mapping_ = static_cast<const uint8_t*>(mapping);
   } else {
     ::close(fd);

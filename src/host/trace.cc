@@ -14,8 +14,8 @@ namespace mk {
 namespace {
 
 std::string slice_name(const Task& task) {
-  const bool global = task.opcode == Opcode::kFinalNorm || task.opcode == Opcode::kLmHead;
-  return global ? opcode_name(task.opcode) : fmt::format("{} L{}", opcode_name(task.opcode), task.layer);
+  return is_after_layers(task.opcode) ? opcode_name(task.opcode)
+                                      : fmt::format("{} L{}", opcode_name(task.opcode), task.layer);
 }
 
 const Instruction& instruction_of(const Schedule& schedule, const TraceRecord& r) {
@@ -24,7 +24,7 @@ const Instruction& instruction_of(const Schedule& schedule, const TraceRecord& r
 
 }  // namespace
 
-std::string trace_to_chrome_json(const Graph& graph, const Schedule& schedule, const Trace& trace) {
+std::string trace_to_chrome_json(const Graph& graph, const Trace& trace) {
   nlohmann::json events = nlohmann::json::array();
   for (int32_t sm = 0; sm < trace.num_sms; ++sm) {
     events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", sm}, {"args", {{"name", fmt::format("SM {}", sm)}}}});
@@ -67,7 +67,6 @@ std::string trace_to_chrome_json(const Graph& graph, const Schedule& schedule, c
                                    {"displayTimeUnit", "ns"},
                                    {"otherData", {{"engine", trace.engine}, {"launch_us", trace.launch_ns / 1e3},
                                                   {"model", graph.config().name}}}};
-  (void)schedule;
   return document.dump();
 }
 

@@ -97,6 +97,11 @@ void verify_schedule(const Graph& graph, const Schedule& schedule) {
            "schedule: SM offsets do not span the {} instructions", schedule.instructions.size());
   MK_CHECK(schedule.instructions.size() == num_tasks, "schedule has {} instructions, the graph {} tasks",
            schedule.instructions.size(), num_tasks);
+  for (uint32_t sm = 0; sm < uint32_t(schedule.num_sms); ++sm) {
+    MK_CHECK(schedule.sm_begin[sm] <= schedule.sm_begin[sm + 1] && schedule.sm_begin[sm + 1] <= num_tasks,
+             "schedule: SM {}'s instructions [{}, {}) are not a range of the {} instructions", sm,
+             schedule.sm_begin[sm], schedule.sm_begin[sm + 1], num_tasks);
+  }
   std::vector<Position> position(num_tasks);
   auto where = [&](uint32_t sm, uint32_t index) {
     const Instruction& in = schedule.instructions[schedule.sm_begin[sm] + index];
@@ -105,7 +110,6 @@ void verify_schedule(const Graph& graph, const Schedule& schedule) {
   };
   auto where_task = [&](uint32_t t) { return where(position[t].sm, position[t].index); };
   for (uint32_t sm = 0; sm < uint32_t(schedule.num_sms); ++sm) {
-    MK_CHECK(schedule.sm_begin[sm] <= schedule.sm_begin[sm + 1], "schedule: SM {} has a negative instruction count", sm);
     for (uint32_t i = schedule.sm_begin[sm]; i < schedule.sm_begin[sm + 1]; ++i) {
       const Instruction& in = schedule.instructions[i];
       const uint32_t index = i - schedule.sm_begin[sm];

@@ -14,8 +14,8 @@ namespace mk {
 
 struct WriterGrid {
   static constexpr uint32_t kNoWriter = std::numeric_limits<uint32_t>::max();
-  std::vector<int32_t> row_bounds;
-  std::vector<int32_t> col_bounds;
+  std::vector<int32_t> row_bounds;  // (row cells + 1): sorted distinct row boundaries of the buffer's writes
+  std::vector<int32_t> col_bounds;  // (col cells + 1)
   std::vector<uint32_t> writer;  // (row cells, col cells): the task writing each cell, kNoWriter if none
 
   size_t num_col_cells() const { return col_bounds.size() - 1; }

@@ -85,9 +85,7 @@ Matrix forward(const ModelWeights& weights, const ModelInput& input, const Forwa
   Matrix h_mid(T, c.d_model);
   Matrix act(T, c.d_ff);
   for (const LayerWeights& w : weights.layers) {
-    StackedWeights w_qkv(w.wq, c.q_dim(), c.d_model);
-    w_qkv.append(w.wk, c.kv_dim());
-    w_qkv.append(w.wv, c.kv_dim());
+    const StackedWeights w_qkv = qkv_weights(c, w);
 
     over_rows(T, [&](Range rows) {
       rmsnorm_rows(h, w.attn_norm, c.rms_norm_eps, xn, rows);

@@ -83,6 +83,13 @@ const bf16* StackedWeights::row(int64_t r) const {
   throw Error("StackedWeights: row out of range");
 }
 
+StackedWeights qkv_weights(const ModelConfig& config, const LayerWeights& layer) {
+  StackedWeights stacked(layer.wq, config.q_dim(), config.d_model);
+  stacked.append(layer.wk, config.kv_dim());
+  stacked.append(layer.wv, config.kv_dim());
+  return stacked;
+}
+
 std::vector<float> rope_inverse_frequencies(const RopeConfig& rope, int64_t head_dim) {
   const int64_t half_dim = head_dim / 2;
   std::vector<float> inv_freq(static_cast<size_t>(half_dim));

@@ -30,8 +30,8 @@ class CpuVm {
         const CpuVmOptions& options)
       : graph_(graph), schedule_(schedule), weights_(weights), input_(input), options_(options),
         config_(graph.config()), counters_(schedule.num_counters) {
-    MK_CHECK(weights.config.d_model == config_.d_model && weights.config.n_layers == config_.n_layers,
-             "cpu-vm: the weights are for a different model than the schedule");
+    const std::string difference = first_difference(weights.config, config_);
+    MK_CHECK(difference.empty(), "cpu-vm: the weights are for another model than the schedule ({})", difference);
     MK_CHECK(input.shape.batch == graph.shape().batch && input.shape.seq_len == graph.shape().seq_len,
              "cpu-vm: input of batch {} x seq {} for a schedule built for batch {} x seq {}", input.shape.batch,
              input.shape.seq_len, graph.shape().batch, graph.shape().seq_len);
@@ -43,9 +43,7 @@ class CpuVm {
     if (!config_.has_embedding) run_.buffers[graph.buffer_id(BufferKind::kHidden, 0)] = input.hidden;
     for (const LayerWeights& w : weights.layers) {
       LayerOperands ops;
-      ops.qkv = ref::StackedWeights(w.wq, config_.q_dim(), config_.d_model);
-      ops.qkv.append(w.wk, config_.kv_dim());
-      ops.qkv.append(w.wv, config_.kv_dim());
+      ops.qkv = ref::qkv_weights(config_, w);
       ops.o = ref::StackedWeights(w.wo, config_.d_model, config_.q_dim());
       ops.gate = ref::StackedWeights(w.w_gate, config_.d_ff, config_.d_model);
       ops.up = ref::StackedWeights(w.w_up, config_.d_ff, config_.d_model);
@@ -143,7 +141,7 @@ class CpuVm {
       }
       if (record) record->waits_done = since_launch();
       try {
-        if (options_.detect_races) check_reads(sm, index, in);
+        if (options_.detect_races) check_reads(sm, in);
         execute(in);
       } catch (const std::exception& error) {
         fail(fmt::format("{}: {}", where(sm, index), error.what()));
@@ -168,7 +166,7 @@ class CpuVm {
   }
 
   // Every writer of every region this instruction reads must happen-before it.
-  void check_reads(uint32_t sm, uint32_t index, const Instruction& in) {
+  void check_reads(uint32_t sm, const Instruction& in) {
     const TaskRegions regions = graph_.regions(graph_.tasks()[in.task]);
     for (int r = 0; r < regions.num_reads; ++r) {
       const Region& read = regions.reads[r];
@@ -181,7 +179,6 @@ class CpuVm {
                  where(writer_sm, writer_index));
       });
     }
-    (void)index;
   }
 
   ref::Matrix& buffer(BufferKind kind, int32_t layer = -1) { return run_.buffers[graph_.buffer_id(kind, layer)]; }
@@ -245,9 +242,9 @@ class CpuVm {
   const ref::ModelInput& input_;
   const CpuVmOptions& options_;
   const ModelConfig& config_;
-  std::vector<std::atomic<uint32_t>> counters_;
+  std::vector<std::atomic<uint32_t>> counters_;  // (num_counters)
   CpuVmRun run_;
-  std::vector<LayerOperands> layers_;
+  std::vector<LayerOperands> layers_;            // (n_layers)
   ref::StackedWeights lm_head_;
   ref::RopeTable rope_;
   std::atomic<bool> stop_{false};

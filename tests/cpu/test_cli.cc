@@ -104,8 +104,12 @@ TEST(Cli, UsageErrorsFail) {
   EXPECT_THAT(result.output, HasSubstr("excludes"));
   result = run_mk("run --preset tiny --batch -2");
   ASSERT_TRUE(result.exited);
-  EXPECT_EQ(result.status, 1);
-  EXPECT_THAT(result.output, HasSubstr("must be positive"));
+  EXPECT_EQ(result.status, 2);  // a usage error
+  EXPECT_THAT(result.output, HasSubstr("--batch: must be positive"));
+  result = run_mk("run --preset tiny --policy fastest");
+  ASSERT_TRUE(result.exited);
+  EXPECT_EQ(result.status, 2);
+  EXPECT_THAT(result.output, HasSubstr("--policy"));
 }
 
 TEST(Cli, ExportThenRunTheExportedModel) {

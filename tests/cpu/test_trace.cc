@@ -46,7 +46,7 @@ TEST_F(CpuVmTrace, RecordsEveryInstructionInOrder) {
 }
 
 TEST_F(CpuVmTrace, ChromeJsonHasOneTrackPerSmAndNamedSlices) {
-  const nlohmann::json document = nlohmann::json::parse(trace_to_chrome_json(*graph_, schedule_, trace_));
+  const nlohmann::json document = nlohmann::json::parse(trace_to_chrome_json(*graph_, trace_));
   ASSERT_TRUE(document.contains("traceEvents"));
   std::set<int> processes;
   size_t op_slices = 0;

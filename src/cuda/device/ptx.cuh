@@ -47,10 +47,6 @@ __device__ __forceinline__ bool mbarrier_try_wait(uint64_t* barrier, uint32_t pa
 
 // ---- TMA (bulk tensor copies) ----
 
-__device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
-  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
-}
-
 // Global -> shared, completing `bytes` on the barrier. Coordinates innermost first.
 __device__ __forceinline__ void tma_load_3d(void* destination, const CUtensorMap* map, uint64_t* barrier, int32_t c0,
                                             int32_t c1, int32_t c2) {
@@ -65,8 +61,6 @@ __device__ __forceinline__ void tma_load_3d(void* destination, const CUtensorMap
 
 // Orders this thread's generic-proxy global accesses with its later async-proxy (TMA) accesses.
 __device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
-
-__device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 __device__ __forceinline__ uint32_t load_acquire(const uint32_t* address) {
   uint32_t value;

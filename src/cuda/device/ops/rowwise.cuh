@@ -54,8 +54,7 @@ __device__ __forceinline__ float warp_sum(float value) {
 }
 
 // One row of RMSNorm by one warp, the whole row held in registers: kChunks 16-byte pieces per lane cover
-// d_model <= 256 kChunks. NOTE: all loads of the row are issued before the first use, so a row costs one trip
-// to L2 instead of one per piece.
+// d_model <= 256 kChunks.
 template <int kChunks>
 __device__ __forceinline__ void rmsnorm_row(const __nv_bfloat16* x, const __nv_bfloat16* weight, __nv_bfloat16* out,
                                             int32_t d_model, float eps, int lane) {
