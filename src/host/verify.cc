@@ -109,8 +109,19 @@ void verify_schedule(const Graph& graph, const Schedule& schedule) {
     return fmt::format("SM {} instruction {} (task {}: {})", sm, index, in.task, what);
   };
   auto where_task = [&](uint32_t t) { return where(position[t].sm, position[t].index); };
+  // NOTE: instructions are in SM order, tasks in graph order: each access to a task's entries is a cache miss on
+  // large graphs unless it is prefetched a few instructions ahead.
+  constexpr size_t kPrefetchDistance = 16;
+  auto prefetch_task_of = [&](size_t instruction) {
+    if (instruction >= schedule.instructions.size()) return;
+    const uint32_t task = schedule.instructions[instruction].task;
+    if (task >= num_tasks) return;
+    __builtin_prefetch(&tasks[task]);
+    __builtin_prefetch(&position[task]);
+  };
   for (uint32_t sm = 0; sm < uint32_t(schedule.num_sms); ++sm) {
     for (uint32_t i = schedule.sm_begin[sm]; i < schedule.sm_begin[sm + 1]; ++i) {
+      prefetch_task_of(i + kPrefetchDistance);
       const Instruction& in = schedule.instructions[i];
       const uint32_t index = i - schedule.sm_begin[sm];
       MK_CHECK(in.task < num_tasks, "SM {} instruction {}: task index {} is out of range ({} tasks)", sm, index,
@@ -139,13 +150,12 @@ void verify_schedule(const Graph& graph, const Schedule& schedule) {
   // ---- counters: signals per launch, and reachable targets ----
   std::vector<uint32_t> signals(num_counters, 0);
   for (const Instruction& in : schedule.instructions) ++signals[in.signal_counter];
-  for (size_t t = 0; t < num_tasks; ++t) {
-    const Instruction& in = schedule.instructions[schedule.sm_begin[position[t].sm] + position[t].index];
+  for (const Instruction& in : schedule.instructions) {
     for (uint32_t k = 0; k < in.num_waits; ++k) {
       const Wait& w = schedule.waits[in.wait_begin + k];
       MK_CHECK(w.target <= signals[w.counter],
                "{}: waits for counter {} to reach {} per launch, but only {} tasks signal it: unreachable",
-               where_task(uint32_t(t)), w.counter, w.target, signals[w.counter]);
+               where_task(in.task), w.counter, w.target, signals[w.counter]);
     }
   }
   // counter -> its tasks (CSR)
@@ -155,10 +165,7 @@ void verify_schedule(const Graph& graph, const Schedule& schedule) {
   std::vector<uint32_t> counter_tasks(num_tasks);
   {
     std::vector<uint32_t> fill(counter_begin.begin(), counter_begin.end() - 1);
-    for (size_t t = 0; t < num_tasks; ++t) {
-      const Instruction& in = schedule.instructions[schedule.sm_begin[position[t].sm] + position[t].index];
-      counter_tasks[fill[in.signal_counter]++] = uint32_t(t);
-    }
+    for (const Instruction& in : schedule.instructions) counter_tasks[fill[in.signal_counter]++] = in.task;
   }
 
   // ---- writes: inside their buffer, never overlapping, the output complete ----
@@ -217,22 +224,27 @@ void verify_schedule(const Graph& graph, const Schedule& schedule) {
 
   // ---- reads: covered by the writes of tasks the reader waits for, directly or transitively ----
   // A wait guarantees the completion of all the counter's tasks only when its target is the counter's full count.
-  auto full_waits = [&](uint32_t t, std::vector<uint32_t>& out) {
-    const Instruction& in = schedule.instructions[schedule.sm_begin[position[t].sm] + position[t].index];
+  auto full_waits_of = [&](const Instruction& in, std::vector<uint32_t>& out) {
     for (uint32_t k = 0; k < in.num_waits; ++k) {
       const Wait& w = schedule.waits[in.wait_begin + k];
       if (w.target == signals[w.counter] && w.target > 0) out.push_back(w.counter);
     }
   };
+  auto full_waits = [&](uint32_t t, std::vector<uint32_t>& out) {
+    full_waits_of(schedule.instructions[schedule.sm_begin[position[t].sm] + position[t].index], out);
+  };
   std::vector<uint32_t> frontier, more, visited_mark(num_counters, kNone);
   std::vector<Region> rects;
-  for (size_t t = 0; t < num_tasks; ++t) {
+  for (size_t i = 0; i < schedule.instructions.size(); ++i) {
+    prefetch_task_of(i + kPrefetchDistance);
+    const Instruction& in = schedule.instructions[i];
+    const uint32_t t = in.task;
     const TaskRegions regions = graph.regions(tasks[t]);
     for (int r = 0; r < regions.num_reads; ++r) {
       const Region& read = regions.reads[r];
       if (buffers[read.buffer].host_written) continue;
       frontier.clear();
-      full_waits(uint32_t(t), frontier);
+      full_waits_of(in, frontier);
       rects.clear();
       // Direct waits first; then, level by level, the waits of tasks already known complete, which the reader
       // awaits transitively.
