@@ -383,7 +383,9 @@ LoadedSchedule load_schedule(const std::filesystem::path& path) {
     MK_CHECK(tiles.size() == 7, "tiles must have 7 entries");
     loaded.tiles = {tiles[0], tiles[1], tiles[2], tiles[3], tiles[4], tiles[5], tiles[6],
                     header.at("l2_resident_weight_bytes").get<int64_t>()};
-    loaded.schedule.num_sms = header.at("num_sms");
+    const int64_t num_sms = header.at("num_sms").get<int64_t>();  // read wide: a narrowing read would wrap
+    MK_CHECK(num_sms > 0 && num_sms <= 4096, "bad SM count {}", num_sms);
+    loaded.schedule.num_sms = int32_t(num_sms);
     loaded.schedule.policy = parse_schedule_policy(header.at("policy"));
     loaded.schedule.num_counters = header.at("num_counters");
     num_instructions = header.at("num_instructions");

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <mutex>
+#include <system_error>
 #include <thread>
 
 #include "../host/writer_grid.h"
@@ -79,8 +80,14 @@ class CpuVm {
       }
       launch_start_ = Clock::now();
       std::vector<std::thread> threads;
-      for (int32_t sm = 0; sm < schedule_.num_sms; ++sm)
-        threads.emplace_back([this, sm, epoch] { run_sm(uint32_t(sm), epoch); });
+      try {
+        for (int32_t sm = 0; sm < schedule_.num_sms; ++sm)
+          threads.emplace_back([this, sm, epoch] { run_sm(uint32_t(sm), epoch); });
+      } catch (const std::system_error& error) {
+        // Out of threads: stop the ones started, then report instead of terminating.
+        fail(fmt::format("cpu-vm: cannot start a thread for each of {} SMs ({} started): {}", schedule_.num_sms,
+                         threads.size(), error.what()));
+      }
       for (std::thread& thread : threads) thread.join();
       run_.trace.launch_ns = since_launch();
       if (!error_.empty()) throw Error(error_);
