@@ -50,6 +50,22 @@ std::vector<uint16_t> bits_of(const std::vector<mk::bf16>& values) {
   return bits;
 }
 
+// Writes the source words of (source bits, expected bf16 bits) pairs as one tensor of `dtype`, reads it back
+// converted to bf16, and checks every element against its expected bits.
+template <typename Word>
+void expect_converted(const TempDir& dir, mk::DType dtype, const std::vector<std::pair<Word, uint16_t>>& cases) {
+  std::vector<Word> words;
+  std::vector<uint16_t> expected;
+  for (auto [word, bf16] : cases) {
+    words.push_back(word);
+    expected.push_back(bf16);
+  }
+  const std::filesystem::path path = dir.path() / "converted.safetensors";
+  mk::write_safetensors(path, {{"x", dtype, {int64_t(words.size())}, as_bytes(words)}});
+  mk::SafetensorsFile file(path);
+  EXPECT_EQ(bits_of(file.read_bf16(*file.find("x"))), expected);
+}
+
 }  // namespace
 
 TEST(Safetensors, RoundTripsEveryFloatDtype) {
@@ -125,18 +141,10 @@ TEST(Safetensors, F16ConvertsExactlyIncludingSubnormals) {
       {0x7c00, 0x7f80},  // +inf
       {0xfbff, 0xc780},  // -65504 = 0xc77fe000: rounds up to -65536
   };
-  std::vector<uint16_t> halves;
-  std::vector<uint16_t> expected;
-  for (auto [half, bf16] : cases) {
-    halves.push_back(half);
-    expected.push_back(bf16);
-  }
-  const std::filesystem::path path = dir.path() / "f16.safetensors";
-  mk::write_safetensors(path, {{"x", mk::DType::kF16, {int64_t(halves.size())}, as_bytes(halves)}});
-  mk::SafetensorsFile file(path);
-  EXPECT_EQ(bits_of(file.read_bf16(*file.find("x"))), expected);
+  expect_converted(dir, mk::DType::kF16, cases);
 
   // NaN stays NaN (the payload is not specified).
+  const std::filesystem::path path = dir.path() / "nan.safetensors";
   const std::vector<uint16_t> nan = {0x7e00};
   mk::write_safetensors(path, {{"x", mk::DType::kF16, {1}, as_bytes(nan)}});
   mk::SafetensorsFile nan_file(path);
@@ -158,16 +166,7 @@ TEST(Safetensors, F32RoundsToNearestEven) {
       {0x00000001, 0x0000},  // smallest float subnormal rounds to +0
       {0x80000000, 0x8000},  // -0.0
   };
-  std::vector<uint32_t> words;
-  std::vector<uint16_t> expected;
-  for (auto [word, bf16] : cases) {
-    words.push_back(word);
-    expected.push_back(bf16);
-  }
-  const std::filesystem::path path = dir.path() / "f32.safetensors";
-  mk::write_safetensors(path, {{"x", mk::DType::kF32, {int64_t(words.size())}, as_bytes(words)}});
-  mk::SafetensorsFile file(path);
-  EXPECT_EQ(bits_of(file.read_bf16(*file.find("x"))), expected);
+  expect_converted(dir, mk::DType::kF32, cases);
 }
 
 TEST(Safetensors, ReadBf16RejectsIntegerDtypes) {
