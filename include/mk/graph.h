@@ -15,7 +15,7 @@ namespace mk {
 struct TileConfig {
   int32_t block_m = 128;  // token rows per GEMM tile
   int32_t block_n = 128;       // output columns per GEMM tile
-  int32_t block_n_wide = 256;  // output columns per qkv and lm_head tile: more reuse of each A tile, and N is large
+  int32_t block_n_wide = 128;  // output columns per qkv and lm_head tile (the megakernel stages 128-column outputs)
   int32_t block_k = 64;   // K step of the GPU GEMM: K dimensions must be multiples of it
   int32_t block_q = 128;  // queries per attention tile
   // NOTE: row-wise tasks (embedding, norms) move bytes, not FLOPs: 32 rows spread a norm over 4x more SMs than a

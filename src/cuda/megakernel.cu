@@ -1,8 +1,10 @@
-// The megakernel: one persistent CTA per SM runs that SM's instruction list. Warpgroup 0's elected thread produces
-// (waits on counters, streams tiles into the shared-memory ring with TMA, running ahead across instructions);
-// warpgroups 1 and 2 consume (wgmma / mma.sync / row-wise math, epilogues, publication of finished tiles).
+// The megakernel: one persistent CTA per SM runs that SM's instruction list. In warpgroup 0 one thread produces
+// (waits on counters, streams tiles into the shared-memory ring with TMA, running ahead across instructions) and one
+// stores (TMA stores of finished GEMM tiles, then their publication); warpgroups 1 and 2 consume (wgmma / mma.sync /
+// row-wise math, epilogues, publication of attention and row-wise tiles).
 #include "device/config.cuh"
 #include "device/ops/attention_tma_mma.cuh"
+#include "device/ops/gemm_epilogue.cuh"
 #include "device/ops/gemm_sm90.cuh"
 #include "device/ops/rowwise.cuh"
 #include "device/ptx.cuh"
@@ -13,30 +15,42 @@ namespace mk::gpu {
 
 namespace {
 
-__device__ __forceinline__ bool is_gemm(Opcode opcode) {
-  return opcode == Opcode::kQkv || opcode == Opcode::kOProj || opcode == Opcode::kGateUp || opcode == Opcode::kDown ||
-         opcode == Opcode::kLmHead;
+__device__ uint64_t* trace_slots(const MegakernelParams& p, uint32_t instruction) {
+  return p.trace_records != nullptr ? p.trace_records + uint64_t(instruction) * kTraceSlots : nullptr;
 }
 
 __device__ void run_producer(const MegakernelParams& p, const SharedState& s, uint32_t sm) {
   PipelineState state;
+  OutputState output;
   const uint32_t begin = p.sm_begin[sm];
   const uint32_t end = p.sm_begin[sm + 1];
-  Instruction next = begin < end ? p.instructions[begin] : Instruction{};
   for (uint32_t i = begin; i < end; ++i) {
-    const Instruction in = next;
-    if (i + 1 < end) next = p.instructions[i + 1];
+    const Instruction in = p.instructions[i];
     const bool attention = in.opcode == Opcode::kAttention;
-    if (!is_gemm(in.opcode) && !attention) continue;
+    const bool gemm = is_gemm(in.opcode);
+    if (!gemm && !attention) continue;
     const Site site{sm, i - begin, in.task};
-    uint64_t* trace = p.trace_records != nullptr ? p.trace_records + uint64_t(i) * kTraceSlots : nullptr;
+    uint64_t* trace = trace_slots(p, i);
     if (trace) trace[kTraceProducerStart] = clock64();
+    PipelineState first;
+    if (gemm && !prefetch_gemm_weights(p, s, in, state, first, site)) return;
     if (!wait_all_counters(p, in, site)) return;
     if (trace) trace[kTraceProducerWaitsDone] = clock64();
-    ptx::fence_proxy_async_global();  // the awaited tiles were written by generic stores; TMA reads them next
-    const bool ok = attention ? produce_attention(p, s, in, state, site) : produce_gemm(p, s, in, state, site);
+    ptx::fence_proxy_async_global();  // the awaited tiles were written by generic or TMA stores; TMA reads them next
+    const bool ok = gemm ? produce_gemm(p, s, in, first, state, output, site) : produce_attention(p, s, in, state, site);
     if (!ok) return;
     if (trace) trace[kTraceProducerLoadsIssued] = clock64();
+  }
+}
+
+__device__ void run_storer(const MegakernelParams& p, const SharedState& s, uint32_t sm) {
+  OutputState output;
+  const uint32_t begin = p.sm_begin[sm];
+  const uint32_t end = p.sm_begin[sm + 1];
+  for (uint32_t i = begin; i < end; ++i) {
+    const Instruction in = p.instructions[i];
+    if (!is_gemm(in.opcode)) continue;
+    if (!store_gemm(p, s, in, output, Site{sm, i - begin, in.task}, trace_slots(p, i))) return;
   }
 }
 
@@ -44,20 +58,18 @@ __device__ void run_consumers(const MegakernelParams& p, const SharedState& s, u
   const int warpgroup = consumer_thread / 128;
   const int thread_in_wg = consumer_thread % 128;
   PipelineState state;
+  OutputState output;
   const uint32_t begin = p.sm_begin[sm];
   const uint32_t end = p.sm_begin[sm + 1];
-  // NOTE: the next instruction is fetched while this one runs, so no instruction starts with a trip to L2.
-  Instruction next = begin < end ? p.instructions[begin] : Instruction{};
   for (uint32_t i = begin; i < end; ++i) {
-    const Instruction in = next;
-    if (i + 1 < end) next = p.instructions[i + 1];
+    const Instruction in = p.instructions[i];
     const Site site{sm, i - begin, in.task};
-    uint64_t* trace =
-        p.trace_records != nullptr && consumer_thread == 0 ? p.trace_records + uint64_t(i) * kTraceSlots : nullptr;
+    uint64_t* trace = consumer_thread == 0 ? trace_slots(p, i) : nullptr;
     if (trace) trace[kTraceStart] = clock64();
-    // NOTE: what consumers read through the stage ring is ordered by its barriers (the producer waited on the
-    // counters before loading); only row-wise ops read other SMs' results with plain loads before the math.
-    const bool rowwise = !is_gemm(in.opcode) && in.opcode != Opcode::kAttention;
+    // NOTE: what consumers read through the stage ring and the output tile is ordered by their barriers (the
+    // producer waited on the counters before loading); only row-wise ops read other SMs' results with plain loads.
+    const bool gemm = is_gemm(in.opcode);
+    const bool rowwise = !gemm && in.opcode != Opcode::kAttention;
     if (rowwise && !consumers_wait(p, s, in, site, consumer_thread)) return;
     if (trace) trace[kTraceWaitsDone] = clock64();
     bool ok = true;
@@ -78,7 +90,7 @@ __device__ void run_consumers(const MegakernelParams& p, const SharedState& s, u
       case Opcode::kGateUp:
       case Opcode::kDown:
       case Opcode::kLmHead:
-        ok = consume_gemm(p, s, in, state, site, warpgroup, thread_in_wg, trace);
+        ok = consume_gemm(p, s, in, state, output, site, warpgroup, thread_in_wg, trace);
         break;
       default:
         if (consumer_thread == 0) report_error(p, kErrorBadInstruction, site, ~0u, uint32_t(in.opcode), 0);
@@ -86,7 +98,7 @@ __device__ void run_consumers(const MegakernelParams& p, const SharedState& s, u
         break;
     }
     if (!ok) return;
-    publish(p, in.signal_counter, consumer_thread);
+    if (!gemm) publish(p, in.signal_counter, consumer_thread);  // GEMM tiles are published by the storer
     if (trace) {
       if (trace[kTraceMathDone] == 0) trace[kTraceMathDone] = clock64();
       trace[kTraceEnd] = clock64();
@@ -106,15 +118,22 @@ __global__ void __launch_bounds__(KernelConfig::kThreads, 1) megakernel(const __
   uint8_t* aligned = shared_raw + ((1024 - base % 1024) % 1024);
   SharedState s;
   s.stages = aligned;
-  s.full = reinterpret_cast<uint64_t*>(aligned + KernelConfig::kNumStages * KernelConfig::kStageBytes);
+  s.output = aligned + KernelConfig::kNumStages * KernelConfig::kStageBytes;
+  s.full = reinterpret_cast<uint64_t*>(s.output + KernelConfig::kOutputBytes);
   s.empty = s.full + KernelConfig::kNumStages;
-  s.flag = reinterpret_cast<volatile uint32_t*>(s.empty + KernelConfig::kNumStages);
+  s.staged = s.empty + KernelConfig::kNumStages;
+  s.output_free = s.staged + 1;
+  s.residual = s.output_free + 1;
+  s.flag = reinterpret_cast<volatile uint32_t*>(s.residual + 1);
 
   if (threadIdx.x == 0) {
     for (int i = 0; i < KernelConfig::kNumStages; ++i) {
       ptx::mbarrier_init(&s.full[i], 1);
       ptx::mbarrier_init(&s.empty[i], KernelConfig::kConsumerWarps);
     }
+    ptx::mbarrier_init(s.staged, KernelConfig::kConsumerWarps);
+    ptx::mbarrier_init(s.output_free, 1);
+    ptx::mbarrier_init(s.residual, 1);
     ptx::fence_mbarrier_init();
   }
   __syncthreads();
@@ -126,7 +145,8 @@ __global__ void __launch_bounds__(KernelConfig::kThreads, 1) megakernel(const __
   }
   if (threadIdx.x < 128) {
     ptx::setmaxnreg_dec<KernelConfig::kProducerRegisters>();
-    if (threadIdx.x == 0) run_producer(p, s, sm);
+    if (threadIdx.x == KernelConfig::kProducerThread) run_producer(p, s, sm);
+    if (threadIdx.x == KernelConfig::kStorerThread) run_storer(p, s, sm);
   } else {
     ptx::setmaxnreg_inc<KernelConfig::kConsumerRegisters>();
     run_consumers(p, s, sm, int(threadIdx.x) - 128);

@@ -11,19 +11,23 @@
 
 namespace mk::gpu {
 
-// Tensor maps, one per GEMM operand kind and two for attention; per-layer tensors are stacked as (layers, rows, cols)
-// so a map serves every layer and out-of-range rows still read as zeros.
+// Tensor maps, all with boxes of 64 bf16 columns and the 128-byte swizzle; per-layer tensors are stacked as
+// (layers, rows, cols) so a map serves every layer and out-of-range rows read as zeros and are not written.
 enum TensorMapId : int {
-  kMapAttnNorm,   // A of qkv:      attn_norm (n_layers, T, d_model)
-  kMapAttn,       // A of o_proj:   attn (n_layers, T, q_dim)
-  kMapMlpNorm,    // A of gate_up:  mlp_norm (n_layers, T, d_model)
-  kMapAct,        // A of down:     act (n_layers, T, d_ff)
-  kMapFinalNorm,  // A of lm_head:  final_norm (1, T, d_model)
-  kMapWqkv,       // B of qkv:      [wq; wk; wv] (n_layers, qkv_dim, d_model)
-  kMapWo,         // B of o_proj:   wo (n_layers, d_model, q_dim)
-  kMapWgateUp,    // B of gate_up:  gate and up rows interleaved per tile (n_layers, 2 * d_ff padded, d_model)
-  kMapWdown,      // B of down:     w_down (n_layers, d_model, d_ff)
-  kMapLmHead,     // B of lm_head:  lm_head or the tied embedding (1, vocab_size, d_model)
+  kMapAttnNorm,   // A of qkv:              attn_norm (n_layers, T, d_model)
+  kMapAttn,       // A of o_proj:           attn (n_layers, T, q_dim)
+  kMapMlpNorm,    // A of gate_up:          mlp_norm (n_layers, T, d_model)
+  kMapAct,        // A of down, out of gate_up: act (n_layers, T, d_ff)
+  kMapFinalNorm,  // A of lm_head:          final_norm (1, T, d_model)
+  kMapWqkv,       // B of qkv:              [wq; wk; wv] (n_layers, qkv_dim, d_model)
+  kMapWo,         // B of o_proj:           wo (n_layers, d_model, q_dim)
+  kMapWgateUp,    // B of gate_up:          gate and up rows interleaved per tile (n_layers, 2 * d_ff padded, d_model)
+  kMapWdown,      // B of down:             w_down (n_layers, d_model, d_ff)
+  kMapLmHead,     // B of lm_head:          lm_head or the tied embedding (1, vocab_size, d_model)
+  kMapQkv,        // out of qkv:            qkv (n_layers, T, qkv_dim)
+  kMapHidden,     // out of down, residual of o_proj: hidden (n_layers + 1, T, d_model)
+  kMapHiddenMid,  // out of o_proj, residual of down: hidden_mid (n_layers, T, d_model)
+  kMapLogits,     // out of lm_head:        logits (1, T, vocab_size)
   kMapQuery,      // attention Q:   qkv viewed as (n_layers * batch, seq_len, qkv_dim), boxes of kBlockQ rows
   kMapKeyValue,   // attention K/V: the same tensor, boxes of kBlockKv rows
   kNumMaps,
@@ -52,10 +56,11 @@ enum TraceSlot : int {
   kTraceStart,               // consumers fetched the instruction
   kTraceWaitsDone,           // its counters were reached
   kTraceMathDone,            // main loop finished (before the epilogue)
-  kTraceEnd,                 // output published
+  kTraceEnd,                 // output published (GEMM: staged for the storer)
   kTraceProducerStart,
   kTraceProducerWaitsDone,
   kTraceProducerLoadsIssued,
+  kTracePublished,           // GEMM: the storer's TMA store landed and the counter was released
   kTraceSlots = 8,
 };
 

@@ -183,14 +183,6 @@ GpuEngine::GpuEngine(const Graph& graph, const Schedule& schedule, const ModelWe
   const GpuInfo info = query_gpu();
   MK_CHECK(info.usable, "gpu engine: {}", info.reason);
   const ModelConfig& c = graph.config();
-  const TileConfig& tiles = graph.tiles();
-  MK_CHECK(tiles.block_m == KernelConfig::kBlockM && tiles.block_n == KernelConfig::kBlockN &&
-               tiles.block_n_wide == KernelConfig::kBlockNWide && tiles.block_k == KernelConfig::kBlockK &&
-               tiles.block_q == KernelConfig::kBlockQ,
-           "gpu engine: the megakernel is built for {}x{} GEMM tiles ({} wide for qkv and lm_head), K step {} and "
-           "{}-query attention tiles",
-           KernelConfig::kBlockM, KernelConfig::kBlockN, KernelConfig::kBlockNWide, KernelConfig::kBlockK,
-           KernelConfig::kBlockQ);
   MK_CHECK(schedule.num_sms <= info.sm_count, "gpu engine: the schedule is for {} SMs, {} has {}", schedule.num_sms,
            info.name, info.sm_count);
   MK_CHECK(!c.has_lm_head || c.vocab_size % 8 == 0,
@@ -298,13 +290,17 @@ GpuEngine::GpuEngine(const Graph& graph, const Schedule& schedule, const ModelWe
   p.maps[kMapAttn] = make_tensor_map(p.attn, L, T, c.q_dim(), rows_m, "attn");
   p.maps[kMapMlpNorm] = make_tensor_map(p.mlp_norm, L, T, D, rows_m, "mlp_norm");
   p.maps[kMapAct] = make_tensor_map(p.act, L, T, c.d_ff, rows_m, "act");
-  p.maps[kMapWqkv] = make_tensor_map(d_wqkv, L, c.qkv_dim(), D, KernelConfig::kBlockNWide, "wqkv");
+  p.maps[kMapWqkv] = make_tensor_map(d_wqkv, L, c.qkv_dim(), D, rows_n, "wqkv");
   p.maps[kMapWo] = make_tensor_map(d_wo, L, D, c.q_dim(), rows_n, "wo");
   p.maps[kMapWgateUp] = make_tensor_map(d_w_gate_up, L, 2 * gate_up_tiles * KernelConfig::kBlockN, D, 2 * rows_n, "w_gate_up");
   p.maps[kMapWdown] = make_tensor_map(d_w_down, L, D, c.d_ff, rows_n, "w_down");
+  p.maps[kMapQkv] = make_tensor_map(p.qkv, L, T, c.qkv_dim(), rows_m, "qkv");
+  p.maps[kMapHidden] = make_tensor_map(p.hidden, L + 1, T, D, rows_m, "hidden");
+  p.maps[kMapHiddenMid] = make_tensor_map(p.hidden_mid, L, T, D, rows_m, "hidden_mid");
   if (c.has_lm_head) {
     p.maps[kMapFinalNorm] = make_tensor_map(p.final_norm, 1, T, D, rows_m, "final_norm");
-    p.maps[kMapLmHead] = make_tensor_map(d_lm_head, 1, c.vocab_size, D, KernelConfig::kBlockNWide, "lm_head");
+    p.maps[kMapLmHead] = make_tensor_map(d_lm_head, 1, c.vocab_size, D, rows_n, "lm_head");
+    p.maps[kMapLogits] = make_tensor_map(p.logits, 1, T, c.vocab_size, rows_m, "logits");
   }
   const int64_t planes = L * graph.shape().batch;
   p.maps[kMapQuery] = make_tensor_map(p.qkv, planes, graph.shape().seq_len, c.qkv_dim(), KernelConfig::kBlockQ, "queries");

@@ -57,10 +57,32 @@ __device__ __forceinline__ void tma_load_3d(void* destination, const CUtensorMap
       : "memory");
 }
 
+// Shared -> global, in the calling thread's bulk group. Coordinates innermost first; out-of-range parts of the
+// box are not written.
+__device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, const void* source, int32_t c0, int32_t c1,
+                                             int32_t c2) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];"
+               ::"l"(reinterpret_cast<uint64_t>(map)), "r"(smem_address(source)), "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
+}
+
+__device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+
+// Waits until the calling thread's bulk stores have read their shared-memory sources (the buffer may be reused).
+__device__ __forceinline__ void bulk_wait_group_read_all() {
+  asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+}
+
+// Waits until the calling thread's bulk stores are complete in global memory.
+__device__ __forceinline__ void bulk_wait_group_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+
 // ---- fences and cross-SM publication ----
 
 // Orders this thread's generic-proxy global accesses with its later async-proxy (TMA) accesses.
 __device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
+
+// Makes this thread's generic-proxy shared-memory writes visible to later async-proxy (TMA) reads of them.
+__device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 __device__ __forceinline__ uint32_t load_acquire(const uint32_t* address) {
   uint32_t value;
