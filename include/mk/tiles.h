@@ -10,7 +10,7 @@ constexpr int32_t kBlockM = 128;  // token rows per GEMM tile
 constexpr int32_t kBlockN = 128;  // output columns per GEMM tile (gate_up: 128 gate and 128 up weight rows)
 constexpr int32_t kBlockK = 64;   // K step: one 128-byte swizzled row of bf16; K dimensions must be multiples of it
 constexpr int32_t kBlockQ = 128;  // queries per attention tile
-constexpr int32_t kBlockKv = 64;  // keys per attention pipeline stage
+constexpr int32_t kBlockKv = 128;  // keys per attention K or V stage
 // NOTE: row-wise tasks (embedding, norms) move bytes, not FLOPs: 32 rows spread a norm over 4x more SMs than a GEMM
 // row block and shorten the norm -> GEMM hop on the critical path.
 constexpr int32_t kBlockRows = 32;  // token rows per embedding and norm task

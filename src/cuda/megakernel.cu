@@ -1,9 +1,9 @@
 // The megakernel: one persistent CTA per SM runs that SM's instruction list. In warpgroup 0 one thread produces
 // (waits on counters, streams tiles into the shared-memory ring with TMA, running ahead across instructions) and one
-// stores (TMA stores of finished GEMM tiles, then their publication); warpgroups 1 and 2 consume (wgmma / mma.sync /
-// row-wise math, epilogues, publication of attention and row-wise tiles).
+// stores (TMA stores of finished GEMM and attention tiles, then their publication); warpgroups 1 and 2 consume (wgmma / mma.sync /
+// row-wise math, epilogues, publication of row-wise tiles).
 #include "device/config.cuh"
-#include "device/ops/attention_tma_mma.cuh"
+#include "device/ops/attention_wgmma.cuh"
 #include "device/ops/gemm_epilogue.cuh"
 #include "device/ops/gemm_sm90.cuh"
 #include "device/ops/rowwise.cuh"
@@ -37,7 +37,8 @@ __device__ void run_producer(const MegakernelParams& p, const SharedState& s, ui
     if (!wait_all_counters(p, in, site)) return;
     if (trace) trace[kTraceProducerWaitsDone] = clock64();
     ptx::fence_proxy_async_global();  // the awaited tiles were written by generic or TMA stores; TMA reads them next
-    const bool ok = gemm ? produce_gemm(p, s, in, first, state, output, site) : produce_attention(p, s, in, state, site);
+    const bool ok = gemm ? produce_gemm(p, s, in, first, state, output, site)
+                          : produce_attention(p, s, in, state, output, site);
     if (!ok) return;
     if (trace) trace[kTraceProducerLoadsIssued] = clock64();
   }
@@ -49,8 +50,13 @@ __device__ void run_storer(const MegakernelParams& p, const SharedState& s, uint
   const uint32_t end = p.sm_begin[sm + 1];
   for (uint32_t i = begin; i < end; ++i) {
     const Instruction in = p.instructions[i];
-    if (!is_gemm(in.opcode)) continue;
-    if (!store_gemm(p, s, in, output, Site{sm, i - begin, in.task}, trace_slots(p, i))) return;
+    const bool attention = in.opcode == Opcode::kAttention;
+    if (!is_gemm(in.opcode) && !attention) continue;
+    const Site site{sm, i - begin, in.task};
+    const bool ok = attention ? store_attention(p, s, in, output, site) : store_gemm(p, s, in, output, site);
+    if (!ok) return;
+    uint64_t* trace = trace_slots(p, i);
+    if (trace) trace[kTracePublished] = clock64();
   }
 }
 
@@ -83,7 +89,7 @@ __device__ void run_consumers(const MegakernelParams& p, const SharedState& s, u
         run_rmsnorm(p, in, consumer_thread);
         break;
       case Opcode::kAttention:
-        ok = consume_attention(p, s, in, state, site, consumer_thread, trace);
+        ok = consume_attention(p, s, in, state, output, site, warpgroup, thread_in_wg, trace);
         break;
       case Opcode::kQkv:
       case Opcode::kOProj:
@@ -98,7 +104,7 @@ __device__ void run_consumers(const MegakernelParams& p, const SharedState& s, u
         break;
     }
     if (!ok) return;
-    if (!gemm) publish(p, in.signal_counter, consumer_thread);  // GEMM tiles are published by the storer
+    if (rowwise) publish(p, in.signal_counter, consumer_thread);  // the storer publishes GEMM and attention tiles
     if (trace) {
       if (trace[kTraceMathDone] == 0) trace[kTraceMathDone] = clock64();
       trace[kTraceEnd] = clock64();
@@ -123,8 +129,8 @@ __global__ void __launch_bounds__(KernelConfig::kThreads, 1) megakernel(const __
   s.empty = s.full + KernelConfig::kNumStages;
   s.staged = s.empty + KernelConfig::kNumStages;
   s.output_free = s.staged + 1;
-  s.residual = s.output_free + 1;
-  s.flag = reinterpret_cast<volatile uint32_t*>(s.residual + 1);
+  s.loaded = s.output_free + 1;
+  s.flag = reinterpret_cast<volatile uint32_t*>(s.loaded + 1);
 
   if (threadIdx.x == 0) {
     for (int i = 0; i < KernelConfig::kNumStages; ++i) {
@@ -133,7 +139,7 @@ __global__ void __launch_bounds__(KernelConfig::kThreads, 1) megakernel(const __
     }
     ptx::mbarrier_init(s.staged, KernelConfig::kConsumerWarps);
     ptx::mbarrier_init(s.output_free, 1);
-    ptx::mbarrier_init(s.residual, 1);
+    ptx::mbarrier_init(s.loaded, 1);
     ptx::fence_mbarrier_init();
   }
   __syncthreads();
@@ -146,7 +152,7 @@ __global__ void __launch_bounds__(KernelConfig::kThreads, 1) megakernel(const __
   if (threadIdx.x < 128) {
     ptx::setmaxnreg_dec<KernelConfig::kProducerRegisters>();
     if (threadIdx.x == KernelConfig::kProducerThread) run_producer(p, s, sm);
-    if (threadIdx.x == KernelConfig::kStorerThread) run_storer(p, s, sm);
+    else if (threadIdx.x == KernelConfig::kStorerThread) run_storer(p, s, sm);
   } else {
     ptx::setmaxnreg_inc<KernelConfig::kConsumerRegisters>();
     run_consumers(p, s, sm, int(threadIdx.x) - 128);

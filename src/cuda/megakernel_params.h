@@ -30,6 +30,7 @@ enum TensorMapId : int {
   kMapLogits,     // out of lm_head:        logits (1, T, vocab_size)
   kMapQuery,      // attention Q:   qkv viewed as (n_layers * batch, seq_len, qkv_dim), boxes of kBlockQ rows
   kMapKeyValue,   // attention K/V: the same tensor, boxes of kBlockKv rows
+  kMapAttnOut,    // out of attention: attn viewed as (n_layers * batch, seq_len, q_dim)
   kNumMaps,
 };
 

@@ -305,6 +305,7 @@ GpuEngine::GpuEngine(const Graph& graph, const Schedule& schedule, const ModelWe
   const int64_t planes = L * graph.shape().batch;
   p.maps[kMapQuery] = make_tensor_map(p.qkv, planes, graph.shape().seq_len, c.qkv_dim(), KernelConfig::kBlockQ, "queries");
   p.maps[kMapKeyValue] = make_tensor_map(p.qkv, planes, graph.shape().seq_len, c.qkv_dim(), KernelConfig::kBlockKv, "keys and values");
+  p.maps[kMapAttnOut] = make_tensor_map(p.attn, planes, graph.shape().seq_len, c.q_dim(), KernelConfig::kBlockQ, "attention output");
 
   // ---- schedule, counters, error slot ----
   p.instructions = impl.upload(schedule.instructions, "uploading instructions");

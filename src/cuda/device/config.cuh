@@ -36,8 +36,8 @@ struct KernelConfig {
   static constexpr int kConsumerWarps = kConsumerThreads / 32;
   static constexpr int kProducerThread = 0;
   static constexpr int kStorerThread = 32;
-  static constexpr int kProducerRegisters = 40;
-  static constexpr int kConsumerRegisters = 232;
+  static constexpr int kProducerRegisters = 56;
+  static constexpr int kConsumerRegisters = 224;
 
   // full/empty per stage, then staged (consumers -> storer), staging_free (storer -> all), residual (TMA -> consumers)
   static constexpr int kNumBarriers = 2 * kNumStages + 3;
@@ -51,12 +51,18 @@ static_assert(KernelConfig::kATileBytes % 1024 == 0 && KernelConfig::kStageBytes
               "128-byte-swizzled tiles must stay 1024-byte aligned");
 static_assert(KernelConfig::kBlockN % KernelConfig::kBoxCols == 0, "output tiles are whole TMA boxes");
 static_assert(KernelConfig::kSmemBytes <= 227 * 1024, "shared memory budget of one H100/H200 SM");
-static_assert(2 * KernelConfig::kBlockQ * 128 <= KernelConfig::kStageBytes, "a query tile of head_dim 128 fits a stage");
-static_assert(2 * 2 * KernelConfig::kBlockKv * 128 <= KernelConfig::kStageBytes, "K and V blocks fit a stage");
+static_assert(KernelConfig::kBlockQ * 128 * 2 <= KernelConfig::kOutputBytes &&
+                  KernelConfig::kBlockQ == KernelConfig::kBlockM,
+              "a query tile of head_dim 128 is an output tile");
+static_assert(KernelConfig::kBlockKv * 128 * 2 <= KernelConfig::kStageBytes, "a K or V block of head_dim 128 fits a stage");
+static_assert(KernelConfig::kBlockKv == 128 && KernelConfig::kBlockKv % KernelConfig::kBlockQ == 0,
+              "attention's S tile is m64n128 per warpgroup, and only the last key block meets the diagonal");
+// NOTE: setmaxnreg moves registers within what the CTA got at launch (one CTA of kThreads per SM: 65536 / kThreads,
+// rounded down to a multiple of 8 = 168 each): 56 for the producer warpgroup leaves 224 for each consumer thread,
+// enough for the 128 accumulators of a gate_up tile without spills (ptxas -v: none).
 static_assert(128 * KernelConfig::kProducerRegisters + KernelConfig::kConsumerThreads * KernelConfig::kConsumerRegisters <=
-                  65536,
-              "register file of one SM");
-static_assert(KernelConfig::kConsumerWarps * 16 == KernelConfig::kBlockQ, "one consumer warp per 16 queries");
+                  (65536 / KernelConfig::kThreads) / 8 * 8 * KernelConfig::kThreads,
+              "register split within the CTA's launch allocation");
 static_assert(KernelConfig::kBlockM == 2 * 64, "each consumer warpgroup owns 64 rows of a GEMM tile");
 
 }  // namespace mk::gpu

@@ -24,24 +24,14 @@ struct PipelineState {
 
 struct SharedState {
   uint8_t* stages;           // kNumStages x kStageBytes, 1024-byte aligned
-  uint8_t* output;           // kOutputBytes: one GEMM output tile in TMA box layout, 1024-byte aligned
+  uint8_t* output;           // kOutputBytes: the output tile (see output_tile.cuh), 1024-byte aligned
   uint64_t* full;            // (kNumStages) TMA bytes landed
   uint64_t* empty;           // (kNumStages) every consumer warp is done with the stage
   uint64_t* staged;          // every consumer warp has written its part of the output tile
   uint64_t* output_free;     // the storer's TMA store has read the output tile
-  uint64_t* residual;        // the residual tile has landed in `output` (o_proj, down)
+  uint64_t* loaded;          // a TMA load into the output tile has landed (a GEMM's residual, attention's Q)
   volatile uint32_t* flag;   // consumer broadcast: did the counter waits succeed
   __device__ __forceinline__ uint8_t* stage(uint32_t index) const { return stages + index * KernelConfig::kStageBytes; }
-};
-
-// Uses of the output tile so far, counted alike by producer, consumers and storer: the parities of its barriers.
-struct OutputState {
-  uint32_t tiles = 0;      // GEMM tiles staged
-  uint32_t residuals = 0;  // of which came with a residual
-  // Parity that completes once the previous tile's store has read the buffer (passes at once for the first tile).
-  __device__ __forceinline__ uint32_t free_parity() const { return (tiles & 1) ^ 1; }
-  __device__ __forceinline__ uint32_t staged_parity() const { return tiles & 1; }
-  __device__ __forceinline__ uint32_t residual_parity() const { return residuals & 1; }
 };
 
 // Where the calling code is, for error reports.

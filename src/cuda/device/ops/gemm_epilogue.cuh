@@ -1,10 +1,11 @@
-// The GEMM epilogue: RoPE or SwiGLU in registers, the tile written (residual added) into the shared-memory output
-// tile, and the storer's TMA store and publication, which overlap the consumers' next main loop.
+// The GEMM epilogue: RoPE or SwiGLU in registers, then the tile written (residual added) into the output tile, whose
+// TMA store and publication by the storer overlap the consumers' next main loop.
 #pragma once
 
 #include <cuda_bf16.h>
 
 #include "../config.cuh"
+#include "../output_tile.cuh"
 #include "../ptx.cuh"
 #include "../sync.cuh"
 #include "gemm_sm90.cuh"
@@ -59,42 +60,16 @@ __device__ __forceinline__ float swiglu_value(const float (&acc)[2 * kOutputValu
   return __fdividef(gate, 1.0f + __expf(-gate)) * acc[i + kOutputValues];
 }
 
-// Writes this thread's output values value_of(i), i < kOutputValues (in accumulator order), into the output tile,
-// adding the residual already there when `residual`, then tells the storer. Layout: box b of 64 columns at
-// b * kOutputBoxBytes, row r at r * 128 bytes, 16-byte chunk c at c ^ (r % 8) (the 128-byte swizzle of the TMA
-// boxes): a warp's 32 four-byte accesses hit 32 distinct banks.
-// NOTE: values are computed as they are stored (value_of), so that SwiGLU's gate and up registers die as it goes.
+// Writes the tile's values value_of(i) into the output tile, onto the residual the producer loaded there for o_proj
+// and down, and hands it to the storer.
 template <typename ValueOf>
 __device__ __forceinline__ bool stage_output(const MegakernelParams& p, const SharedState& s, OutputState& output,
                                              bool residual, ValueOf value_of, int warpgroup, int thread_in_wg,
                                              Site site) {
   bool ok = wait_barrier(p, s.output_free, output.free_parity(), site);
-  if (residual) ok &= wait_barrier(p, s.residual, output.residual_parity(), site);
-  // Row within the tile of half 0; half 1 is 8 rows (1024 bytes) further, with the same row % 8.
-  const uint32_t row0 = warpgroup * 64 + (thread_in_wg / 32) * 16 + (thread_in_wg % 32) / 4;
-  const uint32_t row_bytes = row0 * 128 + 4 * (thread_in_wg % 4);
-  const uint32_t chunk_xor = row0 % 8;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-#pragma unroll
-    for (int j = 0; j < kOutputGroups; ++j) {
-      const uint32_t offset =
-          (j / 8) * KernelConfig::kOutputBoxBytes + half * 1024 + row_bytes + (((j % 8) ^ chunk_xor) << 4);
-      __nv_bfloat162* pair = reinterpret_cast<__nv_bfloat162*>(s.output + offset);
-      float2 value = make_float2(value_of(4 * j + 2 * half), value_of(4 * j + 2 * half + 1));
-      if (residual) {
-        const float2 add = __bfloat1622float2(*pair);
-        value.x += add.x;
-        value.y += add.y;
-      }
-      *pair = __floats2bfloat162_rn(value.x, value.y);
-    }
-  }
-  ptx::fence_proxy_async_shared();  // the storer's TMA reads what these generic stores wrote
-  __syncwarp();
-  if (thread_in_wg % 32 == 0) ptx::mbarrier_arrive(s.staged);
-  ++output.tiles;
-  if (residual) ++output.residuals;
+  if (residual) ok &= wait_barrier(p, s.loaded, output.loaded_parity(), site);
+  write_output_tile<kOutputGroups>(s, residual, value_of, warpgroup, thread_in_wg);
+  stage_output_tile(s, output, residual, thread_in_wg);
   return ok;
 }
 
@@ -129,29 +104,11 @@ __device__ __forceinline__ bool consume_gemm(const MegakernelParams& p, const Sh
 
 // ---- the storer: one thread of warpgroup 0 ----
 
-// Stores one staged GEMM tile with TMA, frees the output tile as soon as the store has read it, and publishes the
-// tile once it is in global memory.
 __device__ __forceinline__ bool store_gemm(const MegakernelParams& p, const SharedState& s, const Instruction& in,
-                                           OutputState& output, Site site, uint64_t* trace) {
-  if (!wait_barrier(p, s.staged, output.staged_parity(), site)) return false;
+                                           OutputState& output, Site site) {
   const GemmOperands g = gemm_operands(p, in);
-  for (int box = 0; box < KernelConfig::kOutputBoxes; ++box) {
-    const int32_t col = in.col_begin + box * KernelConfig::kBoxCols;
-    if (col < in.col_end)
-      ptx::tma_store_3d(&p.maps[g.out_map], s.output + box * KernelConfig::kOutputBoxBytes, col, in.row_begin,
-                        g.out_plane);
-  }
-  ptx::bulk_commit_group();
-  ptx::bulk_wait_group_read_all();
-  ptx::mbarrier_arrive(s.output_free);
-  ptx::bulk_wait_group_all();
-  // NOTE: the tile was written by the async proxy; readers acquire the counter and then read with TMA (after their
-  // own proxy fence) or with plain loads.
-  ptx::fence_proxy_async_global();
-  ptx::add_release(p.counters + in.signal_counter, 1);
-  if (trace) trace[kTracePublished] = clock64();
-  ++output.tiles;
-  return true;
+  return store_output_tile(p, s, output, &p.maps[g.out_map], KernelConfig::kOutputBoxes, in.col_begin, in.col_end,
+                           in.row_begin, g.out_plane, in.signal_counter, site);
 }
 
 }  // namespace mk::gpu

@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 
 #include "../config.cuh"
+#include "../output_tile.cuh"
 #include "../ptx.cuh"
 #include "../sync.cuh"
 
@@ -89,14 +90,12 @@ __device__ __forceinline__ bool produce_gemm(const MegakernelParams& p, const Sh
   }
   if (g.residual_map >= 0) {
     // The residual lands in the output tile, where the consumers add the product to it in place.
-    if (!wait_barrier(p, s.output_free, output.free_parity(), site)) return false;
-    ptx::mbarrier_arrive_expect_tx(s.residual, uint32_t(KernelConfig::kOutputBytes));
-    for (int box = 0; box < KernelConfig::kOutputBoxes; ++box)
-      ptx::tma_load_3d(s.output + box * KernelConfig::kOutputBoxBytes, &p.maps[g.residual_map], s.residual,
-                       in.col_begin + box * KernelConfig::kBoxCols, in.row_begin, g.residual_plane);
-    ++output.residuals;
+    if (!load_output_tile(p, s, output, &p.maps[g.residual_map], KernelConfig::kOutputBoxes, in.col_begin,
+                          in.row_begin, g.residual_plane, site))
+      return false;
+    ++output.loads;
   }
-  ++output.tiles;
+  ++output.uses;
   return true;
 }
 
