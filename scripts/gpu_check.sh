@@ -46,8 +46,8 @@ for s in $steps; do
     tests)
       # The whole ctest; on this machine a skipped test (a GPU test that found no usable GPU) is a failure.
       # NOTE: GPU tests one at a time: each launch takes every SM.
-      step ctest timeout 1200 bash -c "ctest --test-dir '$build' --output-on-failure -L cpu -j 8 &&
-                                       ctest --test-dir '$build' --output-on-failure -L gpu"
+      step ctest timeout 1200 bash -c "ctest --test-dir '$build' --output-on-failure -L cpu -j 8; cpu=\$?;
+                                       ctest --test-dir '$build' --output-on-failure -L gpu; exit \$((cpu | \$?))"
       skipped=$(grep -c -E "\*\*\*Skipped|Not Run" "$out/ctest.log")
       if [ "$skipped" -ne 0 ]; then
         echo "!!! ctest: $skipped tests skipped on the GPU machine"
