@@ -104,11 +104,12 @@ __device__ void run_consumers(const MegakernelParams& p, const SharedState& s, u
         break;
     }
     if (!ok) return;
-    if (rowwise) publish(p, in.signal_counter, consumer_thread);  // the storer publishes GEMM and attention tiles
-    if (trace) {
-      if (trace[kTraceMathDone] == 0) trace[kTraceMathDone] = clock64();
-      trace[kTraceEnd] = clock64();
+    if (rowwise) {
+      // NOTE: stamped here rather than read back: a load of the trace slot would cost a trip to L2 per instruction.
+      if (trace) trace[kTraceMathDone] = clock64();
+      publish(p, in.signal_counter, consumer_thread);  // the storer publishes GEMM and attention tiles
     }
+    if (trace) trace[kTraceEnd] = clock64();
   }
   if (p.trace_sms != nullptr && consumer_thread == 0) {
     p.trace_sms[4 * sm + 2] = ptx::global_timer_ns();
