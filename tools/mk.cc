@@ -16,6 +16,7 @@
 #include "mk/graph.h"
 #include "mk/model_config.h"
 #include "mk/model_io.h"
+#include "mk/program.h"
 #include "mk/reference.h"
 #include "mk/schedule.h"
 #include "mk/trace.h"
@@ -136,7 +137,6 @@ struct ScheduleOptions {
                loaded.shape.seq_len, graph.shape().batch, graph.shape().seq_len);
       const std::string difference = mk::first_difference(loaded.config, graph.config());
       MK_CHECK(difference.empty(), "{}: built for another model: {} (file vs model)", schedule_file, difference);
-      MK_CHECK(loaded.tiles == graph.tiles(), "{}: built with other tile sizes", schedule_file);
       schedule = std::move(loaded.schedule);
     } else {
       schedule = mk::make_schedule(graph, mk::derive_dependencies(graph), mk::parse_schedule_policy(policy), num_sms);
@@ -163,17 +163,30 @@ std::string human_bytes(double bytes) {
   return fmt::format("{:.2f} {}", bytes, units[unit]);
 }
 
-int run_info(const ModelOptions& options) {
+int run_info(const ModelOptions& options, bool json) {
   const mk::ModelConfig config = options.config();
   const mk::RunShape shape = options.shape();
   const mk::ForwardCost cost = mk::forward_cost(config, shape);
+  if (json) {
+    const nlohmann::json info = {{"config", mk::model_config_to_json(config)},
+                                 {"batch", shape.batch},
+                                 {"seq_len", shape.seq_len},
+                                 {"tokens", shape.tokens()},
+                                 {"parameters", cost.parameters},
+                                 {"flops", cost.flops},
+                                 {"min_bytes", cost.min_bytes},
+                                 {"weight_bytes", cost.weight_bytes},
+                                 {"activation_bytes", cost.activation_bytes}};
+    fmt::print("{}\n", info.dump(1));
+    return 0;
+  }
   fmt::print("{}\n", mk::describe(config));
   fmt::print("forward pass: batch {} x seq {} = {} tokens\n", shape.batch, shape.seq_len, shape.tokens());
   fmt::print("parameters:         {:.3f} M\n", double(cost.parameters) / 1e6);
   fmt::print("FLOPs:              {:.3f} GFLOP (causal attention counted half)\n", cost.flops / 1e9);
   fmt::print("minimum bytes:      {} (weights once, input, output and K/V once)\n", human_bytes(cost.min_bytes));
   fmt::print("arithmetic intensity: {:.1f} FLOP/byte\n", cost.flops / cost.min_bytes);
-  fmt::print("memory needed:      {} weights (bf16) + {} activations (bf16, one buffer per layer and op)\n",
+  fmt::print("memory needed:      {} weights (bf16) + {} activations (one buffer per layer and op)\n",
              human_bytes(cost.weight_bytes), human_bytes(cost.activation_bytes));
   return 0;
 }
@@ -388,8 +401,10 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
 
   ModelOptions info_options;
+  bool info_json = false;
   CLI::App* info = app.add_subcommand("info", "print a model's shape, parameter count, FLOPs and memory");
   info_options.add_to(*info);
+  info->add_flag("--json", info_json, "print one JSON object: config, shape, parameters, FLOPs and bytes");
 
   ModelOptions run_options;
   std::string engine = "auto";
@@ -465,7 +480,7 @@ int main(int argc, char** argv) {
     return app.exit(error) == 0 ? 0 : 2;
   }
   try {
-    if (*info) return run_info(info_options);
+    if (*info) return run_info(info_options, info_json);
     if (*run)
       return run_forward(run_options, run_schedule_options, engine, vm_options, input_path, output_path, iterations,
                          json_path);

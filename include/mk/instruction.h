@@ -6,7 +6,8 @@
 
 namespace mk {
 
-// One opcode per tile task of the forward pass. Buffers are implied by (opcode, layer); see graph.h.
+// One opcode per op of the forward pass; each has one host descriptor (include/mk/ops.h) and one device handler
+// (src/cuda/device/ops/). Buffers are implied by (opcode, layer).
 enum class Opcode : uint8_t {
   kNop = 0,
   kEmbed,         // hidden[0][rows] <- embedding[tokens[rows]]
@@ -22,7 +23,8 @@ enum class Opcode : uint8_t {
   kNumOpcodes,
 };
 
-const char* opcode_name(Opcode opcode);
+// Instruction::layer of ops before or after the layers (embedding, final norm, LM head).
+constexpr uint16_t kNoLayer = 0xFFFF;
 
 // A wait: proceed once counters[counter] >= epoch * target. Counters only ever grow, so nothing is reset between
 // launches; the epoch (1, 2, ...) is a launch argument.

@@ -71,21 +71,17 @@ struct Preset {
 const std::vector<Preset>& presets();
 const Preset& find_preset(std::string_view name);  // throws listing the known names
 
-// `source` names the file in error messages.
-ModelConfig model_config_from_json(const nlohmann::json& json, const std::string& source);
-ModelConfig load_model_config(const std::filesystem::path& config_json_path);
-// A config.json that Hugging Face transformers loads as LlamaForCausalLM.
-nlohmann::json model_config_to_hf_json(const ModelConfig& config);
+const char* rope_type_name(RopeType type);  // "none", "default", "llama3"
 
-// Whole-forward-pass accounting, for `mk info` and the benchmarks.
-struct ForwardCost {
-  int64_t parameters = 0;
-  double flops = 0;               // causal attention counted half, as the seed's benchmark does
-  double min_bytes = 0;           // weights read once, input read once, output and K/V written once
-  double weight_bytes = 0;
-  double activation_bytes = 0;    // the per-layer activation buffers the engines allocate
-};
-ForwardCost forward_cost(const ModelConfig& config, const RunShape& shape);
+// mk's own JSON form of a config, every field under its own name: what schedule files and `mk info --json` hold.
+// `source` names the file in error messages; the result is validated.
+nlohmann::json model_config_to_json(const ModelConfig& config);
+ModelConfig model_config_from_json(const nlohmann::json& json, const std::string& source);
+
+// A Hugging Face config.json (LlamaForCausalLM): parsed and validated, or written so that transformers loads it.
+ModelConfig model_config_from_hf_json(const nlohmann::json& json, const std::string& source);
+ModelConfig load_model_config(const std::filesystem::path& config_json_path);
+nlohmann::json model_config_to_hf_json(const ModelConfig& config);
 
 std::string describe(const ModelConfig& config);
 

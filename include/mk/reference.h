@@ -58,6 +58,24 @@ struct RopeTable {
 RopeTable make_rope_table(const ModelConfig& config, int64_t max_positions);
 std::vector<float> rope_inverse_frequencies(const RopeConfig& rope, int64_t head_dim);  // (head_dim / 2)
 
+// The weights arranged the way the tile ops take them, and the RoPE table of one sequence length: built once per
+// pass by each engine.
+struct ModelOperands {
+  struct Layer {
+    StackedWeights qkv;   // (q_dim + 2 kv_dim, d_model)
+    StackedWeights o;     // (d_model, q_dim)
+    StackedWeights gate;  // (d_ff, d_model)
+    StackedWeights up;    // (d_ff, d_model)
+    StackedWeights down;  // (d_model, d_ff)
+  };
+  ModelOperands(const ModelWeights& weights, int64_t seq_len);
+  const ModelWeights& weights;  // norm weights and the embedding are read from here
+  std::vector<Layer> layers;    // (n_layers)
+  StackedWeights lm_head;       // (vocab_size, d_model); empty without an LM head
+  RopeTable rope;               // (seq_len, head_dim / 2)
+  int64_t seq_len;
+};
+
 // ---- ops: each writes only out[rows, cols] ----
 
 // out (T, d_model) <- embedding rows of tokens (T)

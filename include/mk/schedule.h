@@ -56,14 +56,15 @@ std::string explain_schedule(const Graph& graph, const Schedule& schedule, const
 // - running every SM's list in order cannot deadlock (this also rules out cycles).
 void verify_schedule(const Graph& graph, const Schedule& schedule);
 
-// Binary schedule file: a magic, the model/shape/tiles it was built for (JSON), then the arrays.
+// Binary schedule file: a magic, the model, shape and tile sizes it was built for (JSON), then the arrays.
 void save_schedule(const std::filesystem::path& path, const Graph& graph, const Schedule& schedule);
 struct LoadedSchedule {
   ModelConfig config;
   RunShape shape;
-  TileConfig tiles;
   Schedule schedule;
 };
-LoadedSchedule load_schedule(const std::filesystem::path& path);  // structure only; verify against a Graph next
+// Refuses a file built with other tile sizes than include/mk/tiles.h's; checks structure only: verify against the
+// Graph of `config` and `shape` next.
+LoadedSchedule load_schedule(const std::filesystem::path& path);
 
 }  // namespace mk

@@ -41,6 +41,9 @@ using WeightVisitor =
     std::function<void(const std::string& name, const std::vector<int64_t>& shape, std::vector<bf16>& data)>;
 void for_each_weight(ModelWeights& weights, const WeightVisitor& visit);
 
+// Parameters of the model: the elements of every tensor for_each_weight visits.
+int64_t parameter_count(const ModelConfig& config);
+
 // Matrices ~ uniform with std 0.02 (as Hugging Face initializes Llama), norm weights ~ uniform [0.5, 1.5] so that a
 // forgotten norm weight shows. Deterministic for a given seed on every platform.
 ModelWeights random_weights(const ModelConfig& config, uint64_t seed);

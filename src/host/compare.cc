@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "mk/check.h"
-#include "mk/parallel.h"
+#include "mk/program.h"
 
 namespace mk {
 
@@ -62,94 +62,30 @@ std::vector<BufferComparison> bisect_buffers(const Graph& graph, const ModelWeig
                                              const ref::ModelInput& input, const std::vector<ref::Matrix>& run,
                                              const std::vector<ref::Matrix>& reference_run, int until_layer) {
   const ModelConfig& c = graph.config();
-  const int64_t S = graph.shape().seq_len;
-  const int64_t T = graph.shape().tokens();
   MK_CHECK(run.size() == graph.buffers().size() && reference_run.size() == graph.buffers().size(),
            "bisect: {} and {} buffers for a graph of {}", run.size(), reference_run.size(), graph.buffers().size());
-  const ref::RopeTable rope = ref::make_rope_table(c, S);
-  auto in = [&](BufferKind kind, int32_t layer = -1) -> const ref::Matrix& { return run[graph.buffer_id(kind, layer)]; };
-  auto rows = [&](auto&& op) { parallel_for(T, [&](int64_t b, int64_t e) { op(ref::Range{b, e}); }); };
+  const ref::ModelOperands operands(weights, graph.shape().seq_len);
+  // Every op reads the run's own buffers: each is checked alone, whatever the errors of the ops before it.
+  CpuTile cpu{c, operands, input.tokens, graph.buffer_table(), {}};
+  for (const ref::Matrix& buffer : run) cpu.buffers.push_back(&buffer);
 
   std::vector<BufferComparison> out;
-  for (size_t b = 0; b < graph.buffers().size(); ++b) {
+  // In program order, so that the first failing buffer is the first op that fails.
+  for_each_step(c, [&](const OpDescriptor& op, uint16_t layer) {
+    const uint32_t b = graph.buffer_table().id(op.output(layer));
     const Buffer& buffer = graph.buffers()[b];
-    if (buffer.host_written) continue;
-    const int32_t l = buffer.layer;
-    if (until_layer >= 0 && (l > until_layer || l < 0)) continue;
+    // Steps outside the layers count as the layer of the buffer they write: the embedding's hidden[0] is layer 0's.
+    const int32_t step_layer = layer == kNoLayer ? buffer.layer : int32_t(layer);
+    if (until_layer >= 0 && (step_layer < 0 || step_layer > until_layer)) return;
     ref::Matrix expected(buffer.rows, buffer.cols);
-    switch (buffer.kind) {
-      case BufferKind::kHidden:
-        if (l == 0) {
-          rows([&](ref::Range r) { ref::embedding_rows(input.tokens, weights.embedding, expected, r); });
-        } else {
-          const LayerWeights& w = weights.layers[size_t(l - 1)];
-          rows([&](ref::Range r) {
-            ref::linear_residual_tile(in(BufferKind::kAct, l - 1), ref::StackedWeights(w.w_down, c.d_model, c.d_ff),
-                                      in(BufferKind::kHiddenMid, l - 1), expected, r, {0, c.d_model});
-          });
-        }
-        break;
-      case BufferKind::kAttnNorm:
-        rows([&](ref::Range r) {
-          ref::rmsnorm_rows(in(BufferKind::kHidden, l), weights.layers[size_t(l)].attn_norm, c.rms_norm_eps, expected, r);
-        });
-        break;
-      case BufferKind::kQkv: {
-        const LayerWeights& w = weights.layers[size_t(l)];
-        const ref::StackedWeights w_qkv = ref::qkv_weights(c, w);
-        rows([&](ref::Range r) {
-          ref::linear_tile(in(BufferKind::kAttnNorm, l), w_qkv, expected, r, {0, c.qkv_dim()});
-          if (c.rope.type != RopeType::kNone) ref::rope_tile(c, rope, S, expected, r, {0, c.qkv_dim()});
-        });
-        break;
-      }
-      case BufferKind::kAttn:
-        parallel_for(graph.shape().batch * c.n_heads, [&](int64_t begin, int64_t end) {
-          for (int64_t i = begin; i < end; ++i)
-            ref::attention_tile(c, S, in(BufferKind::kQkv, l), expected, i / c.n_heads, {0, S}, i % c.n_heads);
-        });
-        break;
-      case BufferKind::kHiddenMid:
-        rows([&](ref::Range r) {
-          ref::linear_residual_tile(in(BufferKind::kAttn, l),
-                                    ref::StackedWeights(weights.layers[size_t(l)].wo, c.d_model, c.q_dim()),
-                                    in(BufferKind::kHidden, l), expected, r, {0, c.d_model});
-        });
-        break;
-      case BufferKind::kMlpNorm:
-        rows([&](ref::Range r) {
-          ref::rmsnorm_rows(in(BufferKind::kHiddenMid, l), weights.layers[size_t(l)].mlp_norm, c.rms_norm_eps, expected, r);
-        });
-        break;
-      case BufferKind::kAct: {
-        const LayerWeights& w = weights.layers[size_t(l)];
-        rows([&](ref::Range r) {
-          ref::swiglu_tile(in(BufferKind::kMlpNorm, l), ref::StackedWeights(w.w_gate, c.d_ff, c.d_model),
-                           ref::StackedWeights(w.w_up, c.d_ff, c.d_model), expected, r, {0, c.d_ff});
-        });
-        break;
-      }
-      case BufferKind::kFinalNorm:
-        rows([&](ref::Range r) {
-          ref::rmsnorm_rows(in(BufferKind::kHidden, int32_t(c.n_layers)), weights.final_norm, c.rms_norm_eps, expected, r);
-        });
-        break;
-      case BufferKind::kLogits:
-        rows([&](ref::Range r) {
-          ref::linear_tile(in(BufferKind::kFinalNorm), ref::StackedWeights(weights.lm_head_matrix(), c.vocab_size, c.d_model),
-                           expected, r, {0, c.vocab_size});
-        });
-        break;
-      case BufferKind::kTokens:
-        continue;
-    }
+    run_whole_step(op, graph.context(), cpu, layer, expected, false);
     BufferComparison row;
     row.buffer = buffer.name();
     row.against_reference = error_stats(run[b], reference_run[b]);
     row.op_alone = error_stats(run[b], expected);
     row.op_passed = row.op_alone.nan_count == 0 && row.op_alone.rel_l2_error <= kOpRelL2Tolerance;
     out.push_back(std::move(row));
-  }
+  });
   return out;
 }
 

@@ -1,9 +1,10 @@
-// ModelConfig: presets, Hugging Face config.json parsing and validation, and forward-pass accounting.
+// ModelConfig: validation, presets, mk's own JSON form (one field list) and Hugging Face config.json.
 #include "mk/model_config.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <type_traits>
@@ -41,33 +42,6 @@ void ModelConfig::validate() const {
              rope.low_freq_factor, rope.high_freq_factor);
     positive(rope.original_max_position_embeddings, "rope_scaling.original_max_position_embeddings");
   }
-}
-
-std::string first_difference(const ModelConfig& a, const ModelConfig& b) {
-  const std::pair<const char*, std::pair<double, double>> fields[] = {
-      {"d_model", {double(a.d_model), double(b.d_model)}},
-      {"d_ff", {double(a.d_ff), double(b.d_ff)}},
-      {"n_layers", {double(a.n_layers), double(b.n_layers)}},
-      {"n_heads", {double(a.n_heads), double(b.n_heads)}},
-      {"n_kv_heads", {double(a.n_kv_heads), double(b.n_kv_heads)}},
-      {"head_dim", {double(a.head_dim), double(b.head_dim)}},
-      {"vocab_size", {double(a.vocab_size), double(b.vocab_size)}},
-      {"max_position_embeddings", {double(a.max_position_embeddings), double(b.max_position_embeddings)}},
-      {"rms_norm_eps", {double(a.rms_norm_eps), double(b.rms_norm_eps)}},
-      {"rope type", {double(int(a.rope.type)), double(int(b.rope.type))}},
-      {"rope_theta", {a.rope.theta, b.rope.theta}},
-      {"rope factor", {a.rope.factor, b.rope.factor}},
-      {"rope low_freq_factor", {a.rope.low_freq_factor, b.rope.low_freq_factor}},
-      {"rope high_freq_factor", {a.rope.high_freq_factor, b.rope.high_freq_factor}},
-      {"rope original_max_position_embeddings",
-       {double(a.rope.original_max_position_embeddings), double(b.rope.original_max_position_embeddings)}},
-      {"has_embedding", {double(a.has_embedding), double(b.has_embedding)}},
-      {"has_lm_head", {double(a.has_lm_head), double(b.has_lm_head)}},
-      {"tie_word_embeddings", {double(a.tie_word_embeddings), double(b.tie_word_embeddings)}},
-  };
-  for (const auto& [name, values] : fields)
-    if (values.first != values.second) return fmt::format("{} {} vs {}", name, values.first, values.second);
-  return "";
 }
 
 namespace {
@@ -194,7 +168,75 @@ RopeConfig parse_rope(const nlohmann::json& json, const std::string& source) {
   return rope;
 }
 
+const char* const kRopeTypeNames[] = {"none", "default", "llama3"};  // in the order of RopeType
+
+// Every field of ModelConfig under its name in mk's own JSON: the one list that serialization and comparison walk.
+template <typename Config, typename Visit>  // Config: ModelConfig or const ModelConfig
+void for_each_field(Config& c, Visit&& visit) {
+  visit("name", c.name);
+  visit("d_model", c.d_model);
+  visit("d_ff", c.d_ff);
+  visit("n_layers", c.n_layers);
+  visit("n_heads", c.n_heads);
+  visit("n_kv_heads", c.n_kv_heads);
+  visit("head_dim", c.head_dim);
+  visit("vocab_size", c.vocab_size);
+  visit("max_position_embeddings", c.max_position_embeddings);
+  visit("rms_norm_eps", c.rms_norm_eps);
+  visit("rope_type", c.rope.type);
+  visit("rope_theta", c.rope.theta);
+  visit("rope_factor", c.rope.factor);
+  visit("rope_low_freq_factor", c.rope.low_freq_factor);
+  visit("rope_high_freq_factor", c.rope.high_freq_factor);
+  visit("rope_original_max_position_embeddings", c.rope.original_max_position_embeddings);
+  visit("has_embedding", c.has_embedding);
+  visit("has_lm_head", c.has_lm_head);
+  visit("tie_word_embeddings", c.tie_word_embeddings);
+}
+
 }  // namespace
+
+const char* rope_type_name(RopeType type) { return kRopeTypeNames[int(type)]; }
+
+nlohmann::json model_config_to_json(const ModelConfig& config) {
+  nlohmann::json json = nlohmann::json::object();
+  for_each_field(config, [&](const char* key, const auto& value) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(value)>, RopeType>) {
+      json[key] = rope_type_name(value);
+    } else {
+      json[key] = value;
+    }
+  });
+  return json;
+}
+
+ModelConfig model_config_from_json(const nlohmann::json& json, const std::string& source) {
+  MK_CHECK(json.is_object(), "{}: expected a JSON object", source);
+  ModelConfig config;
+  for_each_field(config, [&](const char* key, auto& value) {
+    using T = std::decay_t<decltype(value)>;
+    if constexpr (std::is_same_v<T, RopeType>) {
+      const std::string name = required<std::string>(json, key, source);
+      const auto* known = std::find(std::begin(kRopeTypeNames), std::end(kRopeTypeNames), name);
+      MK_CHECK(known != std::end(kRopeTypeNames), "{}: unknown rope_type '{}'", source, name);
+      value = RopeType(known - std::begin(kRopeTypeNames));
+    } else {
+      value = required<T>(json, key, source);
+    }
+  });
+  config.validate();
+  return config;
+}
+
+std::string first_difference(const ModelConfig& a, const ModelConfig& b) {
+  const nlohmann::json json_a = model_config_to_json(a), json_b = model_config_to_json(b);
+  std::string difference;
+  for_each_field(a, [&](const char* key, const auto&) {
+    if (difference.empty() && std::string_view(key) != "name" && json_a.at(key) != json_b.at(key))
+      difference = fmt::format("{} {} vs {}", key, json_a.at(key).dump(), json_b.at(key).dump());
+  });
+  return difference;
+}
 
 const std::vector<Preset>& presets() {
   static const std::vector<Preset> list = make_presets();
@@ -210,7 +252,7 @@ const Preset& find_preset(std::string_view name) {
   throw Error(fmt::format("unknown preset '{}' (known: {})", name, known));
 }
 
-ModelConfig model_config_from_json(const nlohmann::json& json, const std::string& source) {
+ModelConfig model_config_from_hf_json(const nlohmann::json& json, const std::string& source) {
   MK_CHECK(json.is_object(), "{}: expected a JSON object", source);
   std::string model_type = optional<std::string>(json, "model_type", "llama", source);
   MK_CHECK(model_type == "llama", "{}: model_type '{}' is not supported (only 'llama')", source, model_type);
@@ -253,7 +295,7 @@ ModelConfig load_model_config(const std::filesystem::path& config_json_path) {
   } catch (const nlohmann::json::exception& error) {
     throw Error(fmt::format("{}: not valid JSON: {}", config_json_path.string(), error.what()));
   }
-  return model_config_from_json(json, config_json_path.string());
+  return model_config_from_hf_json(json, config_json_path.string());
 }
 
 nlohmann::json model_config_to_hf_json(const ModelConfig& config) {
@@ -294,37 +336,8 @@ nlohmann::json model_config_to_hf_json(const ModelConfig& config) {
   return json;
 }
 
-ForwardCost forward_cost(const ModelConfig& c, const RunShape& shape) {
-  const double tokens = double(shape.tokens());
-  const double layer_params = double(c.d_model) * (c.qkv_dim() + c.q_dim()) + 3.0 * c.d_model * c.d_ff + 2.0 * c.d_model;
-  ForwardCost cost;
-  double embedding_params = c.has_embedding ? double(c.vocab_size) * c.d_model : 0.0;
-  double head_params = c.has_lm_head ? double(c.d_model) + (c.tie_word_embeddings ? 0.0 : double(c.vocab_size) * c.d_model) : 0.0;
-  cost.parameters = int64_t(c.n_layers * layer_params + embedding_params + head_params);
-
-  const double gemm_flops_per_layer = 2.0 * tokens * c.d_model * (c.qkv_dim() + c.q_dim() + 3.0 * c.d_ff);
-  const double attention_flops_per_layer = 4.0 * shape.batch * double(shape.seq_len) * shape.seq_len * c.q_dim() / 2;
-  cost.flops = c.n_layers * (gemm_flops_per_layer + attention_flops_per_layer);
-  if (c.has_lm_head) cost.flops += 2.0 * tokens * c.d_model * c.vocab_size;
-
-  // The embedding table is gathered, not streamed: only the tokens' rows are read. A tied LM head still streams it.
-  double streamed_params = c.n_layers * layer_params + (c.has_lm_head ? double(c.d_model) * (1.0 + c.vocab_size) : 0.0);
-  cost.weight_bytes = 2.0 * streamed_params;
-  double input_bytes = c.has_embedding ? tokens * (4.0 + 2.0 * c.d_model) : 2.0 * tokens * c.d_model;
-  double output_bytes = 2.0 * tokens * (c.has_lm_head ? c.vocab_size : c.d_model);
-  double kv_bytes = 2.0 * c.n_layers * tokens * 2.0 * c.kv_dim();
-  cost.min_bytes = cost.weight_bytes + input_bytes + output_bytes + kv_bytes;
-
-  // bf16 buffers, each written once per pass: per layer xn1, qkv, attn, h_mid, xn2, act, h_out; plus input,
-  // final norm and logits.
-  double per_layer = tokens * (4.0 * c.d_model + c.qkv_dim() + c.q_dim() + c.d_ff);
-  double outside = tokens * c.d_model + (c.has_lm_head ? tokens * (c.d_model + c.vocab_size) : 0.0);
-  cost.activation_bytes = 2.0 * (c.n_layers * per_layer + outside);
-  return cost;
-}
-
 std::string describe(const ModelConfig& c) {
-  const char* rope = c.rope.type == RopeType::kNone ? "none" : c.rope.type == RopeType::kDefault ? "default" : "llama3";
+  const char* rope = rope_type_name(c.rope.type);
   return fmt::format(
       "model {}: d_model {}, d_ff {}, layers {}, heads {} (kv {}, head_dim {}), vocab {}, rope {} (theta {}), "
       "embedding {}, lm_head {}{}, rms_norm_eps {}",

@@ -13,6 +13,7 @@
 
 #include "in_order.h"
 #include "mk/check.h"
+#include "mk/tiles.h"
 
 namespace mk {
 
@@ -247,10 +248,12 @@ std::string explain_schedule(const Graph& graph, const Schedule& schedule, const
 
   out += "critical path:";
   Opcode run_opcode = Opcode::kNop;
-  int run_layer = -1;
+  uint16_t run_layer = kNoLayer;
   size_t run_length = 0;
   auto flush = [&] {
-    if (run_length > 0) out += fmt::format(" {}{}{}", opcode_name(run_opcode), run_layer >= 0 && run_opcode != Opcode::kFinalNorm && run_opcode != Opcode::kLmHead ? fmt::format(" L{}", run_layer) : "", run_length > 1 ? fmt::format(" x{}", run_length) : "");
+    if (run_length == 0) return;
+    out += fmt::format(" {}{}{}", opcode_name(run_opcode), run_layer != kNoLayer ? fmt::format(" L{}", run_layer) : "",
+                       run_length > 1 ? fmt::format(" x{}", run_length) : "");
   };
   for (uint32_t t : estimate.critical_path) {
     if (tasks[t].opcode != run_opcode || tasks[t].layer != run_layer) {
@@ -278,54 +281,13 @@ std::string explain_schedule(const Graph& graph, const Schedule& schedule, const
 
 namespace {
 
-constexpr char kScheduleMagic[8] = {'M', 'K', 'S', 'C', 'H', 'E', 'D', '1'};
+constexpr char kScheduleMagic[8] = {'M', 'K', 'S', 'C', 'H', 'E', 'D', '2'};
 
-nlohmann::json config_to_json(const ModelConfig& c) {
-  return {{"name", c.name},
-          {"d_model", c.d_model},
-          {"d_ff", c.d_ff},
-          {"n_layers", c.n_layers},
-          {"n_heads", c.n_heads},
-          {"n_kv_heads", c.n_kv_heads},
-          {"head_dim", c.head_dim},
-          {"vocab_size", c.vocab_size},
-          {"max_position_embeddings", c.max_position_embeddings},
-          {"rms_norm_eps", c.rms_norm_eps},
-          {"rope_type", int(c.rope.type)},
-          {"rope_theta", c.rope.theta},
-          {"rope_factor", c.rope.factor},
-          {"rope_low_freq_factor", c.rope.low_freq_factor},
-          {"rope_high_freq_factor", c.rope.high_freq_factor},
-          {"rope_original_max_position_embeddings", c.rope.original_max_position_embeddings},
-          {"has_embedding", c.has_embedding},
-          {"has_lm_head", c.has_lm_head},
-          {"tie_word_embeddings", c.tie_word_embeddings}};
-}
-
-ModelConfig config_from_json(const nlohmann::json& j) {
-  ModelConfig c;
-  c.name = j.at("name").get<std::string>();
-  c.d_model = j.at("d_model");
-  c.d_ff = j.at("d_ff");
-  c.n_layers = j.at("n_layers");
-  c.n_heads = j.at("n_heads");
-  c.n_kv_heads = j.at("n_kv_heads");
-  c.head_dim = j.at("head_dim");
-  c.vocab_size = j.at("vocab_size");
-  c.max_position_embeddings = j.at("max_position_embeddings");
-  c.rms_norm_eps = j.at("rms_norm_eps");
-  const int rope_type = j.at("rope_type");
-  MK_CHECK(rope_type >= 0 && rope_type <= int(RopeType::kLlama3), "unknown rope type {}", rope_type);
-  c.rope.type = RopeType(rope_type);
-  c.rope.theta = j.at("rope_theta");
-  c.rope.factor = j.at("rope_factor");
-  c.rope.low_freq_factor = j.at("rope_low_freq_factor");
-  c.rope.high_freq_factor = j.at("rope_high_freq_factor");
-  c.rope.original_max_position_embeddings = j.at("rope_original_max_position_embeddings");
-  c.has_embedding = j.at("has_embedding");
-  c.has_lm_head = j.at("has_lm_head");
-  c.tie_word_embeddings = j.at("tie_word_embeddings");
-  return c;
+// The tile sizes a schedule was built with: a file made for other tiles describes other tasks.
+nlohmann::json tiles_json() {
+  return {{"block_m", tiles::kBlockM},       {"block_n", tiles::kBlockN},   {"block_k", tiles::kBlockK},
+          {"block_q", tiles::kBlockQ},       {"block_kv", tiles::kBlockKv}, {"block_rows", tiles::kBlockRows},
+          {"group_m", tiles::kGroupM},       {"l2_resident_weight_bytes", tiles::kL2ResidentWeightBytes}};
 }
 
 template <typename T>
@@ -337,13 +299,10 @@ void write_array(std::ofstream& file, const std::vector<T>& values) {
 
 void save_schedule(const std::filesystem::path& path, const Graph& graph, const Schedule& schedule) {
   const nlohmann::json header = {
-      {"config", config_to_json(graph.config())},
+      {"config", model_config_to_json(graph.config())},
       {"batch", graph.shape().batch},
       {"seq_len", graph.shape().seq_len},
-      {"tiles",
-       {graph.tiles().block_m, graph.tiles().block_n, graph.tiles().block_n_wide, graph.tiles().block_k,
-        graph.tiles().block_q, graph.tiles().block_rows, graph.tiles().group_m}},
-      {"l2_resident_weight_bytes", graph.tiles().l2_resident_weight_bytes},
+      {"tiles", tiles_json()},
       {"num_sms", schedule.num_sms},
       {"policy", schedule_policy_name(schedule.policy)},
       {"num_counters", schedule.num_counters},
@@ -369,7 +328,7 @@ LoadedSchedule load_schedule(const std::filesystem::path& path) {
   std::vector<char> bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
   const std::string source = path.string();
   MK_CHECK(bytes.size() >= 16 && std::memcmp(bytes.data(), kScheduleMagic, 8) == 0,
-           "{}: not a schedule file (bad magic)", source);
+           "{}: not a schedule file of this version (bad magic)", source);
   uint64_t length;
   std::memcpy(&length, bytes.data() + 8, 8);
   MK_CHECK(length <= bytes.size() - 16, "{}: truncated schedule header", source);
@@ -377,12 +336,15 @@ LoadedSchedule load_schedule(const std::filesystem::path& path) {
   size_t num_instructions = 0, num_waits = 0;
   try {
     const nlohmann::json header = nlohmann::json::parse(bytes.begin() + 16, bytes.begin() + 16 + int64_t(length));
-    loaded.config = config_from_json(header.at("config"));
+    const nlohmann::json& tiles = header.at("tiles");
+    const nlohmann::json expected_tiles = tiles_json();
+    for (const auto& [name, value] : expected_tiles.items()) {
+      MK_CHECK(tiles.contains(name) && tiles.at(name) == value,
+               "built with other tile sizes: {} {} in the file, {} in this build", name,
+               tiles.contains(name) ? tiles.at(name).dump() : "missing", value.dump());
+    }
+    loaded.config = model_config_from_json(header.at("config"), "its model config");
     loaded.shape = {header.at("batch"), header.at("seq_len")};
-    const auto tiles = header.at("tiles").get<std::vector<int32_t>>();
-    MK_CHECK(tiles.size() == 7, "tiles must have 7 entries");
-    loaded.tiles = {tiles[0], tiles[1], tiles[2], tiles[3], tiles[4], tiles[5], tiles[6],
-                    header.at("l2_resident_weight_bytes").get<int64_t>()};
     const int64_t num_sms = header.at("num_sms").get<int64_t>();  // read wide: a narrowing read would wrap
     MK_CHECK(num_sms > 0 && num_sms <= 4096, "bad SM count {}", num_sms);
     loaded.schedule.num_sms = int32_t(num_sms);

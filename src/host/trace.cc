@@ -14,8 +14,7 @@ namespace mk {
 namespace {
 
 std::string slice_name(const Task& task) {
-  return is_after_layers(task.opcode) ? opcode_name(task.opcode)
-                                      : fmt::format("{} L{}", opcode_name(task.opcode), task.layer);
+  return task.layer == kNoLayer ? opcode_name(task.opcode) : fmt::format("{} L{}", opcode_name(task.opcode), task.layer);
 }
 
 const Instruction& instruction_of(const Schedule& schedule, const TraceRecord& r) {
@@ -47,7 +46,7 @@ std::string trace_to_chrome_json(const Graph& graph, const Trace& trace) {
                            {"instruction", r.index},
                            {"rows", fmt::format("[{},{})", task.row_begin, task.row_end)},
                            {"cols", fmt::format("[{},{})", task.col_begin, task.col_end)}};
-    if (task.opcode == Opcode::kAttention) {
+    if (task.sequence >= 0) {
       args["sequence"] = task.sequence;
       args["head"] = task.head;
     }

@@ -6,8 +6,8 @@
 
 #include "mk/check.h"
 #include "mk/schedule.h"
+#include "mk/writer_grid.h"
 #include "in_order.h"
-#include "writer_grid.h"
 
 namespace mk {
 
@@ -82,135 +82,190 @@ bool covers(const std::vector<Region>& rects, const Region& target, int32_t* hol
   return true;
 }
 
-}  // namespace
+// The verifier's jobs, in the order they run; each relies only on what the ones before it proved.
+class Verifier {
+ public:
+  Verifier(const Graph& graph, const Schedule& schedule)
+      : graph_(graph), schedule_(schedule), tasks_(graph.tasks()), buffers_(graph.buffers()),
+        num_tasks_(graph.tasks().size()), num_counters_(schedule.num_counters) {}
 
-void verify_schedule(const Graph& graph, const Schedule& schedule) {
-  const std::vector<Task>& tasks = graph.tasks();
-  const std::vector<Buffer>& buffers = graph.buffers();
-  const size_t num_tasks = tasks.size();
-  const uint32_t num_counters = schedule.num_counters;
-
-  // ---- structure: every task exactly once, instructions faithful to their tasks, indices in range ----
-  MK_CHECK(schedule.num_sms > 0 && schedule.sm_begin.size() == size_t(schedule.num_sms) + 1,
-           "schedule: {} SM offsets for {} SMs", schedule.sm_begin.size(), schedule.num_sms);
-  MK_CHECK(schedule.sm_begin.front() == 0 && schedule.sm_begin.back() == schedule.instructions.size(),
-           "schedule: SM offsets do not span the {} instructions", schedule.instructions.size());
-  MK_CHECK(schedule.instructions.size() == num_tasks, "schedule has {} instructions, the graph {} tasks",
-           schedule.instructions.size(), num_tasks);
-  for (uint32_t sm = 0; sm < uint32_t(schedule.num_sms); ++sm) {
-    MK_CHECK(schedule.sm_begin[sm] <= schedule.sm_begin[sm + 1] && schedule.sm_begin[sm + 1] <= num_tasks,
-             "schedule: SM {}'s instructions [{}, {}) are not a range of the {} instructions", sm,
-             schedule.sm_begin[sm], schedule.sm_begin[sm + 1], num_tasks);
+  void run() {
+    check_sm_ranges();
+    check_instructions();
+    check_counters();
+    check_writes();
+    check_reads();
+    check_liveness();
   }
-  std::vector<Position> position(num_tasks);
-  auto where = [&](uint32_t sm, uint32_t index) {
-    const Instruction& in = schedule.instructions[schedule.sm_begin[sm] + index];
-    const std::string what = in.task < num_tasks ? graph.describe(tasks[in.task]) : std::string("?");
+
+ private:
+  std::string where(uint32_t sm, uint32_t index) const {
+    const Instruction& in = schedule_.instructions[schedule_.sm_begin[sm] + index];
+    const std::string what = in.task < num_tasks_ ? graph_.describe(tasks_[in.task]) : std::string("?");
     return fmt::format("SM {} instruction {} (task {}: {})", sm, index, in.task, what);
-  };
-  auto where_task = [&](uint32_t t) { return where(position[t].sm, position[t].index); };
+  }
+  std::string where_task(uint32_t t) const { return where(position_[t].sm, position_[t].index); }
+  const Instruction& instruction_of_task(uint32_t t) const {
+    return schedule_.instructions[schedule_.sm_begin[position_[t].sm] + position_[t].index];
+  }
+
   // NOTE: instructions are in SM order, tasks in graph order: each access to a task's entries is a cache miss on
   // large graphs unless it is prefetched a few instructions ahead.
-  constexpr size_t kPrefetchDistance = 16;
-  auto prefetch_task_of = [&](size_t instruction) {
-    if (instruction >= schedule.instructions.size()) return;
-    const uint32_t task = schedule.instructions[instruction].task;
-    if (task >= num_tasks) return;
-    __builtin_prefetch(&tasks[task]);
-    __builtin_prefetch(&position[task]);
-  };
-  for (uint32_t sm = 0; sm < uint32_t(schedule.num_sms); ++sm) {
-    for (uint32_t i = schedule.sm_begin[sm]; i < schedule.sm_begin[sm + 1]; ++i) {
-      prefetch_task_of(i + kPrefetchDistance);
-      const Instruction& in = schedule.instructions[i];
-      const uint32_t index = i - schedule.sm_begin[sm];
-      MK_CHECK(in.task < num_tasks, "SM {} instruction {}: task index {} is out of range ({} tasks)", sm, index,
-               in.task, num_tasks);
-      MK_CHECK(position[in.task].sm == kNone, "{}: the task also appears as {}", where(sm, index),
+  void prefetch_task_of(size_t instruction) const {
+    constexpr size_t kPrefetchDistance = 16;
+    if (instruction + kPrefetchDistance >= schedule_.instructions.size()) return;
+    const uint32_t task = schedule_.instructions[instruction + kPrefetchDistance].task;
+    if (task >= num_tasks_) return;
+    __builtin_prefetch(&tasks_[task]);
+    __builtin_prefetch(&position_[task]);
+  }
+
+  void check_sm_ranges() const;
+  void check_instructions();
+  void check_counters();
+  void check_writes();
+  void box_counters();
+  void check_reads();
+  bool covered(const Instruction& in, int read_index, const Region& read, int32_t* hole_row, int32_t* hole_col);
+  void check_liveness() const;
+
+  const Graph& graph_;
+  const Schedule& schedule_;
+  const std::vector<Task>& tasks_;
+  const std::vector<Buffer>& buffers_;
+  const size_t num_tasks_;
+  const uint32_t num_counters_;
+  std::vector<Position> position_;        // (num_tasks) where each task runs
+  std::vector<uint32_t> signals_;         // (num_counters) signals per launch
+  std::vector<uint32_t> counter_begin_;   // (num_counters + 1): counter c's tasks are counter_tasks_[begin[c], begin[c+1])
+  std::vector<uint32_t> counter_tasks_;   // (num_tasks)
+  std::vector<Region> write_of_;          // (num_tasks)
+  std::vector<WriterGrid> grids_;         // (buffers)
+  std::vector<Region> counter_box_;       // (num_counters) bounding box of the counter's writes
+  std::vector<char> counter_exact_;       // (num_counters) its tasks tile the box exactly
+  std::vector<uint32_t> visited_mark_;    // (num_counters) scratch of covered()
+  std::vector<uint32_t> frontier_, more_;
+  std::vector<Region> rects_;
+};
+
+// ---- structure: every task exactly once, instructions faithful to their tasks, indices in range ----
+
+void Verifier::check_sm_ranges() const {
+  const Schedule& s = schedule_;
+  MK_CHECK(s.num_sms > 0 && s.sm_begin.size() == size_t(s.num_sms) + 1, "schedule: {} SM offsets for {} SMs",
+           s.sm_begin.size(), s.num_sms);
+  MK_CHECK(s.sm_begin.front() == 0 && s.sm_begin.back() == s.instructions.size(),
+           "schedule: SM offsets do not span the {} instructions", s.instructions.size());
+  MK_CHECK(s.instructions.size() == num_tasks_, "schedule has {} instructions, the graph {} tasks",
+           s.instructions.size(), num_tasks_);
+  for (uint32_t sm = 0; sm < uint32_t(s.num_sms); ++sm) {
+    MK_CHECK(s.sm_begin[sm] <= s.sm_begin[sm + 1] && s.sm_begin[sm + 1] <= num_tasks_,
+             "schedule: SM {}'s instructions [{}, {}) are not a range of the {} instructions", sm, s.sm_begin[sm],
+             s.sm_begin[sm + 1], num_tasks_);
+  }
+}
+
+void Verifier::check_instructions() {
+  const Schedule& s = schedule_;
+  position_.assign(num_tasks_, Position{});
+  for (uint32_t sm = 0; sm < uint32_t(s.num_sms); ++sm) {
+    for (uint32_t i = s.sm_begin[sm]; i < s.sm_begin[sm + 1]; ++i) {
+      prefetch_task_of(i);
+      const Instruction& in = s.instructions[i];
+      const uint32_t index = i - s.sm_begin[sm];
+      MK_CHECK(in.task < num_tasks_, "SM {} instruction {}: task index {} is out of range ({} tasks)", sm, index,
+               in.task, num_tasks_);
+      MK_CHECK(position_[in.task].sm == kNone, "{}: the task also appears as {}", where(sm, index),
                where_task(in.task));
-      position[in.task] = {sm, index};
-      const Task& t = tasks[in.task];
+      position_[in.task] = {sm, index};
+      const Task& t = tasks_[in.task];
       MK_CHECK(in.opcode == t.opcode && in.layer == t.layer && in.row_begin == t.row_begin && in.row_end == t.row_end &&
                    in.col_begin == t.col_begin && in.col_end == t.col_end && in.sequence == t.sequence &&
                    in.head == t.head,
                "SM {} instruction {}: does not match task {} ({}): opcode {} layer {} rows [{},{}) cols [{},{})", sm,
-               index, in.task, graph.describe(t), opcode_name(in.opcode), in.layer, in.row_begin, in.row_end,
+               index, in.task, graph_.describe(t), opcode_name(in.opcode), in.layer, in.row_begin, in.row_end,
                in.col_begin, in.col_end);
-      MK_CHECK(in.signal_counter < num_counters, "{}: signals counter {} of {}", where(sm, index), in.signal_counter,
-               num_counters);
-      MK_CHECK(uint64_t(in.wait_begin) + in.num_waits <= schedule.waits.size(),
+      MK_CHECK(in.signal_counter < num_counters_, "{}: signals counter {} of {}", where(sm, index), in.signal_counter,
+               num_counters_);
+      MK_CHECK(uint64_t(in.wait_begin) + in.num_waits <= s.waits.size(),
                "{}: wait list [{}, +{}) lies outside the {} waits", where(sm, index), in.wait_begin, in.num_waits,
-               schedule.waits.size());
+               s.waits.size());
       for (uint32_t k = 0; k < in.num_waits; ++k)
-        MK_CHECK(schedule.waits[in.wait_begin + k].counter < num_counters, "{}: waits on counter {} of {}",
-                 where(sm, index), schedule.waits[in.wait_begin + k].counter, num_counters);
+        MK_CHECK(s.waits[in.wait_begin + k].counter < num_counters_, "{}: waits on counter {} of {}", where(sm, index),
+                 s.waits[in.wait_begin + k].counter, num_counters_);
     }
   }
+}
 
-  // ---- counters: signals per launch, and reachable targets ----
-  std::vector<uint32_t> signals(num_counters, 0);
-  for (const Instruction& in : schedule.instructions) ++signals[in.signal_counter];
-  for (const Instruction& in : schedule.instructions) {
+// ---- counters: signals per launch, reachable targets, and each counter's tasks ----
+
+void Verifier::check_counters() {
+  const Schedule& s = schedule_;
+  signals_.assign(num_counters_, 0);
+  for (const Instruction& in : s.instructions) ++signals_[in.signal_counter];
+  for (const Instruction& in : s.instructions) {
     for (uint32_t k = 0; k < in.num_waits; ++k) {
-      const Wait& w = schedule.waits[in.wait_begin + k];
-      MK_CHECK(w.target <= signals[w.counter],
+      const Wait& w = s.waits[in.wait_begin + k];
+      MK_CHECK(w.target <= signals_[w.counter],
                "{}: waits for counter {} to reach {} per launch, but only {} tasks signal it: unreachable",
-               where_task(in.task), w.counter, w.target, signals[w.counter]);
+               where_task(in.task), w.counter, w.target, signals_[w.counter]);
     }
   }
-  // counter -> its tasks (CSR)
-  std::vector<uint32_t> counter_begin(num_counters + 1, 0);
-  for (const Instruction& in : schedule.instructions) ++counter_begin[in.signal_counter + 1];
-  for (uint32_t c = 0; c < num_counters; ++c) counter_begin[c + 1] += counter_begin[c];
-  std::vector<uint32_t> counter_tasks(num_tasks);
-  {
-    std::vector<uint32_t> fill(counter_begin.begin(), counter_begin.end() - 1);
-    for (const Instruction& in : schedule.instructions) counter_tasks[fill[in.signal_counter]++] = in.task;
-  }
+  counter_begin_.assign(num_counters_ + 1, 0);
+  for (const Instruction& in : s.instructions) ++counter_begin_[in.signal_counter + 1];
+  for (uint32_t c = 0; c < num_counters_; ++c) counter_begin_[c + 1] += counter_begin_[c];
+  counter_tasks_.resize(num_tasks_);
+  std::vector<uint32_t> fill(counter_begin_.begin(), counter_begin_.end() - 1);
+  for (const Instruction& in : s.instructions) counter_tasks_[fill[in.signal_counter]++] = in.task;
+}
 
-  // ---- writes: inside their buffer, never overlapping, the output complete ----
-  std::vector<Region> write_of(num_tasks);
-  for (size_t t = 0; t < num_tasks; ++t) {
-    const Region w = graph.regions(tasks[t]).write;
-    const Buffer& b = buffers[w.buffer];
+// ---- writes: inside their buffer, never overlapping, the output complete ----
+
+void Verifier::check_writes() {
+  write_of_.resize(num_tasks_);
+  for (size_t t = 0; t < num_tasks_; ++t) {
+    const Region w = graph_.regions(tasks_[t]).write;
+    const Buffer& b = buffers_[w.buffer];
     MK_CHECK(!b.host_written, "{}: writes {}, which the host writes", where_task(uint32_t(t)), b.name());
     MK_CHECK(w.row_begin >= 0 && w.row_begin < w.row_end && w.row_end <= b.rows && w.col_begin >= 0 &&
                  w.col_begin < w.col_end && w.col_end <= b.cols,
-             "{}: writes {} outside the buffer's ({}, {})", where_task(uint32_t(t)), region_text(graph, w), b.rows,
+             "{}: writes {} outside the buffer's ({}, {})", where_task(uint32_t(t)), region_text(graph_, w), b.rows,
              b.cols);
-    write_of[t] = w;
+    write_of_[t] = w;
   }
-  const std::vector<WriterGrid> grids = build_writer_grids(graph, [&](uint32_t first, uint32_t second, const Region& cell) {
-    throw Error(fmt::format("{} and {} both write {}", where_task(first), where_task(second), region_text(graph, cell)));
+  grids_ = build_writer_grids(graph_, [&](uint32_t first, uint32_t second, const Region& cell) {
+    throw Error(fmt::format("{} and {} both write {}", where_task(first), where_task(second), region_text(graph_, cell)));
   });
-  {
-    const uint32_t out = graph.output_buffer();
-    const Buffer& b = buffers[out];
-    const WriterGrid& grid = grids[out];
-    const bool spans = !grid.row_bounds.empty() && grid.row_bounds.front() == 0 && grid.row_bounds.back() == b.rows &&
-                       grid.col_bounds.front() == 0 && grid.col_bounds.back() == b.cols;
-    MK_CHECK(spans, "the output {} is not written completely: the writes span rows [{},{}) cols [{},{}) of ({}, {})",
-             b.name(), spans ? 0 : (grid.row_bounds.empty() ? 0 : grid.row_bounds.front()),
-             grid.row_bounds.empty() ? 0 : grid.row_bounds.back(), grid.col_bounds.empty() ? 0 : grid.col_bounds.front(),
-             grid.col_bounds.empty() ? 0 : grid.col_bounds.back(), b.rows, b.cols);
-    for (size_t cell = 0; cell < grid.writer.size(); ++cell) {
-      MK_CHECK(grid.writer[cell] != WriterGrid::kNoWriter, "the output {} is not written completely: nothing writes rows [{},{}) cols [{},{})",
-               b.name(), grid.row_bounds[cell / grid.num_col_cells()], grid.row_bounds[cell / grid.num_col_cells() + 1],
-               grid.col_bounds[cell % grid.num_col_cells()], grid.col_bounds[cell % grid.num_col_cells() + 1]);
-    }
+  const uint32_t out = graph_.output_buffer();
+  const Buffer& b = buffers_[out];
+  const WriterGrid& grid = grids_[out];
+  const bool spans = !grid.row_bounds.empty() && grid.row_bounds.front() == 0 && grid.row_bounds.back() == b.rows &&
+                     grid.col_bounds.front() == 0 && grid.col_bounds.back() == b.cols;
+  MK_CHECK(spans, "the output {} is not written completely: the writes span rows [{},{}) cols [{},{}) of ({}, {})",
+           b.name(), grid.row_bounds.empty() ? 0 : grid.row_bounds.front(),
+           grid.row_bounds.empty() ? 0 : grid.row_bounds.back(), grid.col_bounds.empty() ? 0 : grid.col_bounds.front(),
+           grid.col_bounds.empty() ? 0 : grid.col_bounds.back(), b.rows, b.cols);
+  for (size_t cell = 0; cell < grid.writer.size(); ++cell) {
+    const size_t i = cell / grid.num_col_cells(), j = cell % grid.num_col_cells();
+    MK_CHECK(grid.writer[cell] != WriterGrid::kNoWriter,
+             "the output {} is not written completely: nothing writes rows [{},{}) cols [{},{})", b.name(),
+             grid.row_bounds[i], grid.row_bounds[i + 1], grid.col_bounds[j], grid.col_bounds[j + 1]);
   }
+  box_counters();
+}
 
-  // NOTE: a counter whose tasks write one buffer and tile their bounding box exactly (writes never overlap, checked
-  // above) stands for that box: coverage then looks at one rectangle per counter instead of one per task.
-  std::vector<Region> counter_box(num_counters);
-  std::vector<char> counter_exact(num_counters, 0);
-  for (uint32_t c = 0; c < num_counters; ++c) {
-    if (counter_begin[c] == counter_begin[c + 1]) continue;
-    Region box = write_of[counter_tasks[counter_begin[c]]];
+// NOTE: a counter whose tasks write one buffer and tile their bounding box exactly (writes never overlap, checked
+// before) stands for that box: coverage then looks at one rectangle per counter instead of one per task.
+void Verifier::box_counters() {
+  counter_box_.resize(num_counters_);
+  counter_exact_.assign(num_counters_, 0);
+  for (uint32_t c = 0; c < num_counters_; ++c) {
+    if (counter_begin_[c] == counter_begin_[c + 1]) continue;
+    Region box = write_of_[counter_tasks_[counter_begin_[c]]];
     int64_t area = 0;
     bool one_buffer = true;
-    for (uint32_t i = counter_begin[c]; i < counter_begin[c + 1]; ++i) {
-      const Region& w = write_of[counter_tasks[i]];
+    for (uint32_t i = counter_begin_[c]; i < counter_begin_[c + 1]; ++i) {
+      const Region& w = write_of_[counter_tasks_[i]];
       one_buffer &= w.buffer == box.buffer;
       box.row_begin = std::min(box.row_begin, w.row_begin);
       box.row_end = std::max(box.row_end, w.row_end);
@@ -218,92 +273,95 @@ void verify_schedule(const Graph& graph, const Schedule& schedule) {
       box.col_end = std::max(box.col_end, w.col_end);
       area += w.area();
     }
-    counter_box[c] = box;
-    counter_exact[c] = one_buffer && area == box.area();
+    counter_box_[c] = box;
+    counter_exact_[c] = one_buffer && area == box.area();
   }
+}
 
-  // ---- reads: covered by the writes of tasks the reader waits for, directly or transitively ----
-  // A wait guarantees the completion of all the counter's tasks only when its target is the counter's full count.
-  auto full_waits_of = [&](const Instruction& in, std::vector<uint32_t>& out) {
-    for (uint32_t k = 0; k < in.num_waits; ++k) {
-      const Wait& w = schedule.waits[in.wait_begin + k];
-      if (w.target == signals[w.counter] && w.target > 0) out.push_back(w.counter);
-    }
-  };
-  auto full_waits = [&](uint32_t t, std::vector<uint32_t>& out) {
-    full_waits_of(schedule.instructions[schedule.sm_begin[position[t].sm] + position[t].index], out);
-  };
-  std::vector<uint32_t> frontier, more, visited_mark(num_counters, kNone);
-  std::vector<Region> rects;
-  for (size_t i = 0; i < schedule.instructions.size(); ++i) {
-    prefetch_task_of(i + kPrefetchDistance);
-    const Instruction& in = schedule.instructions[i];
-    const uint32_t t = in.task;
-    const TaskRegions regions = graph.regions(tasks[t]);
+// ---- reads: covered by the writes of tasks the reader waits for, directly or transitively ----
+
+void Verifier::check_reads() {
+  visited_mark_.assign(num_counters_, kNone);
+  for (size_t i = 0; i < schedule_.instructions.size(); ++i) {
+    prefetch_task_of(i);
+    const Instruction& in = schedule_.instructions[i];
+    const TaskRegions regions = graph_.regions(tasks_[in.task]);
     for (int r = 0; r < regions.num_reads; ++r) {
       const Region& read = regions.reads[r];
-      if (buffers[read.buffer].host_written) continue;
-      frontier.clear();
-      full_waits_of(in, frontier);
-      rects.clear();
-      // Direct waits first; then, level by level, the waits of tasks already known complete, which the reader
-      // awaits transitively.
-      const uint32_t mark = uint32_t(t) * TaskRegions::kMaxReads + uint32_t(r);
-      for (uint32_t c : frontier) visited_mark[c] = mark;
-      size_t gathered = 0, expanded = 0;
-      bool covered = false;
+      if (buffers_[read.buffer].host_written) continue;
       int32_t hole_row = read.row_begin, hole_col = read.col_begin;
-      while (true) {
-        for (; gathered < frontier.size(); ++gathered) {
-          const uint32_t c = frontier[gathered];
-          if (counter_exact[c]) {
-            if (intersects(counter_box[c], read)) rects.push_back(counter_box[c]);
-            continue;
-          }
-          for (uint32_t i = counter_begin[c]; i < counter_begin[c + 1]; ++i)
-            if (intersects(write_of[counter_tasks[i]], read)) rects.push_back(write_of[counter_tasks[i]]);
-        }
-        covered = covers(rects, read, &hole_row, &hole_col);
-        if (covered || expanded == frontier.size()) break;
-        const size_t level_end = frontier.size();
-        for (; expanded < level_end; ++expanded) {
-          const uint32_t c = frontier[expanded];
-          for (uint32_t j = counter_begin[c]; j < counter_begin[c + 1]; ++j) {
-            more.clear();
-            full_waits(counter_tasks[j], more);
-            for (uint32_t m : more) {
-              if (visited_mark[m] == mark) continue;
-              visited_mark[m] = mark;
-              frontier.push_back(m);
-            }
-          }
-        }
+      if (covered(in, r, read, &hole_row, &hole_col)) continue;
+      const uint32_t writer = grids_[read.buffer].writer_at(hole_row, hole_col);
+      if (writer == kNone) {
+        throw Error(fmt::format("{}: reads {}, but no task writes row {} col {}", where_task(in.task),
+                                region_text(graph_, read), hole_row, hole_col));
       }
-      if (!covered) {
-        const uint32_t writer = grids[read.buffer].writer_at(hole_row, hole_col);
-        if (writer == kNone) {
-          throw Error(fmt::format("{}: reads {}, but no task writes row {} col {}", where_task(uint32_t(t)),
-                                  region_text(graph, read), hole_row, hole_col));
+      throw Error(fmt::format("{}: reads {}, but row {} col {} is written by {} (counter {}), which it does not wait "
+                              "for, directly or transitively",
+                              where_task(in.task), region_text(graph_, read), hole_row, hole_col, where_task(writer),
+                              instruction_of_task(writer).signal_counter));
+    }
+  }
+}
+
+// Whether the writes of the counters `in` waits for, directly or transitively, cover `read`; the first hole if not.
+// A wait guarantees the completion of all the counter's tasks only when its target is the counter's full count.
+bool Verifier::covered(const Instruction& in, int read_index, const Region& read, int32_t* hole_row,
+                       int32_t* hole_col) {
+  auto full_waits_of = [&](const Instruction& waiter, std::vector<uint32_t>& out) {
+    for (uint32_t k = 0; k < waiter.num_waits; ++k) {
+      const Wait& w = schedule_.waits[waiter.wait_begin + k];
+      if (w.target == signals_[w.counter] && w.target > 0) out.push_back(w.counter);
+    }
+  };
+  frontier_.clear();
+  full_waits_of(in, frontier_);
+  rects_.clear();
+  // Direct waits first; then, level by level, the waits of tasks already known complete.
+  const uint32_t mark = in.task * TaskRegions::kMaxReads + uint32_t(read_index);
+  for (uint32_t c : frontier_) visited_mark_[c] = mark;
+  size_t gathered = 0, expanded = 0;
+  while (true) {
+    for (; gathered < frontier_.size(); ++gathered) {
+      const uint32_t c = frontier_[gathered];
+      if (counter_exact_[c]) {
+        if (intersects(counter_box_[c], read)) rects_.push_back(counter_box_[c]);
+        continue;
+      }
+      for (uint32_t i = counter_begin_[c]; i < counter_begin_[c + 1]; ++i)
+        if (intersects(write_of_[counter_tasks_[i]], read)) rects_.push_back(write_of_[counter_tasks_[i]]);
+    }
+    if (covers(rects_, read, hole_row, hole_col)) return true;
+    if (expanded == frontier_.size()) return false;
+    const size_t level_end = frontier_.size();
+    for (; expanded < level_end; ++expanded) {
+      const uint32_t c = frontier_[expanded];
+      for (uint32_t j = counter_begin_[c]; j < counter_begin_[c + 1]; ++j) {
+        more_.clear();
+        full_waits_of(instruction_of_task(counter_tasks_[j]), more_);
+        for (uint32_t m : more_) {
+          if (visited_mark_[m] == mark) continue;
+          visited_mark_[m] = mark;
+          frontier_.push_back(m);
         }
-        const Instruction& w = schedule.instructions[schedule.sm_begin[position[writer].sm] + position[writer].index];
-        throw Error(fmt::format("{}: reads {}, but row {} col {} is written by {} (counter {}), which it does not wait "
-                                "for, directly or transitively",
-                                where_task(uint32_t(t)), region_text(graph, read), hole_row, hole_col,
-                                where_task(writer), w.signal_counter));
       }
     }
   }
+}
 
-  // ---- liveness: run every SM's list in order; all must finish ----
-  const std::vector<uint32_t> done = run_in_order(schedule, [](uint32_t, uint32_t) {});
-  std::vector<uint32_t> value(num_counters, 0);
-  for (uint32_t sm = 0; sm < uint32_t(schedule.num_sms); ++sm)
-    for (uint32_t i = 0; i < done[sm]; ++i) ++value[schedule.instructions[schedule.sm_begin[sm] + i].signal_counter];
-  for (uint32_t sm = 0; sm < uint32_t(schedule.num_sms); ++sm) {
-    if (done[sm] == schedule.num_instructions(int32_t(sm))) continue;
-    const Instruction& in = schedule.instructions[schedule.sm_begin[sm] + done[sm]];
+// ---- liveness: run every SM's list in order; all must finish ----
+
+void Verifier::check_liveness() const {
+  const Schedule& s = schedule_;
+  const std::vector<uint32_t> done = run_in_order(s, [](uint32_t, uint32_t) {});
+  std::vector<uint32_t> value(num_counters_, 0);
+  for (uint32_t sm = 0; sm < uint32_t(s.num_sms); ++sm)
+    for (uint32_t i = 0; i < done[sm]; ++i) ++value[s.instructions[s.sm_begin[sm] + i].signal_counter];
+  for (uint32_t sm = 0; sm < uint32_t(s.num_sms); ++sm) {
+    if (done[sm] == s.num_instructions(int32_t(sm))) continue;
+    const Instruction& in = s.instructions[s.sm_begin[sm] + done[sm]];
     for (uint32_t k = 0; k < in.num_waits; ++k) {
-      const Wait& w = schedule.waits[in.wait_begin + k];
+      const Wait& w = s.waits[in.wait_begin + k];
       if (value[w.counter] < w.target) {
         throw Error(fmt::format("deadlock: {} waits forever on counter {} (reaches {} of {}) when every SM runs its "
                                 "list in order",
@@ -312,5 +370,9 @@ void verify_schedule(const Graph& graph, const Schedule& schedule) {
     }
   }
 }
+
+}  // namespace
+
+void verify_schedule(const Graph& graph, const Schedule& schedule) { Verifier(graph, schedule).run(); }
 
 }  // namespace mk

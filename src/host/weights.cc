@@ -55,6 +55,15 @@ ModelWeights empty_weights(const ModelConfig& config) {
 
 }  // namespace
 
+int64_t parameter_count(const ModelConfig& config) {
+  ModelWeights shapes = empty_weights(config);  // no data: only the shapes are visited
+  int64_t count = 0;
+  for_each_weight(shapes, [&](const std::string&, const std::vector<int64_t>& shape, std::vector<bf16>&) {
+    count += product(shape);
+  });
+  return count;
+}
+
 ModelWeights random_weights(const ModelConfig& config, uint64_t seed) {
   ModelWeights weights = empty_weights(config);
   uint64_t tensor_index = 0;

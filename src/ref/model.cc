@@ -1,9 +1,9 @@
-// The CPU reference forward pass: the model written out op by op over whole tensors, parallel over rows.
+// The CPU reference forward pass: the layer program's steps one after the other, each over its whole output.
 #include <fmt/format.h>
 
 #include "mk/check.h"
-#include "mk/parallel.h"
 #include "mk/random.h"
+#include "mk/program.h"
 #include "mk/reference.h"
 
 namespace mk::ref {
@@ -46,15 +46,6 @@ void validate_input(const ModelConfig& config, const ModelInput& input) {
   }
 }
 
-namespace {
-
-template <typename Op>
-void over_rows(int64_t rows, Op&& op) {
-  parallel_for(rows, [&](int64_t begin, int64_t end) { op(Range{begin, end}); });
-}
-
-}  // namespace
-
 void round_to_bf16(Matrix& matrix, Range rows) {
   for (int64_t r = rows.begin; r < rows.end; ++r)
     for (int64_t c = 0; c < matrix.cols; ++c) matrix.row(r)[c] = mk::round_to_bf16(matrix.row(r)[c]);
@@ -63,64 +54,23 @@ void round_to_bf16(Matrix& matrix, Range rows) {
 Matrix forward(const ModelWeights& weights, const ModelInput& input, const ForwardOptions& options) {
   const ModelConfig& c = weights.config;
   validate_input(c, input);
-  const int64_t T = input.shape.tokens();
-  const int64_t S = input.shape.seq_len;
-  const Range all_model_cols{0, c.d_model};
-
-  // Rounds an op's output rows when emulating bf16 activations.
-  auto stored = [&](Matrix& m, Range rows) {
-    if (options.round_activations_to_bf16) round_to_bf16(m, rows);
-  };
-  Matrix h(T, c.d_model);  // the residual stream
-  if (c.has_embedding) {
-    over_rows(T, [&](Range rows) { embedding_rows(input.tokens, weights.embedding, h, rows); });  // bf16 already
-  } else {
-    h = input.hidden;
+  const BufferTable table(c, input.shape);
+  const OpContext ctx{c, input.shape, table};
+  const ModelOperands operands(weights, input.shape.seq_len);
+  // NOTE: one matrix per buffer kind, shared by the layers: each step reads only what the steps before it wrote
+  // in the same or the previous layer, so one layer's activations at a time suffice.
+  std::vector<Matrix> by_kind(kNumBufferKinds);
+  CpuTile cpu{c, operands, input.tokens, table, {}};
+  for (const Buffer& buffer : table.buffers()) {
+    Matrix& matrix = by_kind[size_t(buffer.kind)];
+    if (matrix.rows == 0 && buffer.kind != BufferKind::kTokens) matrix = Matrix(buffer.rows, buffer.cols);
+    cpu.buffers.push_back(&matrix);
   }
-  const RopeTable rope = make_rope_table(c, S);
-
-  Matrix xn(T, c.d_model);
-  Matrix qkv(T, c.qkv_dim());
-  Matrix attn(T, c.q_dim());
-  Matrix h_mid(T, c.d_model);
-  Matrix act(T, c.d_ff);
-  for (const LayerWeights& w : weights.layers) {
-    const StackedWeights w_qkv = qkv_weights(c, w);
-
-    over_rows(T, [&](Range rows) {
-      rmsnorm_rows(h, w.attn_norm, c.rms_norm_eps, xn, rows);
-      stored(xn, rows);
-      linear_tile(xn, w_qkv, qkv, rows, {0, c.qkv_dim()});
-      if (c.rope.type != RopeType::kNone) rope_tile(c, rope, S, qkv, rows, {0, c.qkv_dim()});
-      stored(qkv, rows);
-    });
-    parallel_for(input.shape.batch * c.n_heads, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) attention_tile(c, S, qkv, attn, i / c.n_heads, {0, S}, i % c.n_heads);
-    });
-    over_rows(T, [&](Range rows) {
-      stored(attn, rows);
-      linear_residual_tile(attn, StackedWeights(w.wo, c.d_model, c.q_dim()), h, h_mid, rows, all_model_cols);
-      stored(h_mid, rows);
-      rmsnorm_rows(h_mid, w.mlp_norm, c.rms_norm_eps, xn, rows);
-      stored(xn, rows);
-      swiglu_tile(xn, StackedWeights(w.w_gate, c.d_ff, c.d_model), StackedWeights(w.w_up, c.d_ff, c.d_model), act,
-                  rows, {0, c.d_ff});
-      stored(act, rows);
-      linear_residual_tile(act, StackedWeights(w.w_down, c.d_model, c.d_ff), h_mid, h, rows, all_model_cols);
-      stored(h, rows);
-    });
-  }
-  if (!c.has_lm_head) return h;
-
-  Matrix logits(T, c.vocab_size);
-  const StackedWeights head(weights.lm_head_matrix(), c.vocab_size, c.d_model);
-  over_rows(T, [&](Range rows) {
-    rmsnorm_rows(h, weights.final_norm, c.rms_norm_eps, xn, rows);
-    stored(xn, rows);
-    linear_tile(xn, head, logits, rows, {0, c.vocab_size});
-    stored(logits, rows);
+  if (!c.has_embedding) by_kind[size_t(BufferKind::kHidden)] = input.hidden;
+  for_each_step(c, [&](const OpDescriptor& op, uint16_t layer) {
+    run_whole_step(op, ctx, cpu, layer, by_kind[size_t(op.output(layer).kind)], options.round_activations_to_bf16);
   });
-  return logits;
+  return std::move(by_kind[size_t(output_of_pass(c).kind)]);
 }
 
 }  // namespace mk::ref

@@ -131,6 +131,17 @@ RopeTable make_rope_table(const ModelConfig& config, int64_t max_positions) {
   return table;
 }
 
+ModelOperands::ModelOperands(const ModelWeights& weights_, int64_t seq_len_)
+    : weights(weights_), rope(make_rope_table(weights_.config, seq_len_)), seq_len(seq_len_) {
+  const ModelConfig& c = weights.config;
+  for (const LayerWeights& w : weights.layers) {
+    layers.push_back({qkv_weights(c, w), StackedWeights(w.wo, c.d_model, c.q_dim()),
+                      StackedWeights(w.w_gate, c.d_ff, c.d_model), StackedWeights(w.w_up, c.d_ff, c.d_model),
+                      StackedWeights(w.w_down, c.d_model, c.d_ff)});
+  }
+  if (c.has_lm_head) lm_head = StackedWeights(weights.lm_head_matrix(), c.vocab_size, c.d_model);
+}
+
 void embedding_rows(const std::vector<int32_t>& tokens, const std::vector<bf16>& table, Matrix& out, Range rows) {
   for (int64_t r = rows.begin; r < rows.end; ++r) {
     const bf16* source = table.data() + int64_t(tokens[size_t(r)]) * out.cols;

@@ -10,9 +10,9 @@
 #include <system_error>
 #include <thread>
 
-#include "../host/writer_grid.h"
 #include "mk/check.h"
 #include "mk/random.h"
+#include "mk/writer_grid.h"
 
 namespace mk {
 
@@ -20,19 +20,21 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Weights arranged the way the tile ops take them.
-struct LayerOperands {
-  ref::StackedWeights qkv, o, gate, up, down;
-};
+// The weights, once they are known to be for the model of the schedule.
+const ModelWeights& weights_for(const ModelWeights& weights, const ModelConfig& config) {
+  const std::string difference = first_difference(weights.config, config);
+  MK_CHECK(difference.empty(), "cpu-vm: the weights are for another model than the schedule ({})", difference);
+  return weights;
+}
 
 class CpuVm {
  public:
   CpuVm(const Graph& graph, const Schedule& schedule, const ModelWeights& weights, const ref::ModelInput& input,
         const CpuVmOptions& options)
-      : graph_(graph), schedule_(schedule), weights_(weights), input_(input), options_(options),
-        config_(graph.config()), counters_(schedule.num_counters) {
-    const std::string difference = first_difference(weights.config, config_);
-    MK_CHECK(difference.empty(), "cpu-vm: the weights are for another model than the schedule ({})", difference);
+      : graph_(graph), schedule_(schedule), options_(options),
+        config_(graph.config()), counters_(schedule.num_counters),
+        operands_(weights_for(weights, graph.config()), graph.shape().seq_len),
+        cpu_{config_, operands_, input.tokens, graph.buffer_table(), {}} {
     MK_CHECK(input.shape.batch == graph.shape().batch && input.shape.seq_len == graph.shape().seq_len,
              "cpu-vm: input of batch {} x seq {} for a schedule built for batch {} x seq {}", input.shape.batch,
              input.shape.seq_len, graph.shape().batch, graph.shape().seq_len);
@@ -42,17 +44,7 @@ class CpuVm {
       std::fill(run_.buffers.back().data.begin(), run_.buffers.back().data.end(), NAN);  // poison
     }
     if (!config_.has_embedding) run_.buffers[graph.buffer_id(BufferKind::kHidden, 0)] = input.hidden;
-    for (const LayerWeights& w : weights.layers) {
-      LayerOperands ops;
-      ops.qkv = ref::qkv_weights(config_, w);
-      ops.o = ref::StackedWeights(w.wo, config_.d_model, config_.q_dim());
-      ops.gate = ref::StackedWeights(w.w_gate, config_.d_ff, config_.d_model);
-      ops.up = ref::StackedWeights(w.w_up, config_.d_ff, config_.d_model);
-      ops.down = ref::StackedWeights(w.w_down, config_.d_model, config_.d_ff);
-      layers_.push_back(std::move(ops));
-    }
-    if (config_.has_lm_head) lm_head_ = ref::StackedWeights(weights.lm_head_matrix(), config_.vocab_size, config_.d_model);
-    rope_ = ref::make_rope_table(config_, graph.shape().seq_len);
+    for (const ref::Matrix& buffer : run_.buffers) cpu_.buffers.push_back(&buffer);
     if (options.detect_races) {
       grids_ = build_writer_grids(graph, [](uint32_t, uint32_t, const Region&) {});
       position_of_task_.resize(graph.tasks().size());
@@ -188,72 +180,21 @@ class CpuVm {
     }
   }
 
-  ref::Matrix& buffer(BufferKind kind, int32_t layer = -1) { return run_.buffers[graph_.buffer_id(kind, layer)]; }
-
+  // Interprets the instruction as the megakernel does, from its own fields.
   void execute(const Instruction& in) {
-    const int32_t l = in.layer;
-    const ref::Range rows{in.row_begin, in.row_end};
-    const ref::Range cols{in.col_begin, in.col_end};
-    const float eps = config_.rms_norm_eps;
-    switch (in.opcode) {
-      case Opcode::kEmbed:
-        ref::embedding_rows(input_.tokens, weights_.embedding, buffer(BufferKind::kHidden, 0), rows);
-        break;
-      case Opcode::kAttnNorm:
-        ref::rmsnorm_rows(buffer(BufferKind::kHidden, l), weights_.layers[size_t(l)].attn_norm, eps,
-                          buffer(BufferKind::kAttnNorm, l), rows);
-        break;
-      case Opcode::kQkv:
-        ref::linear_tile(buffer(BufferKind::kAttnNorm, l), layers_[size_t(l)].qkv, buffer(BufferKind::kQkv, l), rows, cols);
-        if (config_.rope.type != RopeType::kNone)
-          ref::rope_tile(config_, rope_, graph_.shape().seq_len, buffer(BufferKind::kQkv, l), rows, cols);
-        break;
-      case Opcode::kAttention: {
-        const int64_t first = int64_t(in.sequence) * graph_.shape().seq_len;
-        ref::attention_tile(config_, graph_.shape().seq_len, buffer(BufferKind::kQkv, l), buffer(BufferKind::kAttn, l),
-                            in.sequence, {in.row_begin - first, in.row_end - first}, in.head);
-        break;
-      }
-      case Opcode::kOProj:
-        ref::linear_residual_tile(buffer(BufferKind::kAttn, l), layers_[size_t(l)].o, buffer(BufferKind::kHidden, l),
-                                  buffer(BufferKind::kHiddenMid, l), rows, cols);
-        break;
-      case Opcode::kMlpNorm:
-        ref::rmsnorm_rows(buffer(BufferKind::kHiddenMid, l), weights_.layers[size_t(l)].mlp_norm, eps,
-                          buffer(BufferKind::kMlpNorm, l), rows);
-        break;
-      case Opcode::kGateUp:
-        ref::swiglu_tile(buffer(BufferKind::kMlpNorm, l), layers_[size_t(l)].gate, layers_[size_t(l)].up,
-                         buffer(BufferKind::kAct, l), rows, cols);
-        break;
-      case Opcode::kDown:
-        ref::linear_residual_tile(buffer(BufferKind::kAct, l), layers_[size_t(l)].down, buffer(BufferKind::kHiddenMid, l),
-                                  buffer(BufferKind::kHidden, l + 1), rows, cols);
-        break;
-      case Opcode::kFinalNorm:
-        ref::rmsnorm_rows(buffer(BufferKind::kHidden, int32_t(config_.n_layers)), weights_.final_norm, eps,
-                          buffer(BufferKind::kFinalNorm), rows);
-        break;
-      case Opcode::kLmHead:
-        ref::linear_tile(buffer(BufferKind::kFinalNorm), lm_head_, buffer(BufferKind::kLogits), rows, cols);
-        break;
-      case Opcode::kNop:
-      case Opcode::kNumOpcodes:
-        throw Error(fmt::format("invalid opcode {}", int(in.opcode)));
-    }
+    const Task task{in.opcode, in.layer, in.row_begin, in.row_end, in.col_begin, in.col_end, in.sequence, in.head};
+    const OpDescriptor& op = op_descriptor(task.opcode);
+    op.run_cpu(cpu_, task, run_.buffers[graph_.buffer_table().id(op.output(task.layer))]);
   }
 
   const Graph& graph_;
   const Schedule& schedule_;
-  const ModelWeights& weights_;
-  const ref::ModelInput& input_;
   const CpuVmOptions& options_;
   const ModelConfig& config_;
   std::vector<std::atomic<uint32_t>> counters_;  // (num_counters)
   CpuVmRun run_;
-  std::vector<LayerOperands> layers_;            // (n_layers)
-  ref::StackedWeights lm_head_;
-  ref::RopeTable rope_;
+  const ref::ModelOperands operands_;
+  CpuTile cpu_;  // reads run_.buffers
   std::atomic<bool> stop_{false};
   Clock::time_point launch_start_;
   std::mutex error_mutex_;

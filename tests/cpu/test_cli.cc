@@ -13,6 +13,7 @@
 
 #include "mk/model_config.h"
 #include "mk/model_io.h"
+#include "mk/program.h"
 #include "mk/reference.h"
 #include "mk/safetensors.h"
 #include "mk/weights.h"

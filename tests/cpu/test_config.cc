@@ -12,6 +12,7 @@
 
 #include "mk/check.h"
 #include "mk/model_config.h"
+#include "mk/program.h"
 #include "test_util.h"
 
 namespace {
@@ -25,7 +26,7 @@ using nlohmann::json;
 // The message of the mk::Error that `body` throws; fails the test when it throws nothing or something else.
 
 std::string parse_error(const json& config) {
-  return error_of([&] { mk::model_config_from_json(config, "cfg.json"); });
+  return error_of([&] { mk::model_config_from_hf_json(config, "cfg.json"); });
 }
 
 // Meta-Llama-3.1-8B's config.json as published (transformers 4.43): no head_dim, rope_theta + rope_scaling.
@@ -125,7 +126,7 @@ TEST(Presets, ParameterCountsMatchThePublishedModels) {
 }
 
 TEST(ConfigJson, ParsesLlama31WithRopeScaling) {
-  const mk::ModelConfig c = mk::model_config_from_json(llama31_8b_config(), "llama31/config.json");
+  const mk::ModelConfig c = mk::model_config_from_hf_json(llama31_8b_config(), "llama31/config.json");
   EXPECT_EQ(c.name, "llama31/config.json");
   EXPECT_EQ(c.d_model, 4096);
   EXPECT_EQ(c.d_ff, 14336);
@@ -164,7 +165,7 @@ TEST(ConfigJson, ParsesTransformers5RopeParameters) {
                                {"low_freq_factor", 1.0},
                                {"high_freq_factor", 4.0},
                                {"original_max_position_embeddings", 8192}};
-  const mk::ModelConfig c = mk::model_config_from_json(config, "v5.json");
+  const mk::ModelConfig c = mk::model_config_from_hf_json(config, "v5.json");
   EXPECT_EQ(c.rope.type, mk::RopeType::kLlama3);
   EXPECT_EQ(c.rope.theta, 500000.0);
   EXPECT_EQ(c.rope.factor, 32.0);
@@ -175,12 +176,12 @@ TEST(ConfigJson, ParsesTransformers5RopeParameters) {
 TEST(ConfigJson, DefaultRopeWithoutScaling) {
   json config = small_config();
   config["rope_theta"] = 250000.0;
-  mk::ModelConfig c = mk::model_config_from_json(config, "cfg.json");
+  mk::ModelConfig c = mk::model_config_from_hf_json(config, "cfg.json");
   EXPECT_EQ(c.rope.type, mk::RopeType::kDefault);
   EXPECT_EQ(c.rope.theta, 250000.0);
 
   config["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1234.0}};
-  c = mk::model_config_from_json(config, "cfg.json");
+  c = mk::model_config_from_hf_json(config, "cfg.json");
   EXPECT_EQ(c.rope.type, mk::RopeType::kDefault);
   EXPECT_EQ(c.rope.theta, 1234.0);  // rope_parameters wins over the top-level field
 }
@@ -190,12 +191,12 @@ TEST(ConfigJson, DerivesHeadDimAndKvHeads) {
   config["hidden_size"] = 96;
   config["num_attention_heads"] = 3;
   config.erase("num_key_value_heads");  // absent: plain multi-head attention
-  const mk::ModelConfig c = mk::model_config_from_json(config, "cfg.json");
+  const mk::ModelConfig c = mk::model_config_from_hf_json(config, "cfg.json");
   EXPECT_EQ(c.head_dim, 32);
   EXPECT_EQ(c.n_kv_heads, 3);
 
   config["head_dim"] = 48;  // given explicitly, it need not be hidden_size / heads
-  EXPECT_EQ(mk::model_config_from_json(config, "cfg.json").head_dim, 48);
+  EXPECT_EQ(mk::model_config_from_hf_json(config, "cfg.json").head_dim, 48);
 }
 
 TEST(ConfigJson, MissingFieldIsNamed) {
@@ -227,7 +228,7 @@ TEST(ConfigJson, WrongTypeIsNamed) {
   }
   json config = small_config();
   config["hidden_size"] = 256.0;  // a whole number written as a float is still a size
-  EXPECT_EQ(mk::model_config_from_json(config, "cfg.json").d_model, 256);
+  EXPECT_EQ(mk::model_config_from_hf_json(config, "cfg.json").d_model, 256);
 }
 
 TEST(ConfigJson, HiddenSizeNotDivisibleByHeads) {
@@ -323,7 +324,7 @@ TEST(ConfigJson, HfExportRoundTrips) {
     EXPECT_EQ(exported["model_type"], "llama");
     EXPECT_EQ(exported["architectures"], json::array({"LlamaForCausalLM"}));
     // Through text, as a file on disk would go.
-    const mk::ModelConfig parsed = mk::model_config_from_json(json::parse(exported.dump()), name);
+    const mk::ModelConfig parsed = mk::model_config_from_hf_json(json::parse(exported.dump()), name);
     SCOPED_TRACE(name);
     expect_same_shape(parsed, preset);
   }
@@ -331,7 +332,7 @@ TEST(ConfigJson, HfExportRoundTrips) {
   plain.rope = mk::RopeConfig{mk::RopeType::kDefault, 10000.0};
   const json exported = mk::model_config_to_hf_json(plain);
   EXPECT_TRUE(exported["rope_scaling"].is_null());
-  expect_same_shape(mk::model_config_from_json(exported, "plain"), plain);
+  expect_same_shape(mk::model_config_from_hf_json(exported, "plain"), plain);
 }
 
 TEST(ConfigJson, HfExportRejectsTheSeedModel) {

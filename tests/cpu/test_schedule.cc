@@ -215,7 +215,7 @@ TEST(ScheduleFile, RoundTripsAndRejectsCorruption) {
   EXPECT_EQ(std::memcmp(loaded.schedule.instructions.data(), schedule.instructions.data(),
                         schedule.instructions.size() * sizeof(Instruction)),
             0);
-  EXPECT_EQ(verify_error(Graph(loaded.config, loaded.shape, loaded.tiles), loaded.schedule), "");
+  EXPECT_EQ(verify_error(Graph(loaded.config, loaded.shape), loaded.schedule), "");
 
   // Flip the opcode of one instruction in the file: the verifier names it.
   std::vector<char> bytes;
