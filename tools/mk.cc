@@ -4,10 +4,12 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <fstream>
 #include <cmath>
 #include <optional>
+#include <sstream>
 
 #include "mk/check.h"
 #include "mk/compare.h"
@@ -19,6 +21,7 @@
 #include "mk/program.h"
 #include "mk/reference.h"
 #include "mk/schedule.h"
+#include "mk/tokenizer.h"
 #include "mk/trace.h"
 #include "mk/weights.h"
 
@@ -394,6 +397,71 @@ int run_export(const ModelOptions& options, const std::string& out_dir, const st
   return 0;
 }
 
+// `mk tokenize` and `mk detokenize`: text to token ids and back with a model's tokenizer.json.
+struct TextCommands {
+  std::string tokenizer_path, text, file, ids;
+  bool no_special = false, split_special = false, skip_special = false;
+  CLI::App* tokenize = nullptr;
+  CLI::App* detokenize = nullptr;
+
+  void add(CLI::App& app) {
+    const char* tokenizer_help = "tokenizer.json, or a model directory holding one (and its config files)";
+    tokenize = app.add_subcommand("tokenize", "print the token ids of a text, separated by spaces");
+    tokenize->add_option("--tokenizer", tokenizer_path, tokenizer_help)->required();
+    CLI::Option_group* source = tokenize->add_option_group("text", "where the text comes from (one of)");
+    source->add_option("--text", text, "the text (UTF-8)");
+    source->add_option("--file", file, "a file holding the text (UTF-8, taken byte for byte)");
+    source->require_option(1);
+    tokenize->add_flag("--no-special", no_special, "add no special tokens (no BOS/EOS), as add_special_tokens=False");
+    tokenize->add_flag("--split-special", split_special,
+                       "tokenize special-token text in the input (say <|eot_id|>) as plain text");
+    detokenize = app.add_subcommand("detokenize", "print the text of token ids as it is, with no newline added");
+    detokenize->add_option("--tokenizer", tokenizer_path, tokenizer_help)->required();
+    detokenize->add_option("--ids", ids, "token ids separated by commas or spaces")->required();
+    detokenize->add_flag("--skip-special", skip_special, "leave special tokens (BOS, EOS, ...) out of the text");
+  }
+
+  bool given() const { return *tokenize || *detokenize; }
+
+  int run() const { return *tokenize ? run_tokenize() : run_detokenize(); }
+
+  int run_tokenize() const {
+    const mk::Tokenizer tokenizer = mk::Tokenizer::load(tokenizer_path);
+    std::string input = text;
+    if (!file.empty()) {
+      std::ifstream in(file, std::ios::binary);
+      MK_CHECK(in.good(), "cannot open {}", file);
+      input.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    std::vector<int32_t> token_ids;
+    try {
+      token_ids = tokenizer.encode(input, {.add_special_tokens = !no_special, .split_special_tokens = split_special});
+    } catch (const mk::Error& error) {
+      throw mk::Error(file.empty() ? error.what() : fmt::format("{}: {}", file, error.what()));
+    }
+    std::string line;
+    for (const int32_t id : token_ids) line += fmt::format("{}{}", line.empty() ? "" : " ", id);
+    fmt::print("{}\n", line);
+    return 0;
+  }
+
+  int run_detokenize() const {
+    std::vector<int32_t> token_ids;
+    std::string list = ids;
+    std::replace(list.begin(), list.end(), ',', ' ');
+    std::istringstream words(list);
+    for (std::string word; words >> word;) {
+      int32_t id = 0;
+      const auto [end, error] = std::from_chars(word.data(), word.data() + word.size(), id);
+      MK_CHECK(error == std::errc() && end == word.data() + word.size(), "--ids: \"{}\" is not a token id", word);
+      token_ids.push_back(id);
+    }
+    const std::string decoded = mk::Tokenizer::load(tokenizer_path).decode(token_ids, skip_special);
+    std::fwrite(decoded.data(), 1, decoded.size(), stdout);
+    return 0;
+  }
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -473,6 +541,8 @@ int main(int argc, char** argv) {
   export_command->add_option("--out", export_dir, "directory to write config.json and model.safetensors to")->required();
   export_command->add_option("--input", export_input, "also write a random input of the run shape to this file");
 
+  TextCommands text_commands;
+  text_commands.add(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
@@ -489,6 +559,7 @@ int main(int argc, char** argv) {
     if (*bisect) return run_bisect(bisect_options, bisect_schedule_options, until_layer);
     if (*schedule_command) return run_schedule(schedule_model_options, schedule_options, explain, schedule_out);
     if (*export_command) return run_export(export_options, export_dir, export_input);
+    if (text_commands.given()) return text_commands.run();
   } catch (const mk::Error& error) {
     fmt::print(stderr, "mk: error: {}\n", error.what());
     return 1;
