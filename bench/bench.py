@@ -26,7 +26,7 @@ RMS_EPS = 1e-6  # the seed preset's
 INPUTS = 3  # timed runs rotate over this many inputs, so no run reads the previous run's input from L2
 WARMUP_CALLS = 4  # the first call compiles; cudagraph trees need two more before they replay
 MAX_DEVIATION = 5e-2  # relative to the change the stack makes to its input; a broken backend is off by ~1
-FLOPS_AGREEMENT = 1e-3
+FLOPS_AGREEMENT = 1e-9  # mk run and mk info report the same count
 ERROR_CHARS = 2000
 
 
@@ -81,11 +81,30 @@ class Stack(torch.nn.Module):
         return x
 
 
-def model_flops(cfg):
-    """Causal attention counted half, as the seed blog (and mk) do."""
-    batch, seq, dim, _, ffn, layers = cfg
-    tokens = batch * seq
-    return layers * (2 * tokens * dim * (4 * dim + 3 * ffn) + 2 * batch * seq * seq * dim)
+def mk_shape_args(cfg):
+    """The seed preset with the config's shape: the model both mk info and mk run describe."""
+    batch, seq, dim, _, _, layers = cfg
+    return ["--preset", "seed", "--batch", str(batch), "--seq", str(seq), "--d-model", str(dim), "--layers",
+            str(layers)]
+
+
+def mk_flops(mk, cfg):
+    """FLOPs of the config as mk's graph counts them (`mk info --json`; causal attention counted half)."""
+    batch, seq, dim, heads, ffn, layers = cfg
+    command = [str(mk), "info", *mk_shape_args(cfg), "--json"]
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        info = json.loads(result.stdout) if result.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError) as error:
+        raise Fatal(f"{' '.join(command)} failed: {error}") from None
+    if info is None:
+        raise Fatal(f"{' '.join(command)} exited with status {result.returncode}\n{tail(result.stderr)}")
+    config = info["config"]
+    described = (info["batch"], info["seq_len"], config["d_model"], config["n_heads"], config["d_ff"],
+                 config["n_layers"])
+    if described != (batch, seq, dim, heads, ffn, layers):
+        raise Fatal(f"mk info describes {described}, not the requested {cfg}")
+    return info["flops"]
 
 
 def label(cfg):
@@ -174,9 +193,8 @@ def release():
     torch.cuda.empty_cache()
 
 
-def bench_torch(cfg, backends, iterations):
+def bench_torch(cfg, backends, iterations, flops):
     batch, seq, dim, heads, ffn, layers = cfg
-    flops = model_flops(cfg)
     results = {}
     try:
         torch.manual_seed(0)
@@ -212,12 +230,12 @@ def brief(message):
     return lines[0][:300] + (f" ... {lines[-1][:300]}" if len(lines) > 1 else "")
 
 
-def run_mk(mk, cfg, out_dir, iterations, timeout):
+def run_mk(mk, cfg, out_dir, iterations, timeout, flops):
     batch, seq, dim, heads, ffn, layers = cfg
     path = out_dir / f"mk_b{batch}_s{seq}_d{dim}_l{layers}.json"
     path.unlink(missing_ok=True)  # a stale file must not pass for this run's result
-    command = [str(mk), "run", "--preset", "seed", "--engine", "gpu", "--batch", str(batch), "--seq", str(seq),
-               "--d-model", str(dim), "--layers", str(layers), "--iterations", str(iterations), "--json", str(path)]
+    command = [str(mk), "run", *mk_shape_args(cfg), "--engine", "gpu", "--iterations", str(iterations), "--json",
+               str(path)]
     start = time.perf_counter()
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
@@ -235,9 +253,8 @@ def run_mk(mk, cfg, out_dir, iterations, timeout):
     wrong = {key: data.get(key) for key, value in shape.items() if data.get(key) != value}
     if wrong or data.get("engine") != "gpu":
         raise BenchError(f"mk ran engine {data.get('engine')} with {wrong}, not the requested {shape}")
-    ours = model_flops(cfg)
-    if abs(data["flops"] - ours) > FLOPS_AGREEMENT * ours:
-        raise BenchError(f"mk counts {data['flops']:.6e} FLOPs, this script {ours:.6e}: not the same model")
+    if abs(data["flops"] - flops) > FLOPS_AGREEMENT * flops:
+        raise BenchError(f"mk run counts {data['flops']:.6e} FLOPs, mk info {flops:.6e}: not the same model")
     return {"ms": data["ms"], "tflops": data["tflops"], "flops": data["flops"], "wall_s": wall_s}
 
 
@@ -393,20 +410,19 @@ def main():
     jobs = plan(args.sweeps, args.torch_backends, args.max_autotune_all)
     records = {}
     for number, (cfg, backends) in enumerate(jobs.items(), 1):
-        flops = model_flops(cfg)
+        flops = mk_flops(mk, cfg)
         print(f"== [{number}/{len(jobs)}] {label(cfg)}: {flops / 1e9:.1f} GFLOP "
               f"({time.perf_counter() - started:.0f} s elapsed)", flush=True)
         record = {"config": list(cfg), "label": label(cfg), "flops": flops}
         try:
-            record["mk"] = run_mk(mk, cfg, args.out, args.iterations, args.mk_timeout)
+            record["mk"] = run_mk(mk, cfg, args.out, args.iterations, args.mk_timeout, flops)
             mk_result = record["mk"]
             print(f"   {'mk':<19} {mk_result['ms']:9.3f} ms {mk_result['tflops']:7.1f} TFLOP/s   "
-                  f"(FLOPs: mk {mk_result['flops']:.4e}, formula {flops:.4e}; mk run {mk_result['wall_s']:.1f} s)",
-                  flush=True)
+                  f"(mk run {mk_result['wall_s']:.1f} s)", flush=True)
         except BenchError as error:
             record["mk"] = {"error": str(error)[:ERROR_CHARS]}
             print(f"   mk FAILED: {error}", flush=True)
-        record["torch"] = bench_torch(cfg, backends, args.iterations)
+        record["torch"] = bench_torch(cfg, backends, args.iterations, flops)
         release()
         summarize(record)
         records[cfg] = record

@@ -6,9 +6,9 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
-#include <fstream>
 #include <cmath>
-#include <optional>
+#include <fstream>
+#include <functional>
 #include <sstream>
 
 #include "mk/check.h"
@@ -24,130 +24,12 @@
 #include "mk/tokenizer.h"
 #include "mk/trace.h"
 #include "mk/weights.h"
+#include "options.h"
 
 namespace {
 
-// Which model and which token batch a subcommand works on.
-struct ModelOptions {
-  std::string preset;
-  std::string model_dir;
-  int64_t batch = 0;  // 0: the preset's default (1 for --model)
-  int64_t seq_len = 0;
-  uint64_t seed = 1;
-  // Shape overrides for sweeps (0: keep the preset's); --d-model also sets heads = d_model / head_dim and
-  // d_ff = 4 d_model unless those are given.
-  int64_t layers = 0, d_model = 0, heads = 0, kv_heads = 0, d_ff = 0;
-
-  void add_to(CLI::App& command) {
-    auto* preset_option = command.add_option("--preset", preset, "built-in model: seed, tiny, llama-3.2-1b, llama-3.1-8b");
-    auto* model_option = command.add_option("--model", model_dir, "Hugging Face model directory (config.json + safetensors)");
-    preset_option->excludes(model_option);
-    // 0 stands for "not given" internally, so every size given on the command line must be positive.
-    const CLI::Validator positive(
-        [](std::string& text) {
-          try {
-            return std::stoll(text) > 0 ? std::string() : std::string("must be positive, got ") + text;
-          } catch (const std::exception&) {
-            return std::string("not a number: ") + text;
-          }
-        },
-        "POSITIVE");
-    command.add_option("--batch", batch, "sequences per forward pass (default: the preset's)")->check(positive);
-    command.add_option("--seq", seq_len, "tokens per sequence (default: the preset's)")->check(positive);
-    command.add_option("--seed", seed, "seed of random weights and inputs")->capture_default_str();
-    command.add_option("--layers", layers, "override the preset's layer count")->check(positive);
-    command.add_option("--d-model", d_model, "override the preset's width (heads = d_model / head_dim, d_ff = 4 d_model)")
-        ->check(positive);
-    command.add_option("--heads", heads, "override the preset's query heads")->check(positive);
-    command.add_option("--kv-heads", kv_heads, "override the preset's kv heads")->check(positive);
-    command.add_option("--d-ff", d_ff, "override the preset's MLP width")->check(positive);
-  }
-
-  mk::ModelConfig config() const {
-    if (!model_dir.empty()) {
-      MK_CHECK(layers == 0 && d_model == 0 && heads == 0 && kv_heads == 0 && d_ff == 0,
-               "shape overrides apply to presets only, not to --model");
-      return mk::load_model_config(std::filesystem::path(model_dir) / "config.json");
-    }
-    mk::ModelConfig config = mk::find_preset(preset.empty() ? "seed" : preset).config;
-    if (layers != 0) config.n_layers = layers;
-    if (d_model != 0) {
-      config.d_model = d_model;
-      config.n_heads = d_model / config.head_dim;
-      config.n_kv_heads = config.n_heads;
-      config.d_ff = 4 * d_model;
-    }
-    if (heads != 0) config.n_heads = heads;
-    if (kv_heads != 0) config.n_kv_heads = kv_heads;
-    if (d_ff != 0) config.d_ff = d_ff;
-    config.validate();
-    return config;
-  }
-
-  mk::RunShape shape() const {
-    mk::RunShape result{1, 128};
-    if (model_dir.empty()) result = mk::find_preset(preset.empty() ? "seed" : preset).shape;
-    if (batch != 0) result.batch = batch;
-    if (seq_len != 0) result.seq_len = seq_len;
-    MK_CHECK(result.batch > 0 && result.seq_len > 0, "--batch ({}) and --seq ({}) must be positive", result.batch,
-             result.seq_len);
-    return result;
-  }
-
-  mk::ModelWeights weights(const mk::ModelConfig& config) const {
-    if (!model_dir.empty()) return mk::load_weights(model_dir, config);
-    return mk::random_weights(config, seed);
-  }
-};
-
-// How a schedule is built (or loaded) for the cpu-vm and gpu engines.
-struct ScheduleOptions {
-  int32_t num_sms = 132;
-  bool sms_given = false;
-  std::string policy = "cost-model";
-  std::string schedule_file;
-
-  void add_to(CLI::App& command) {
-    command
-        .add_option_function<int32_t>(
-            "--sms",
-            [this](int32_t n) {
-              num_sms = n;
-              sms_given = true;
-            },
-            "SM count to schedule for (default 132; gpu: the device's)")
-        ->check(CLI::Range(1, 4096));
-    command.add_option("--policy", policy, "round-robin | cost-model")
-        ->capture_default_str()
-        ->check(CLI::IsMember({"round-robin", "cost-model"}));
-    command.add_option("--schedule", schedule_file, "use a schedule file written by `mk schedule --out`");
-  }
-
-  // The gpu engine schedules for the device's SMs unless --sms says otherwise.
-  void use_device_sm_count() {
-    const mk::GpuInfo gpu = mk::query_gpu();
-    MK_CHECK(gpu.usable, "gpu engine: {}", gpu.reason);
-    if (!sms_given) num_sms = gpu.sm_count;
-  }
-
-  // Builds the schedule, or loads it and checks it was built for this model and shape; verified either way.
-  mk::Schedule make(const mk::Graph& graph) const {
-    mk::Schedule schedule;
-    if (!schedule_file.empty()) {
-      mk::LoadedSchedule loaded = mk::load_schedule(schedule_file);
-      MK_CHECK(loaded.shape.batch == graph.shape().batch && loaded.shape.seq_len == graph.shape().seq_len,
-               "{}: built for batch {} x seq {}, not batch {} x seq {}", schedule_file, loaded.shape.batch,
-               loaded.shape.seq_len, graph.shape().batch, graph.shape().seq_len);
-      const std::string difference = mk::first_difference(loaded.config, graph.config());
-      MK_CHECK(difference.empty(), "{}: built for another model: {} (file vs model)", schedule_file, difference);
-      schedule = std::move(loaded.schedule);
-    } else {
-      schedule = mk::make_schedule(graph, mk::derive_dependencies(graph), mk::parse_schedule_policy(policy), num_sms);
-    }
-    mk::verify_schedule(graph, schedule);
-    return schedule;
-  }
-};
+using mk::cli::ModelOptions;
+using mk::cli::ScheduleOptions;
 
 void write_text_file(const std::string& path, const std::string& text) {
   std::ofstream file(path);
@@ -397,6 +279,109 @@ int run_export(const ModelOptions& options, const std::string& out_dir, const st
   return 0;
 }
 
+// ---- the subcommands' options, each registered on the app by its add() ----
+
+struct InfoCommand {
+  ModelOptions model;
+  bool json = false;
+  CLI::App* add(CLI::App& app) {
+    CLI::App* command = app.add_subcommand("info", "print a model's shape, parameter count, FLOPs and memory");
+    model.add_to(*command);
+    command->add_flag("--json", json, "print one JSON object: config, shape, parameters, FLOPs and bytes");
+    return command;
+  }
+};
+
+struct RunCommand {
+  ModelOptions model;
+  ScheduleOptions schedule;
+  mk::CpuVmOptions vm;
+  std::string engine = "auto", input_path, output_path, json_path;
+  int iterations = 20;
+  CLI::App* add(CLI::App& app) {
+    CLI::App* command = app.add_subcommand("run", "run one forward pass and print its time and an output checksum");
+    model.add_to(*command);
+    schedule.add_to(*command);
+    command->add_option("--engine", engine, "auto (gpu where possible) | gpu | cpu-vm | reference")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"auto", "gpu", "cpu-vm", "reference"}));
+    command->add_option("--max-delay-us", vm.max_delay_us, "cpu-vm: random delay before each instruction")
+        ->capture_default_str();
+    command->add_flag("!--no-race-check", vm.detect_races, "cpu-vm: skip the happens-before race detector");
+    command->add_option("--input", input_path, "safetensors with 'tokens' (batch, seq) or 'hidden' (batch, seq, d_model)");
+    command->add_option("--output", output_path, "write the output (logits or hidden states, F32) as safetensors");
+    command->add_option("--iterations", iterations, "gpu: timed launches after one warm-up (the median is reported)")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 1000000));
+    command->add_option("--json", json_path, "write the timing and shape as one JSON object to this file");
+    return command;
+  }
+};
+
+struct ScheduleCommand {
+  ModelOptions model;
+  ScheduleOptions schedule;
+  bool explain = false;
+  std::string out;
+  CLI::App* add(CLI::App& app) {
+    CLI::App* command =
+        app.add_subcommand("schedule", "build, verify and explain the per-SM instruction lists of a forward pass");
+    model.add_to(*command);
+    schedule.add_to(*command);
+    command->add_flag("--explain", explain, "per-SM load and instruction count, makespan, idle, critical path");
+    command->add_option("--out", out, "write the schedule to this file");
+    return command;
+  }
+};
+
+struct BisectCommand {
+  ModelOptions model;
+  ScheduleOptions schedule;
+  int until_layer = -1;
+  CLI::App* add(CLI::App& app) {
+    CLI::App* command = app.add_subcommand(
+        "bisect", "run gpu and cpu-vm on one input and compare every intermediate buffer, each op also alone");
+    model.add_to(*command);
+    schedule.add_to(*command);
+    command->add_option("--until-layer", until_layer, "compare the ops of layers up to this one only (-1: all)")
+        ->capture_default_str();
+    return command;
+  }
+};
+
+struct TraceCommand {
+  ModelOptions model;
+  ScheduleOptions schedule;
+  std::string engine = "auto", out = "trace.json";
+  int overhead_launches = 0;
+  CLI::App* add(CLI::App& app) {
+    CLI::App* command =
+        app.add_subcommand("trace", "record a per-SM timeline of one forward pass (Chrome trace JSON) and summarize it");
+    model.add_to(*command);
+    schedule.add_to(*command);
+    command->add_option("--engine", engine, "auto (gpu where possible, else cpu-vm) | gpu | cpu-vm")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"auto", "gpu", "cpu-vm"}));
+    command->add_option("--out", out, "trace file to write")->capture_default_str();
+    command->add_option("--overhead", overhead_launches, "gpu: also measure tracing overhead over N launch pairs")
+        ->capture_default_str();
+    return command;
+  }
+};
+
+struct ExportCommand {
+  ModelOptions model;
+  std::string dir, input_path;
+  CLI::App* add(CLI::App& app) {
+    CLI::App* command =
+        app.add_subcommand("export", "write a model (random weights for a preset) as a Hugging Face directory");
+    model.add_to(*command);
+    command->add_option("--out", dir, "directory to write config.json and model.safetensors to")->required();
+    command->add_option("--input", input_path, "also write a random input of the run shape to this file");
+    return command;
+  }
+};
+
 // `mk tokenize` and `mk detokenize`: text to token ids and back with a model's tokenizer.json.
 struct TextCommands {
   std::string tokenizer_path, text, file, ids;
@@ -467,80 +452,25 @@ struct TextCommands {
 int main(int argc, char** argv) {
   CLI::App app{"megakernel: a LLaMA-family forward pass as one persistent kernel on Hopper"};
   app.require_subcommand(1);
-
-  ModelOptions info_options;
-  bool info_json = false;
-  CLI::App* info = app.add_subcommand("info", "print a model's shape, parameter count, FLOPs and memory");
-  info_options.add_to(*info);
-  info->add_flag("--json", info_json, "print one JSON object: config, shape, parameters, FLOPs and bytes");
-
-  ModelOptions run_options;
-  std::string engine = "auto";
-  std::string input_path, output_path;
-  CLI::App* run = app.add_subcommand("run", "run one forward pass and print its time and an output checksum");
-  run_options.add_to(*run);
-  ScheduleOptions run_schedule_options;
-  mk::CpuVmOptions vm_options;
-  run_schedule_options.add_to(*run);
-  run->add_option("--engine", engine, "auto (gpu where possible) | gpu | cpu-vm | reference")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"auto", "gpu", "cpu-vm", "reference"}));
-  run->add_option("--max-delay-us", vm_options.max_delay_us, "cpu-vm: random delay before each instruction")
-      ->capture_default_str();
-  run->add_flag("!--no-race-check", vm_options.detect_races, "cpu-vm: skip the happens-before race detector");
-  run->add_option("--input", input_path, "safetensors with 'tokens' (batch, seq) or 'hidden' (batch, seq, d_model)");
-  run->add_option("--output", output_path, "write the output (logits or hidden states, F32) as safetensors");
-  int iterations = 20;
-  std::string json_path;
-  run->add_option("--iterations", iterations, "gpu: timed launches after one warm-up (the median is reported)")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1000000));
-  run->add_option("--json", json_path, "write the timing and shape as one JSON object to this file");
-
-  ModelOptions schedule_model_options;
-  ScheduleOptions schedule_options;
-  bool explain = false;
-  std::string schedule_out;
-  CLI::App* schedule_command =
-      app.add_subcommand("schedule", "build, verify and explain the per-SM instruction lists of a forward pass");
-  schedule_model_options.add_to(*schedule_command);
-  schedule_options.add_to(*schedule_command);
-  schedule_command->add_flag("--explain", explain, "per-SM load and instruction count, makespan, idle, critical path");
-  schedule_command->add_option("--out", schedule_out, "write the schedule to this file");
-
-  ModelOptions bisect_options;
-  ScheduleOptions bisect_schedule_options;
-  int until_layer = -1;
-  CLI::App* bisect = app.add_subcommand(
-      "bisect", "run gpu and cpu-vm on one input and compare every intermediate buffer, each op also alone");
-  bisect_options.add_to(*bisect);
-  bisect_schedule_options.add_to(*bisect);
-  bisect->add_option("--until-layer", until_layer, "compare buffers of layers up to this one only (-1: all)")
-      ->capture_default_str();
-
-  ModelOptions trace_options;
-  ScheduleOptions trace_schedule_options;
-  std::string trace_engine = "auto", trace_out = "trace.json";
-  int overhead_launches = 0;
-  CLI::App* trace_command =
-      app.add_subcommand("trace", "record a per-SM timeline of one forward pass (Chrome trace JSON) and summarize it");
-  trace_options.add_to(*trace_command);
-  trace_schedule_options.add_to(*trace_command);
-  trace_command->add_option("--engine", trace_engine, "auto (gpu where possible, else cpu-vm) | gpu | cpu-vm")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"auto", "gpu", "cpu-vm"}));
-  trace_command->add_option("--out", trace_out, "trace file to write")->capture_default_str();
-  trace_command->add_option("--overhead", overhead_launches, "gpu: also measure tracing overhead over N launch pairs")
-      ->capture_default_str();
-
-  ModelOptions export_options;
-  std::string export_dir, export_input;
-  CLI::App* export_command =
-      app.add_subcommand("export", "write a model (random weights for a preset) as a Hugging Face directory");
-  export_options.add_to(*export_command);
-  export_command->add_option("--out", export_dir, "directory to write config.json and model.safetensors to")->required();
-  export_command->add_option("--input", export_input, "also write a random input of the run shape to this file");
-
+  InfoCommand info;
+  RunCommand run;
+  ScheduleCommand schedule;
+  BisectCommand bisect;
+  TraceCommand trace;
+  ExportCommand export_model;
+  const std::pair<CLI::App*, std::function<int()>> commands[] = {
+      {info.add(app), [&] { return run_info(info.model, info.json); }},
+      {run.add(app),
+       [&] {
+         return run_forward(run.model, run.schedule, run.engine, run.vm, run.input_path, run.output_path,
+                            run.iterations, run.json_path);
+       }},
+      {schedule.add(app), [&] { return run_schedule(schedule.model, schedule.schedule, schedule.explain, schedule.out); }},
+      {bisect.add(app), [&] { return run_bisect(bisect.model, bisect.schedule, bisect.until_layer); }},
+      {trace.add(app),
+       [&] { return run_trace(trace.model, trace.schedule, trace.engine, trace.out, trace.overhead_launches); }},
+      {export_model.add(app), [&] { return run_export(export_model.model, export_model.dir, export_model.input_path); }},
+  };
   TextCommands text_commands;
   text_commands.add(app);
   try {
@@ -550,15 +480,8 @@ int main(int argc, char** argv) {
     return app.exit(error) == 0 ? 0 : 2;
   }
   try {
-    if (*info) return run_info(info_options, info_json);
-    if (*run)
-      return run_forward(run_options, run_schedule_options, engine, vm_options, input_path, output_path, iterations,
-                         json_path);
-    if (*trace_command)
-      return run_trace(trace_options, trace_schedule_options, trace_engine, trace_out, overhead_launches);
-    if (*bisect) return run_bisect(bisect_options, bisect_schedule_options, until_layer);
-    if (*schedule_command) return run_schedule(schedule_model_options, schedule_options, explain, schedule_out);
-    if (*export_command) return run_export(export_options, export_dir, export_input);
+    for (const auto& [command, body] : commands)
+      if (*command) return body();
     if (text_commands.given()) return text_commands.run();
   } catch (const mk::Error& error) {
     fmt::print(stderr, "mk: error: {}\n", error.what());

@@ -63,12 +63,17 @@ std::string Graph::describe(const Task& t) const {
                      t.col_begin, t.col_end);
 }
 
-Dependencies derive_dependencies(const Graph& graph) {
-  const std::vector<Task>& tasks = graph.tasks();
-  Dependencies deps;
-  deps.counter_of_task.resize(tasks.size());
+namespace {
 
-  // Counters: the tasks of one op and layer that write the same rows.
+// One band per counter: the rectangle of one buffer its tasks write.
+struct Band {
+  int32_t row_begin, row_end, col_begin, col_end;
+  uint32_t counter;
+};
+using BandsOfBuffer = std::vector<std::vector<Band>>;  // (buffers): each buffer's bands, sorted by rows
+
+// Counters: the tasks of one op and layer that write the same rows share one. Fills the counter fields of `deps`.
+BandsOfBuffer assign_counters(const Graph& graph, Dependencies& deps) {
   struct CounterKey {
     Opcode opcode;
     uint16_t layer;
@@ -82,15 +87,11 @@ Dependencies derive_dependencies(const Graph& graph) {
              size_t(k.row_end);
     }
   };
+  const std::vector<Task>& tasks = graph.tasks();
+  deps.counter_of_task.resize(tasks.size());
   std::unordered_map<CounterKey, uint32_t, CounterKeyHash> counter_of_key;
-  // One band per counter: the rectangle of one buffer its tasks write.
-  struct Band {
-    int32_t row_begin, row_end, col_begin, col_end;
-    uint32_t counter;
-  };
-  std::vector<std::vector<Band>> bands_of_buffer(graph.buffers().size());
+  BandsOfBuffer bands_of_buffer(graph.buffers().size());
   std::vector<std::pair<uint32_t, uint32_t>> band_of_counter;  // (buffer, index in its band list)
-
   CounterKey previous_key{Opcode::kNop, 0, 0, 0};
   uint32_t previous_counter = std::numeric_limits<uint32_t>::max();
   for (size_t i = 0; i < tasks.size(); ++i) {
@@ -123,8 +124,28 @@ Dependencies derive_dependencies(const Graph& graph) {
     for (size_t i = 1; i < bands.size(); ++i)
       MK_CHECK(bands[i].row_begin >= bands[i - 1].row_end, "internal error: counters of one buffer overlap in rows");
   }
+  return bands_of_buffer;
+}
 
-  // Waits: every counter whose band intersects a region the task reads.
+// The counters whose bands intersect a region the task reads, sorted, each once.
+void counters_read_by(const TaskRegions& regions, const BandsOfBuffer& bands_of_buffer, std::vector<uint32_t>& out) {
+  out.clear();
+  for (int r = 0; r < regions.num_reads; ++r) {
+    const Region& read = regions.reads[r];
+    const std::vector<Band>& bands = bands_of_buffer[read.buffer];
+    auto band = std::upper_bound(bands.begin(), bands.end(), read.row_begin,
+                                 [](int32_t row, const Band& b) { return row < b.row_end; });
+    for (; band != bands.end() && band->row_begin < read.row_end; ++band) {
+      if (band->col_begin < read.col_end && read.col_begin < band->col_end) out.push_back(band->counter);
+    }
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+}
+
+// Waits: every counter a task reads from. Fills the wait fields of `deps`.
+void assign_waits(const Graph& graph, const BandsOfBuffer& bands_of_buffer, Dependencies& deps) {
+  const std::vector<Task>& tasks = graph.tasks();
   deps.wait_begin.resize(tasks.size());
   deps.num_waits.resize(tasks.size());
   std::vector<uint32_t> counters;
@@ -135,7 +156,7 @@ Dependencies derive_dependencies(const Graph& graph) {
   auto hash_of = [](const std::vector<uint32_t>& list) {
     uint64_t h = 0xcbf29ce484222325ull;
     for (uint32_t v : list) h = (h ^ v) * 0x100000001b3ull;
-    return h;
+    return h ^ (uint64_t(list.size()) << 56);  // lists of different lengths never compare equal
   };
   auto find_list = [&](uint64_t hash) -> int64_t {
     auto [begin, end] = list_by_hash.equal_range(hash);
@@ -147,36 +168,31 @@ Dependencies derive_dependencies(const Graph& graph) {
     return -1;
   };
   for (size_t i = 0; i < tasks.size(); ++i) {
-    const TaskRegions regions = graph.regions(tasks[i]);
-    counters.clear();
-    for (int r = 0; r < regions.num_reads; ++r) {
-      const Region& read = regions.reads[r];
-      const std::vector<Band>& bands = bands_of_buffer[read.buffer];
-      auto band = std::upper_bound(bands.begin(), bands.end(), read.row_begin,
-                                   [](int32_t row, const Band& b) { return row < b.row_end; });
-      for (; band != bands.end() && band->row_begin < read.row_end; ++band) {
-        if (band->col_begin < read.col_end && read.col_begin < band->col_end) counters.push_back(band->counter);
-      }
-    }
-    std::sort(counters.begin(), counters.end());
-    counters.erase(std::unique(counters.begin(), counters.end()), counters.end());
+    counters_read_by(graph.regions(tasks[i]), bands_of_buffer, counters);
+    deps.num_waits[i] = uint32_t(counters.size());
     if (i > 0 && counters == previous_counters) {
       deps.wait_begin[i] = deps.wait_begin[i - 1];
-    } else {
-      // The hash includes the length: lists of different lengths never compare equal.
-      const uint64_t hash = hash_of(counters) ^ (uint64_t(counters.size()) << 56);
-      const int64_t existing = find_list(hash);
-      if (existing >= 0) {
-        deps.wait_begin[i] = uint32_t(existing);
-      } else {
-        deps.wait_begin[i] = uint32_t(deps.waits.size());
-        for (uint32_t counter : counters) deps.waits.push_back({counter, deps.counter_target[counter]});
-        list_by_hash.emplace(hash, deps.wait_begin[i]);
-      }
-      previous_counters = counters;
+      continue;
     }
-    deps.num_waits[i] = uint32_t(counters.size());
+    const uint64_t hash = hash_of(counters);
+    const int64_t existing = find_list(hash);
+    if (existing >= 0) {
+      deps.wait_begin[i] = uint32_t(existing);
+    } else {
+      deps.wait_begin[i] = uint32_t(deps.waits.size());
+      for (uint32_t counter : counters) deps.waits.push_back({counter, deps.counter_target[counter]});
+      list_by_hash.emplace(hash, deps.wait_begin[i]);
+    }
+    previous_counters = counters;
   }
+}
+
+}  // namespace
+
+Dependencies derive_dependencies(const Graph& graph) {
+  Dependencies deps;
+  const BandsOfBuffer bands_of_buffer = assign_counters(graph, deps);
+  assign_waits(graph, bands_of_buffer, deps);
   return deps;
 }
 

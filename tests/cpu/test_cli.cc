@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -71,6 +72,26 @@ TEST(Cli, InfoPrintsFlops) {
   EXPECT_THAT(result.output, HasSubstr(fmt::format("FLOPs:              {:.3f} GFLOP", gflops)));
   EXPECT_THAT(result.output, HasSubstr("model seed: d_model 1024"));
   EXPECT_THAT(result.output, HasSubstr("batch 8 x seq 256"));
+}
+
+TEST(Cli, InfoJsonHoldsTheConfigAndTheGraphsCounts) {
+  const Result result = run_mk("info --preset tiny --layers 3 --seq 64 --json");
+  ASSERT_TRUE(result.exited);
+  ASSERT_EQ(result.status, 0) << result.output;
+  const nlohmann::json info = nlohmann::json::parse(result.output);
+  mk::ModelConfig expected = mk::find_preset("tiny").config;
+  expected.n_layers = 3;
+  const mk::ModelConfig config = mk::model_config_from_json(info.at("config"), "mk info");
+  EXPECT_EQ(mk::first_difference(config, expected), "");
+  EXPECT_EQ(config.name, "tiny");
+  EXPECT_EQ(info.at("batch"), 2);
+  EXPECT_EQ(info.at("seq_len"), 64);
+  const mk::ForwardCost cost = mk::forward_cost(expected, {2, 64});
+  EXPECT_EQ(info.at("flops").get<double>(), cost.flops);
+  EXPECT_EQ(info.at("parameters").get<int64_t>(), cost.parameters);
+  EXPECT_EQ(info.at("min_bytes").get<double>(), cost.min_bytes);
+  EXPECT_EQ(info.at("weight_bytes").get<double>(), cost.weight_bytes);
+  EXPECT_EQ(info.at("activation_bytes").get<double>(), cost.activation_bytes);
 }
 
 TEST(Cli, RunTinyPrintsAChecksum) {

@@ -335,6 +335,46 @@ TEST(ConfigJson, HfExportRoundTrips) {
   expect_same_shape(mk::model_config_from_hf_json(exported, "plain"), plain);
 }
 
+TEST(ConfigJson, MkJsonRoundTripsEveryField) {
+  std::vector<mk::ModelConfig> configs;
+  for (const mk::Preset& preset : mk::presets()) configs.push_back(preset.config);
+  // Every field away from its default, so that a field the JSON dropped would come back different.
+  mk::ModelConfig odd = mk::find_preset("tiny").config;
+  odd.name = "odd";
+  odd.rms_norm_eps = 3e-7f;
+  odd.rope = mk::RopeConfig{mk::RopeType::kLlama3, 12345.5, 3.5, 1.25, 5.5, 96};
+  odd.max_position_embeddings = 777;
+  odd.tie_word_embeddings = true;
+  configs.push_back(odd);
+  for (const mk::ModelConfig& config : configs) {
+    SCOPED_TRACE(config.name);
+    const json text = json::parse(mk::model_config_to_json(config).dump());  // through text, as files hold it
+    const mk::ModelConfig back = mk::model_config_from_json(text, "test");
+    EXPECT_EQ(mk::first_difference(back, config), "");
+    EXPECT_EQ(back.name, config.name);
+    EXPECT_EQ(back.rms_norm_eps, config.rms_norm_eps);
+    EXPECT_EQ(back.rope.theta, config.rope.theta);
+  }
+  json broken = mk::model_config_to_json(odd);
+  broken.erase("d_ff");
+  EXPECT_THAT(error_of([&] { mk::model_config_from_json(broken, "x.sched"); }), HasSubstr("missing field 'd_ff'"));
+  broken = mk::model_config_to_json(odd);
+  broken["rope_type"] = "yarn";
+  EXPECT_THAT(error_of([&] { mk::model_config_from_json(broken, "x.sched"); }), HasSubstr("unknown rope_type 'yarn'"));
+}
+
+TEST(ConfigJson, FirstDifferenceNamesTheField) {
+  const mk::ModelConfig tiny = mk::find_preset("tiny").config;
+  mk::ModelConfig other = tiny;
+  other.name = "renamed";
+  EXPECT_EQ(mk::first_difference(tiny, other), "");  // names aside
+  other.d_ff = 1024;
+  EXPECT_EQ(mk::first_difference(tiny, other), "d_ff 512 vs 1024");
+  other = tiny;
+  other.rope.type = mk::RopeType::kDefault;
+  EXPECT_EQ(mk::first_difference(tiny, other), "rope_type \"llama3\" vs \"default\"");
+}
+
 TEST(ConfigJson, HfExportRejectsTheSeedModel) {
   EXPECT_THAT(error_of([] { mk::model_config_to_hf_json(mk::find_preset("seed").config); }),
               HasSubstr("no embedding"));

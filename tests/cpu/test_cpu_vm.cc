@@ -25,7 +25,7 @@ TEST(CpuVm, MatchesReferenceBitwiseOnRandomShapesWithRandomDelays) {
   Random random(11);
   for (int trial = 0; trial < 12; ++trial) {
     const ModelConfig config = random_small_config(random);
-    const RunShape shape{int64_t(1 + random.next_u64() % 3), int64_t(1 + random.next_u64() % 200)};
+    const RunShape shape = random_shape(random, 3, 200);
     const ModelWeights weights = random_weights(config, 100 + uint64_t(trial));
     const ref::ModelInput input = ref::random_input(config, shape, 200 + uint64_t(trial));
     const ref::Matrix expected = ref::forward(weights, input);

@@ -1,4 +1,4 @@
-// Small random model shapes shared by the schedule and cpu-vm tests.
+// Small random model shapes and run shapes shared by the schedule, cpu-vm and op tests.
 #pragma once
 
 #include "mk/model_config.h"
@@ -29,6 +29,12 @@ inline ModelConfig random_small_config(Random& random) {
   }
   c.validate();
   return c;
+}
+
+// batch in [1, max_batch], seq_len in [1, max_seq_len].
+inline RunShape random_shape(Random& random, uint64_t max_batch, uint64_t max_seq_len) {
+  const int64_t batch = int64_t(1 + random.next_u64() % max_batch);
+  return {batch, int64_t(1 + random.next_u64() % max_seq_len)};
 }
 
 }  // namespace mk

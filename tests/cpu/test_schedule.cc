@@ -1,7 +1,9 @@
 // Tests of the graph, dependency derivation, schedulers, the static verifier and the schedule file format.
 #include <gtest/gtest.h>
 #include <gmock/gmock.h>
+#include <nlohmann/json.hpp>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -9,6 +11,7 @@
 #include "mk/graph.h"
 #include "mk/random.h"
 #include "mk/schedule.h"
+#include "mk/tiles.h"
 #include "test_models.h"
 
 namespace mk {
@@ -72,7 +75,7 @@ TEST(Graph, RandomSmallShapesVerify) {
   Random random(7);
   for (int trial = 0; trial < 40; ++trial) {
     const ModelConfig config = random_small_config(random);
-    const RunShape shape{int64_t(1 + random.next_u64() % 5), int64_t(1 + random.next_u64() % 300)};
+    const RunShape shape = random_shape(random, 5, 300);
     const Graph graph(config, shape);
     const int32_t sms = int32_t(1 + random.next_u64() % 40);
     for (SchedulePolicy policy : {SchedulePolicy::kRoundRobin, SchedulePolicy::kCostModel}) {
@@ -246,6 +249,38 @@ TEST(ScheduleFile, RoundTripsAndRejectsCorruption) {
     out.write(bytes.data(), std::streamsize(bytes.size()));
   }
   EXPECT_THAT([&] { load_schedule(path); }, testing::ThrowsMessage<Error>(HasSubstr("bad magic")));
+  std::filesystem::remove(path);
+}
+
+TEST(ScheduleFile, RefusesAFileBuiltWithOtherTiles) {
+  const Graph graph(find_preset("tiny").config, {1, 64});
+  const Schedule schedule = build(graph, SchedulePolicy::kCostModel, 4);
+  const auto path = std::filesystem::temp_directory_path() / "mk_test_schedule_tiles.bin";
+  save_schedule(path, graph, schedule);
+  std::vector<char> bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  // Rewrite the JSON header with qkv and lm_head tiles 256 columns wide, as schedules were built before tiles.h.
+  uint64_t length;
+  std::memcpy(&length, bytes.data() + 8, 8);
+  nlohmann::json header = nlohmann::json::parse(bytes.begin() + 16, bytes.begin() + 16 + int64_t(length));
+  ASSERT_EQ(header.at("tiles").at("block_n"), tiles::kBlockN);
+  header["tiles"]["block_n"] = 256;
+  const std::string text = header.dump();
+  const uint64_t new_length = text.size();
+  std::vector<char> rewritten(bytes.begin(), bytes.begin() + 8);
+  rewritten.insert(rewritten.end(), reinterpret_cast<const char*>(&new_length),
+                   reinterpret_cast<const char*>(&new_length) + 8);
+  rewritten.insert(rewritten.end(), text.begin(), text.end());
+  rewritten.insert(rewritten.end(), bytes.begin() + 16 + int64_t(length), bytes.end());
+  {
+    std::ofstream out(path, std::ios::binary);
+    out.write(rewritten.data(), std::streamsize(rewritten.size()));
+  }
+  EXPECT_THAT([&] { load_schedule(path); },
+              testing::ThrowsMessage<Error>(HasSubstr("built with other tile sizes: block_n 256 in the file, 128")));
   std::filesystem::remove(path);
 }
 

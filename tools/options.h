@@ -1,0 +1,141 @@
+// The options mk's subcommands share: which model and token batch (ModelOptions), and how the schedule is built or
+// loaded (ScheduleOptions).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <filesystem>
+#include <string>
+
+#include "mk/check.h"
+#include "mk/gpu.h"
+#include "mk/graph.h"
+#include "mk/model_config.h"
+#include "mk/schedule.h"
+#include "mk/weights.h"
+
+namespace mk::cli {
+
+// Which model and which token batch a subcommand works on.
+struct ModelOptions {
+  std::string preset;
+  std::string model_dir;
+  int64_t batch = 0;  // 0: the preset's default (1 for --model)
+  int64_t seq_len = 0;
+  uint64_t seed = 1;
+  // Shape overrides for sweeps (0: keep the preset's); --d-model also sets heads = d_model / head_dim and
+  // d_ff = 4 d_model unless those are given.
+  int64_t layers = 0, d_model = 0, heads = 0, kv_heads = 0, d_ff = 0;
+
+  void add_to(CLI::App& command) {
+    auto* preset_option = command.add_option("--preset", preset, "built-in model: seed, tiny, llama-3.2-1b, llama-3.1-8b");
+    auto* model_option = command.add_option("--model", model_dir, "Hugging Face model directory (config.json + safetensors)");
+    preset_option->excludes(model_option);
+    // 0 stands for "not given" internally, so every size given on the command line must be positive.
+    const CLI::Validator positive(
+        [](std::string& text) {
+          try {
+            return std::stoll(text) > 0 ? std::string() : std::string("must be positive, got ") + text;
+          } catch (const std::exception&) {
+            return std::string("not a number: ") + text;
+          }
+        },
+        "POSITIVE");
+    command.add_option("--batch", batch, "sequences per forward pass (default: the preset's)")->check(positive);
+    command.add_option("--seq", seq_len, "tokens per sequence (default: the preset's)")->check(positive);
+    command.add_option("--seed", seed, "seed of random weights and inputs")->capture_default_str();
+    command.add_option("--layers", layers, "override the preset's layer count")->check(positive);
+    command.add_option("--d-model", d_model, "override the preset's width (heads = d_model / head_dim, d_ff = 4 d_model)")
+        ->check(positive);
+    command.add_option("--heads", heads, "override the preset's query heads")->check(positive);
+    command.add_option("--kv-heads", kv_heads, "override the preset's kv heads")->check(positive);
+    command.add_option("--d-ff", d_ff, "override the preset's MLP width")->check(positive);
+  }
+
+  mk::ModelConfig config() const {
+    if (!model_dir.empty()) {
+      MK_CHECK(layers == 0 && d_model == 0 && heads == 0 && kv_heads == 0 && d_ff == 0,
+               "shape overrides apply to presets only, not to --model");
+      return mk::load_model_config(std::filesystem::path(model_dir) / "config.json");
+    }
+    mk::ModelConfig config = mk::find_preset(preset.empty() ? "seed" : preset).config;
+    if (layers != 0) config.n_layers = layers;
+    if (d_model != 0) {
+      config.d_model = d_model;
+      config.n_heads = d_model / config.head_dim;
+      config.n_kv_heads = config.n_heads;
+      config.d_ff = 4 * d_model;
+    }
+    if (heads != 0) config.n_heads = heads;
+    if (kv_heads != 0) config.n_kv_heads = kv_heads;
+    if (d_ff != 0) config.d_ff = d_ff;
+    config.validate();
+    return config;
+  }
+
+  mk::RunShape shape() const {
+    mk::RunShape result{1, 128};
+    if (model_dir.empty()) result = mk::find_preset(preset.empty() ? "seed" : preset).shape;
+    if (batch != 0) result.batch = batch;
+    if (seq_len != 0) result.seq_len = seq_len;
+    MK_CHECK(result.batch > 0 && result.seq_len > 0, "--batch ({}) and --seq ({}) must be positive", result.batch,
+             result.seq_len);
+    return result;
+  }
+
+  mk::ModelWeights weights(const mk::ModelConfig& config) const {
+    if (!model_dir.empty()) return mk::load_weights(model_dir, config);
+    return mk::random_weights(config, seed);
+  }
+};
+
+// How a schedule is built (or loaded) for the cpu-vm and gpu engines.
+struct ScheduleOptions {
+  int32_t num_sms = 132;
+  bool sms_given = false;
+  std::string policy = "cost-model";
+  std::string schedule_file;
+
+  void add_to(CLI::App& command) {
+    command
+        .add_option_function<int32_t>(
+            "--sms",
+            [this](int32_t n) {
+              num_sms = n;
+              sms_given = true;
+            },
+            "SM count to schedule for (default 132; gpu: the device's)")
+        ->check(CLI::Range(1, 4096));
+    command.add_option("--policy", policy, "round-robin | cost-model")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"round-robin", "cost-model"}));
+    command.add_option("--schedule", schedule_file, "use a schedule file written by `mk schedule --out`");
+  }
+
+  // The gpu engine schedules for the device's SMs unless --sms says otherwise.
+  void use_device_sm_count() {
+    const mk::GpuInfo gpu = mk::query_gpu();
+    MK_CHECK(gpu.usable, "gpu engine: {}", gpu.reason);
+    if (!sms_given) num_sms = gpu.sm_count;
+  }
+
+  // Builds the schedule, or loads it and checks it was built for this model and shape; verified either way.
+  mk::Schedule make(const mk::Graph& graph) const {
+    mk::Schedule schedule;
+    if (!schedule_file.empty()) {
+      mk::LoadedSchedule loaded = mk::load_schedule(schedule_file);
+      MK_CHECK(loaded.shape.batch == graph.shape().batch && loaded.shape.seq_len == graph.shape().seq_len,
+               "{}: built for batch {} x seq {}, not batch {} x seq {}", schedule_file, loaded.shape.batch,
+               loaded.shape.seq_len, graph.shape().batch, graph.shape().seq_len);
+      const std::string difference = mk::first_difference(loaded.config, graph.config());
+      MK_CHECK(difference.empty(), "{}: built for another model: {} (file vs model)", schedule_file, difference);
+      schedule = std::move(loaded.schedule);
+    } else {
+      schedule = mk::make_schedule(graph, mk::derive_dependencies(graph), mk::parse_schedule_policy(policy), num_sms);
+    }
+    mk::verify_schedule(graph, schedule);
+    return schedule;
+  }
+};
+
+}  // namespace mk::cli
