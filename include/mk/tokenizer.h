@@ -42,7 +42,8 @@ class Tokenizer;
 // Decodes ids one at a time, emitting only complete UTF-8 characters: a token that ends inside a character yields
 // "" until a later token completes it. The pieces joined, plus finish(), equal Tokenizer::decode of all ids whenever
 // that decode ends in no U+FFFD (always, for ids that encode() produced); the window it re-decodes stays a few
-// tokens long, so each push() costs O(1) in the length of the stream.
+// tokens long, so each push() costs O(1) in the length of the stream. It refers to its Tokenizer, which must
+// outlive it.
 class StreamDecoder {
  public:
   explicit StreamDecoder(const Tokenizer& tokenizer, bool skip_special_tokens = false);
@@ -80,7 +81,9 @@ class Tokenizer {
   // Ids to text as `tokenizers` decodes them (the decoder chain of tokenizer.json; invalid byte sequences become
   // U+FFFD). Throws mk::Error for an id outside the vocabulary (`tokenizers` drops those silently).
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens = false) const;
-  StreamDecoder stream_decoder(bool skip_special_tokens = false) const { return StreamDecoder(*this, skip_special_tokens); }
+  StreamDecoder stream_decoder(bool skip_special_tokens = false) const {
+    return StreamDecoder(*this, skip_special_tokens);
+  }
 
   // One more than the largest id, model vocabulary and added tokens together.
   int64_t vocab_size() const;

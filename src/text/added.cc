@@ -103,8 +103,8 @@ std::vector<Segment> AddedVocabulary::find_matches(std::string_view text, bool a
     search = stop;
     const AddedToken& token = tokens_[found->second];
     if (split_special && token.special) continue;
-    if (token.single_word &&
-        ((start > 0 && ends_with_word(text.substr(0, start))) || (stop < text.size() && starts_with_word(text.substr(stop)))))
+    if (token.single_word && ((start > 0 && ends_with_word(text.substr(0, start))) ||
+                              (stop < text.size() && starts_with_word(text.substr(stop)))))
       continue;
     if (token.lstrip) start = std::max(trailing_space_start(text.substr(0, start)), done);
     if (token.rstrip) stop += leading_space_length(text.substr(stop));

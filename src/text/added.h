@@ -51,7 +51,7 @@ class AddedVocabulary {
 
   std::vector<AddedToken> tokens_;
   std::vector<std::string> decode_forms_;  // by index into tokens_
-  std::vector<int32_t> index_by_id_;  // id -> index into tokens_, -1 for none
+  std::vector<int32_t> index_by_id_;       // id -> index into tokens_, -1 for none
   std::unordered_set<std::string> special_contents_;
   Matcher raw_, normalized_;
 };

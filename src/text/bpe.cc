@@ -42,7 +42,8 @@ BpeModel BpeModel::from_json(const json& model) {
   }
   if (model.contains("dropout") && !model["dropout"].is_null()) {
     MK_CHECK(model["dropout"].is_number() && model["dropout"].get<double>() == 0.0,
-             "model: BPE dropout {} is not supported (it makes tokenization random; use null)", model["dropout"].dump());
+             "model: BPE dropout {} is not supported (it makes tokenization random; use null)",
+             model["dropout"].dump());
   }
   BpeModel bpe;
   const json& vocab = required_field(model, "vocab", "model");
@@ -64,7 +65,8 @@ BpeModel BpeModel::from_json(const json& model) {
     return model.contains(key) && !model[key].is_null() ? string_field(model, key, "model") : std::string();
   };
   bpe.unk_token_ = optional_string("unk_token");
-  if (auto it = bpe.vocab_.find(bpe.unk_token_); !bpe.unk_token_.empty() && it != bpe.vocab_.end()) bpe.unk_id_ = it->second;
+  if (auto it = bpe.vocab_.find(bpe.unk_token_); !bpe.unk_token_.empty() && it != bpe.vocab_.end())
+    bpe.unk_id_ = it->second;
   bpe.continuing_subword_prefix_ = optional_string("continuing_subword_prefix");
   bpe.end_of_word_suffix_ = optional_string("end_of_word_suffix");
   bpe.fuse_unk_ = bool_field(model, "fuse_unk", false, "model");
@@ -146,8 +148,10 @@ void BpeModel::initial_symbols(std::string_view word, std::vector<int32_t>& symb
       }
     }
     if (unk_token_.empty()) continue;  // `tokenizers` drops what it cannot represent when there is no unk_token
-    MK_CHECK(unk_id_.has_value(), "model: text has a character outside the vocabulary and unk_token \"{}\" is not in "
-             "the vocabulary", unk_token_);
+    MK_CHECK(unk_id_.has_value(),
+             "model: text has a character outside the vocabulary and unk_token \"{}\" is not in "
+             "the vocabulary",
+             unk_token_);
     if (pending_unk && fuse_unk_) continue;
     if (pending_unk) symbols.push_back(*pending_unk);
     pending_unk = unk_id_;
@@ -167,7 +171,9 @@ void BpeModel::merge(std::vector<int32_t>& symbols) const {
   struct Candidate {
     int32_t rank, pos, new_id;
   };
-  const auto later = [](const Candidate& a, const Candidate& b) { return a.rank != b.rank ? a.rank > b.rank : a.pos > b.pos; };
+  const auto later = [](const Candidate& a, const Candidate& b) {
+    return a.rank != b.rank ? a.rank > b.rank : a.pos > b.pos;
+  };
   std::priority_queue<Candidate, std::vector<Candidate>, decltype(later)> queue(later);
   const auto push_pair = [&](int32_t pos) {
     if (next[pos] >= count) return;

@@ -189,8 +189,7 @@ std::unique_ptr<Decoder> parse_decoder(const json& json_entry) {
     return std::make_unique<SequenceDecoder>(parse_steps(json_entry, "decoders", what, parse_decoder));
   if (type == "ByteLevel") return std::make_unique<ByteLevelDecoder>();
   if (type == "Replace") {
-    return std::make_unique<ReplaceDecoder>(parse_pattern(json_entry, what),
-                                            string_field(json_entry, "content", what));
+    return std::make_unique<ReplaceDecoder>(parse_pattern(json_entry, what), string_field(json_entry, "content", what));
   }
   if (type == "ByteFallback") return std::make_unique<ByteFallbackDecoder>();
   if (type == "Fuse") return std::make_unique<FuseDecoder>();
@@ -208,8 +207,10 @@ std::unique_ptr<Decoder> parse_decoder(const json& json_entry) {
     return std::make_unique<MetaspaceDecoder>(string_field(json_entry, "replacement", what),
                                               scheme != "never" && add_prefix_space);
   }
-  throw Error(fmt::format("decoder type \"{}\" is not supported (supported: Sequence, ByteLevel, Replace, "
-                          "ByteFallback, Fuse, Strip, Metaspace)", type));
+  throw Error(
+      fmt::format("decoder type \"{}\" is not supported (supported: Sequence, ByteLevel, Replace, "
+                  "ByteFallback, Fuse, Strip, Metaspace)",
+                  type));
 }
 
 }  // namespace mk::text

@@ -256,7 +256,9 @@ std::unique_ptr<PreTokenizer> parse_metaspace(const json& json_entry) {
   if (json_entry.contains("prepend_scheme")) {
     const std::string name = string_field(json_entry, "prepend_scheme", what);
     MK_CHECK(name == "always" || name == "first" || name == "never", "{}: unknown prepend_scheme \"{}\"", what, name);
-    scheme = name == "always" ? PrependScheme::kAlways : name == "first" ? PrependScheme::kFirst : PrependScheme::kNever;
+    scheme = name == "always"  ? PrependScheme::kAlways
+             : name == "first" ? PrependScheme::kFirst
+                               : PrependScheme::kNever;
   }
   // Files from before prepend_scheme existed say add_prefix_space instead.
   if (!bool_field(json_entry, "add_prefix_space", true, what)) {
@@ -296,8 +298,7 @@ std::unique_ptr<PreTokenizer> parse_pre_tokenizer(const json& json_entry) {
   if (type == "Sequence")
     return std::make_unique<SequencePreTokenizer>(parse_steps(json_entry, "pretokenizers", what, parse_pre_tokenizer));
   if (type == "Split") {
-    return std::make_unique<SplitPreTokenizer>(parse_pattern(json_entry, what),
-                                               parse_behavior(json_entry, what),
+    return std::make_unique<SplitPreTokenizer>(parse_pattern(json_entry, what), parse_behavior(json_entry, what),
                                                bool_field(json_entry, "invert", false, what));
   }
   if (type == "ByteLevel") {
@@ -336,8 +337,6 @@ const ByteLevelTables& byte_level_tables() {
 
 const std::string& byte_level_char(unsigned char byte) { return byte_level_tables().chars[byte]; }
 
-int byte_level_byte(char32_t code_point) {
-  return code_point < 512 ? byte_level_tables().bytes[code_point] : -1;
-}
+int byte_level_byte(char32_t code_point) { return code_point < 512 ? byte_level_tables().bytes[code_point] : -1; }
 
 }  // namespace mk::text

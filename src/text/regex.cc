@@ -68,9 +68,9 @@ std::shared_ptr<const Regex::Code> compile(std::string_view pattern, uint32_t op
   int error = 0;
   PCRE2_SIZE error_offset = 0;
   auto code = std::make_shared<Regex::Code>();
-  code->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                             options | PCRE2_UTF | ((options & PCRE2_LITERAL) ? 0 : PCRE2_UCP), &error,
-                             &error_offset, nullptr);
+  code->code =
+      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                    options | PCRE2_UTF | ((options & PCRE2_LITERAL) ? 0 : PCRE2_UCP), &error, &error_offset, nullptr);
   MK_CHECK(code->code != nullptr, "bad regex '{}': {} (at offset {} of '{}' as given to PCRE2)", shown,
            pcre2_message(error), error_offset, pattern);
   // Without JIT (an unsupported CPU), PCRE2's interpreter gives the same matches, only slower.

@@ -62,8 +62,8 @@ std::vector<int32_t> config_ids(const json& config, const char* key, std::string
   if (!config.is_object() || !config.contains(key) || config[key].is_null()) return ids;
   const json& value = config[key];
   for (const json& id : value.is_array() ? value : json::array({value})) {
-    MK_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0, "{}: \"{}\" must be an id or a list of ids, got {}", file,
-             key, value.dump());
+    MK_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0, "{}: \"{}\" must be an id or a list of ids, got {}",
+             file, key, value.dump());
     ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
   }
   return ids;
@@ -89,8 +89,10 @@ Affixes parse_post_processor(const json& processor) {
     }
     return affixes;
   }
-  throw Error(fmt::format("post_processor type \"{}\" is not supported (supported: TemplateProcessing, ByteLevel, "
-                          "BertProcessing, RobertaProcessing, Sequence)", type));
+  throw Error(
+      fmt::format("post_processor type \"{}\" is not supported (supported: TemplateProcessing, ByteLevel, "
+                  "BertProcessing, RobertaProcessing, Sequence)",
+                  type));
 }
 
 SpecialIds resolve_special_ids(const ConfigFiles& files,

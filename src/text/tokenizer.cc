@@ -73,7 +73,8 @@ std::vector<AddedToken> parse_added_tokens(const json& list, const BpeModel& mod
     token.rstrip = bool_field(entry, "rstrip", false, what);
     token.single_word = bool_field(entry, "single_word", false, what);
     token.normalized = bool_field(entry, "normalized", !token.special, what);
-    const auto same = std::find_if(tokens.begin(), tokens.end(), [&](const AddedToken& t) { return t.content == content; });
+    const auto same =
+        std::find_if(tokens.begin(), tokens.end(), [&](const AddedToken& t) { return t.content == content; });
     if (same != tokens.end()) {
       token.id = same->id;
       *same = token;
@@ -98,8 +99,8 @@ std::unique_ptr<TokenizerImpl> build(const json& root, const ConfigFiles& files)
   impl->pre_tokenizer = parse_pre_tokenizer(root.value("pre_tokenizer", json()));
   impl->decoder = parse_decoder(root.value("decoder", json()));
   impl->affixes = parse_post_processor(root.value("post_processor", json()));
-  impl->added = AddedVocabulary(parse_added_tokens(root.value("added_tokens", json()), impl->model),
-                                impl->normalizer.get());
+  impl->added =
+      AddedVocabulary(parse_added_tokens(root.value("added_tokens", json()), impl->model), impl->normalizer.get());
   impl->vocab_size = impl->model.id_bound();
   for (const AddedToken& token : impl->added.tokens())
     impl->vocab_size = std::max<int64_t>(impl->vocab_size, int64_t{token.id} + 1);
@@ -152,14 +153,15 @@ Tokenizer Tokenizer::load(const std::filesystem::path& path) {
     file = path / "tokenizer.json";
     MK_CHECK(std::filesystem::exists(file) || !std::filesystem::exists(path / "tokenizer.model"),
              "{} has tokenizer.model (SentencePiece's own format) but no tokenizer.json; write one with transformers: "
-             "AutoTokenizer.from_pretrained(dir).save_pretrained(dir)", path.string());
+             "AutoTokenizer.from_pretrained(dir).save_pretrained(dir)",
+             path.string());
   }
   MK_CHECK(std::filesystem::is_regular_file(file), "no tokenizer.json at {}", file.string());
   text::ConfigFiles files;
   const std::filesystem::path dir = file.parent_path();
-  for (const auto& [name, slot] : {std::pair{"tokenizer_config.json", &files.tokenizer_config},
-                                   std::pair{"generation_config.json", &files.generation_config},
-                                   std::pair{"config.json", &files.model_config}}) {
+  for (const auto& [name, slot] :
+       {std::pair{"tokenizer_config.json", &files.tokenizer_config},
+        std::pair{"generation_config.json", &files.generation_config}, std::pair{"config.json", &files.model_config}}) {
     const std::filesystem::path config = dir / name;
     if (std::filesystem::is_regular_file(config)) *slot = text::parse_json(text::read_file(config), config.string());
   }
@@ -249,8 +251,8 @@ std::string StreamDecoder::finish() {
   std::vector<int32_t> window = context_;
   window.insert(window.end(), pending_.begin(), pending_.end());
   const std::string text = tokenizer_->decode(window, skip_special_);
-  std::string rest = text.starts_with(context_text_) ? text.substr(context_text_.size())
-                                                      : tokenizer_->decode(pending_, skip_special_);
+  std::string rest =
+      text.starts_with(context_text_) ? text.substr(context_text_.size()) : tokenizer_->decode(pending_, skip_special_);
   context_.clear();
   pending_.clear();
   context_text_.clear();

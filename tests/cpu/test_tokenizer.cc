@@ -2,11 +2,11 @@
 // fixtures (tests/data/tokenizers, made by scripts/make_tokenizer_fixtures.py), and the streaming decoder.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <cstdio>
 #include <fstream>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -120,8 +120,8 @@ TEST_P(TokenizerConformance, RoundTrip) {
           << "string " << i << " " << json(strings[i]).dump() << " came back as " << json(back).dump();
     }
   }
-  std::printf("%s: %zu strings round-trip exactly, %zu by the family's documented exceptions\n",
-              GetParam().c_str(), exact, exceptions);
+  std::printf("%s: %zu strings round-trip exactly, %zu by the family's documented exceptions\n", GetParam().c_str(),
+              exact, exceptions);
 }
 
 // Fed one id at a time, the stream emits valid UTF-8 only, and its pieces add up to the whole decode.

@@ -2,9 +2,12 @@
 // whose expected ids were checked against Hugging Face `tokenizers`.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-
-#include <fstream>
 #include <nlohmann/json.hpp>
+
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -29,8 +32,13 @@ json tiny(json model_overrides = json::object()) {
                 {"vocab", {{"<unk>", 0}, {"a", 1}, {"b", 2}, {"ab", 3}, {"▁", 4}, {"▁ab", 5}}},
                 {"merges", {"a b", "▁ ab"}}};
   model.update(model_overrides);
-  return {{"version", "1.0"}, {"added_tokens", json::array()}, {"normalizer", nullptr}, {"pre_tokenizer", nullptr},
-          {"post_processor", nullptr}, {"decoder", nullptr}, {"model", model}};
+  return {{"version", "1.0"},
+          {"added_tokens", json::array()},
+          {"normalizer", nullptr},
+          {"pre_tokenizer", nullptr},
+          {"post_processor", nullptr},
+          {"decoder", nullptr},
+          {"model", model}};
 }
 
 mk::Tokenizer from(const json& tokenizer_json) { return mk::Tokenizer::from_json(tokenizer_json.dump()); }
@@ -40,11 +48,16 @@ void write(const std::filesystem::path& path, const std::string& text) { std::of
 TEST(TokenizerUtf8, InvalidInputIsAnErrorNamingTheOffset) {
   const mk::Tokenizer tokenizer = mk::Tokenizer::load(kFixtures / "llama3");
   EXPECT_THAT(error_of([&] { tokenizer.encode("ab\xC3(cd"); }), HasSubstr("byte offset 2 (bytes C3 28 63 64)"));
-  EXPECT_THAT(error_of([&] { tokenizer.encode("x\xE2\x82"); }), HasSubstr("byte offset 1"));       // truncated
-  EXPECT_THAT(error_of([&] { tokenizer.encode("\xC0\x80"); }), HasSubstr("byte offset 0"));        // overlong
-  EXPECT_THAT(error_of([&] { tokenizer.encode("a\xED\xA0\x80"); }), HasSubstr("byte offset 1"));   // surrogate
+  EXPECT_THAT(error_of([&] { tokenizer.encode("x\xE2\x82"); }), HasSubstr("byte offset 1"));         // truncated
+  EXPECT_THAT(error_of([&] { tokenizer.encode("\xC0\x80"); }), HasSubstr("byte offset 0"));          // overlong
+  EXPECT_THAT(error_of([&] { tokenizer.encode("a\xED\xA0\x80"); }), HasSubstr("byte offset 1"));     // surrogate
   EXPECT_THAT(error_of([&] { tokenizer.encode("\xF4\x90\x80\x80"); }), HasSubstr("byte offset 0"));  // > U+10FFFF
-  EXPECT_THAT(error_of([&] { tokenizer.encode("\xFF" "abcdef"); }), HasSubstr("(bytes FF 61 62 63 ...)"));
+  EXPECT_THAT(error_of([&] {
+                tokenizer.encode(
+                    "\xFF"
+                    "abcdef");
+              }),
+              HasSubstr("(bytes FF 61 62 63 ...)"));
   EXPECT_NO_THROW(tokenizer.encode(std::string("nul \0 inside", 12)));
 }
 
@@ -72,7 +85,8 @@ TEST(TokenizerFiles, MissingOrNotATokenizer) {
   EXPECT_THAT(error_of([&] { mk::Tokenizer::load(dir.path()); }), HasSubstr("no \"model\""));
   write(dir.path() / "tokenizer.json", tiny().dump());
   write(dir.path() / "generation_config.json", "{oops");
-  EXPECT_THAT(error_of([&] { mk::Tokenizer::load(dir.path()); }), HasSubstr("generation_config.json is not valid JSON"));
+  EXPECT_THAT(error_of([&] { mk::Tokenizer::load(dir.path()); }),
+              HasSubstr("generation_config.json is not valid JSON"));
 }
 
 // Each malformed or unsupported part is named in the error, never a crash.
@@ -91,9 +105,10 @@ TEST(TokenizerFiles, BadOrUnsupportedComponents) {
   EXPECT_THAT(error_with("pre_tokenizer", {{"type", "Whitespace"}}), HasSubstr("pre_tokenizer type \"Whitespace\""));
   EXPECT_THAT(error_with("decoder", {{"type", "WordPiece"}}), HasSubstr("decoder type \"WordPiece\""));
   EXPECT_THAT(error_with("post_processor", {{"type", "Nope"}}), HasSubstr("post_processor type \"Nope\""));
-  EXPECT_THAT(error_with("pre_tokenizer", {{"type", "Split"}, {"pattern", {{"Regex", "(a"}}}, {"behavior", "Isolated"},
-                                           {"invert", false}}),
-              HasSubstr("bad regex '(a'"));
+  EXPECT_THAT(
+      error_with("pre_tokenizer",
+                 {{"type", "Split"}, {"pattern", {{"Regex", "(a"}}}, {"behavior", "Isolated"}, {"invert", false}}),
+      HasSubstr("bad regex '(a'"));
   EXPECT_THAT(error_with("pre_tokenizer", {{"type", "Split"}, {"pattern", {{"Regex", "a"}}}, {"behavior", "Sideways"}}),
               HasSubstr("unknown behavior \"Sideways\""));
   EXPECT_THAT(error_with("version", "2.0"), HasSubstr("unknown tokenizer.json version"));
@@ -182,13 +197,75 @@ TEST(TokenizerSpecial, AddBosAndEosTokenFlags) {
   EXPECT_EQ(encode_with(with("add_eos_token", true)), around({1}, {2}));
   EXPECT_EQ(encode_with(with("add_bos_token", false)), hi);
   EXPECT_EQ(encode_with(tokens), around({1}, {}));  // no flags: the post-processor's template
-  EXPECT_THAT(error_of([&] { encode_with({{"add_bos_token", true}, {"bos_token", "<nope>"}}); }),
+  EXPECT_THAT(error_of([&] {
+                encode_with({{"add_bos_token", true}, {"bos_token", "<nope>"}});
+              }),
               HasSubstr("bos_token \"<nope>\" is not in the vocabulary"));
   write(dir.path() / "tokenizer_config.json", "{}");
   write(dir.path() / "config.json", json({{"bos_token_id", 1}, {"eos_token_id", {2, 0}}}).dump());
   const mk::Tokenizer with_model_config = mk::Tokenizer::load(dir.path());
   EXPECT_EQ(with_model_config.bos_id(), 1);
   EXPECT_EQ(with_model_config.eos_ids(), (Ids{2, 0}));
+}
+
+struct MkResult {
+  int status = -1;     // the exit status; -1 when mk died of a signal
+  std::string output;  // stdout, then stderr
+};
+
+std::string read(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+MkResult run_mk(const std::string& args, const TempDir& dir) {
+  const std::filesystem::path out = dir.path() / "mk_stdout", err = dir.path() / "mk_stderr";
+  const int status =
+      std::system(fmt::format("'{}' {} > '{}' 2> '{}'", MK_BINARY, args, out.string(), err.string()).c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, read(out) + read(err)};
+}
+
+// ids as mk tokenize prints them (separator " ") or as --ids takes them (",").
+std::string joined(const Ids& ids, const char* separator) {
+  std::string out;
+  for (const int32_t id : ids) out += fmt::format("{}{}", out.empty() ? "" : separator, id);
+  return out;
+}
+
+TEST(TokenizerCli, TokenizeAndDetokenize) {
+  TempDir dir;
+  const std::string llama3 = (kFixtures / "llama3").string();
+  const mk::Tokenizer tokenizer = mk::Tokenizer::load(llama3);
+  const std::string text = "Hello, wörld <|eot_id|> 😀";
+  const std::string ids = joined(tokenizer.encode(text), " "), commas = joined(tokenizer.encode(text), ",");
+  const MkResult tokenized = run_mk(fmt::format("tokenize --tokenizer '{}' --text '{}'", llama3, text), dir);
+  EXPECT_EQ(tokenized.status, 0) << tokenized.output;
+  EXPECT_EQ(tokenized.output, ids + "\n");
+  const MkResult plain = run_mk(fmt::format("tokenize --tokenizer '{}' --text hi --no-special", llama3), dir);
+  EXPECT_EQ(plain.output, joined(tokenizer.encode("hi", {.add_special_tokens = false}), " ") + "\n");
+  const MkResult text_back = run_mk(fmt::format("detokenize --tokenizer '{}' --ids '{}'", llama3, commas), dir);
+  EXPECT_EQ(text_back.status, 0) << text_back.output;
+  EXPECT_EQ(text_back.output, "<|begin_of_text|>" + text);  // exactly the text: no newline added
+  const MkResult skipped =
+      run_mk(fmt::format("detokenize --tokenizer '{}' --ids '{}' --skip-special", llama3, ids), dir);
+  EXPECT_EQ(skipped.output, "Hello, wörld  😀");
+}
+
+TEST(TokenizerCli, Errors) {
+  TempDir dir;
+  const std::string llama3 = (kFixtures / "llama3").string();
+  write(dir.path() / "bad.txt", "ok\xFF");
+  const MkResult bad_text =
+      run_mk(fmt::format("tokenize --tokenizer '{}' --file '{}'", llama3, (dir.path() / "bad.txt").string()), dir);
+  EXPECT_EQ(bad_text.status, 1);
+  EXPECT_THAT(bad_text.output, HasSubstr("bad.txt: text is not valid UTF-8 at byte offset 2"));
+  const MkResult bad_id = run_mk(fmt::format("detokenize --tokenizer '{}' --ids 1,x", llama3), dir);
+  EXPECT_EQ(bad_id.status, 1);
+  EXPECT_THAT(bad_id.output, HasSubstr("\"x\" is not a token id"));
+  EXPECT_EQ(run_mk(fmt::format("tokenize --tokenizer '{}'", llama3), dir).status, 2);  // no --text or --file
+  const MkResult missing = run_mk("tokenize --tokenizer /nonexistent --text hi", dir);
+  EXPECT_EQ(missing.status, 1);
+  EXPECT_THAT(missing.output, HasSubstr("no tokenizer.json at /nonexistent"));
 }
 
 }  // namespace

@@ -6,9 +6,9 @@
 //         text as plain text, "decoded": decode(id_lists), "decoded_skip": the same skipping special tokens,
 //         "streamed": StreamDecoder's pieces of each id list joined}
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <fstream>
-#include <nlohmann/json.hpp>
 
 #include "mk/check.h"
 #include "mk/tokenizer.h"
@@ -23,9 +23,9 @@ int main(int argc, char** argv) {
     std::ifstream in(argv[2]);
     MK_CHECK(in.good(), "cannot open {}", argv[2]);
     const nlohmann::json input = nlohmann::json::parse(in);
-    nlohmann::json out = {{"encoded", nlohmann::json::array()}, {"plain", nlohmann::json::array()},
-                          {"split_special", nlohmann::json::array()}, {"decoded", nlohmann::json::array()},
-                          {"decoded_skip", nlohmann::json::array()}, {"streamed", nlohmann::json::array()}};
+    nlohmann::json out;
+    for (const char* key : {"encoded", "plain", "split_special", "decoded", "decoded_skip", "streamed"})
+      out[key] = nlohmann::json::array();
     for (const auto& text : input.at("texts")) {
       const std::string s = text.get<std::string>();
       out["encoded"].push_back(tokenizer.encode(s));
