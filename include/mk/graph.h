@@ -10,21 +10,8 @@
 #include "mk/instruction.h"
 #include "mk/model_config.h"
 #include "mk/ops.h"
-#include "mk/tiles.h"
 
 namespace mk {
-
-// The tile sizes of include/mk/tiles.h as src/cuda/runtime.cc reads them: qkv and lm_head tiles are kBlockN wide like
-// the others now, so block_n_wide == block_n. Kept only until the runtime reads tiles.h itself; the graph always
-// tiles with tiles.h.
-struct TileConfig {
-  int32_t block_m = tiles::kBlockM;
-  int32_t block_n = tiles::kBlockN;
-  int32_t block_n_wide = tiles::kBlockN;
-  int32_t block_k = tiles::kBlockK;
-  int32_t block_q = tiles::kBlockQ;
-  bool operator==(const TileConfig&) const = default;
-};
 
 class Graph {
  public:
@@ -33,7 +20,6 @@ class Graph {
 
   const ModelConfig& config() const { return config_; }
   const RunShape& shape() const { return shape_; }
-  const TileConfig& tiles() const { return tiles_; }
   const BufferTable& buffer_table() const { return buffers_; }
   const std::vector<Buffer>& buffers() const { return buffers_.buffers(); }
   const std::vector<Task>& tasks() const { return tasks_; }  // in a topological order
@@ -48,7 +34,6 @@ class Graph {
  private:
   ModelConfig config_;
   RunShape shape_;
-  TileConfig tiles_;
   BufferTable buffers_;
   std::vector<Task> tasks_;
   uint32_t output_buffer_ = 0;
