@@ -352,7 +352,8 @@ const char* opcode_name(Opcode opcode) {
 }
 
 Task whole_output(const OpDescriptor& op, const OpContext& ctx, uint16_t layer) {
-  return {op.opcode, layer, 0, int32_t(ctx.shape.tokens()), 0, int32_t(ctx.cols(op.output(layer))), -1, -1};
+  const Buffer& out = ctx.buffers.buffers()[ctx.buffers.id(op.output(layer))];
+  return {op.opcode, layer, 0, int32_t(out.rows), 0, int32_t(out.cols), -1, -1};
 }
 
 }  // namespace mk
