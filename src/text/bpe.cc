@@ -19,10 +19,10 @@ constexpr int64_t kMaxTokenId = int64_t{1} << 26;
 std::pair<std::string, std::string> parse_merge(const json& entry, size_t index) {
   if (entry.is_array()) {
     MK_CHECK(entry.size() == 2 && entry[0].is_string() && entry[1].is_string(),
-             "model: merges entry {} must be a pair of tokens, got {}", index, entry.dump());
+             "model: merges entry {} must be a pair of tokens, got {}", index, brief(entry));
     return {entry[0].get<std::string>(), entry[1].get<std::string>()};
   }
-  MK_CHECK(entry.is_string(), "model: merges entry {} must be \"a b\" or [\"a\", \"b\"], got {}", index, entry.dump());
+  MK_CHECK(entry.is_string(), "model: merges entry {} must be \"a b\" or [\"a\", \"b\"], got {}", index, brief(entry));
   const std::string text = entry.get<std::string>();
   const size_t space = text.find(' ');
   MK_CHECK(space != std::string::npos && text.find(' ', space + 1) == std::string::npos,
@@ -43,14 +43,14 @@ BpeModel BpeModel::from_json(const json& model) {
   if (model.contains("dropout") && !model["dropout"].is_null()) {
     MK_CHECK(model["dropout"].is_number() && model["dropout"].get<double>() == 0.0,
              "model: BPE dropout {} is not supported (it makes tokenization random; use null)",
-             model["dropout"].dump());
+             brief(model["dropout"]));
   }
   BpeModel bpe;
   const json& vocab = required_field(model, "vocab", "model");
   MK_CHECK(vocab.is_object(), "model: \"vocab\" must be an object of token: id");
   for (const auto& [token, id_json] : vocab.items()) {
     MK_CHECK(id_json.is_number_integer() && id_json.get<int64_t>() >= 0 && id_json.get<int64_t>() < kMaxTokenId,
-             "model: vocab id of \"{}\" must be an integer in [0, {}), got {}", token, kMaxTokenId, id_json.dump());
+             "model: vocab id of \"{}\" must be an integer in [0, {}), got {}", token, kMaxTokenId, brief(id_json));
     const auto id = static_cast<int32_t>(id_json.get<int64_t>());
     if (static_cast<size_t>(id) >= bpe.tokens_.size()) {
       bpe.tokens_.resize(id + 1);
@@ -86,9 +86,11 @@ BpeModel BpeModel::from_json(const json& model) {
                index, left, right, token);
       return *id;
     };
+    // The right part of a merge continues a word, so it carries the prefix, which the merged token drops.
     const size_t prefix = bpe.continuing_subword_prefix_.size();
-    MK_CHECK(right.size() >= prefix, "model: merges entry {}: \"{}\" is shorter than continuing_subword_prefix", index,
-             right);
+    MK_CHECK(right.starts_with(bpe.continuing_subword_prefix_),
+             "model: merges entry {}: \"{}\" does not start with continuing_subword_prefix \"{}\"", index, right,
+             bpe.continuing_subword_prefix_);
     const int32_t left_id = id_of(left), right_id = id_of(right);
     // A pair listed twice keeps its later rank, as `tokenizers`' map does.
     bpe.merges_[pair_key(left_id, right_id)] = Merge{rank++, id_of(left + right.substr(prefix))};

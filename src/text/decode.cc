@@ -175,7 +175,7 @@ class MetaspaceDecoder final : public Decoder {
 size_t count_field(const json& json_entry, const char* key, std::string_view what) {
   const json& value = required_field(json_entry, key, what);
   MK_CHECK(value.is_number_unsigned() || (value.is_number_integer() && value.get<int64_t>() >= 0),
-           "{}: \"{}\" must be a non-negative integer, got {}", what, key, value.dump());
+           "{}: \"{}\" must be a non-negative integer, got {}", what, key, brief(value));
   return value.get<size_t>();
 }
 

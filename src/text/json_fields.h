@@ -11,6 +11,15 @@
 
 namespace mk::text {
 
+// A JSON value for an error message: its text, cut to some 80 bytes at a character boundary.
+inline std::string brief(const nlohmann::json& value) {
+  std::string text = value.dump();
+  if (text.size() <= 80) return text;
+  size_t cut = 80;
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+  return text.substr(0, cut) + "...";
+}
+
 // json[key], which must exist; what names the entry in the error ("pre_tokenizer Split").
 inline const nlohmann::json& required_field(const nlohmann::json& json, const char* key, std::string_view what) {
   MK_CHECK(json.is_object() && json.contains(key), "{} has no \"{}\"", what, key);
@@ -19,7 +28,7 @@ inline const nlohmann::json& required_field(const nlohmann::json& json, const ch
 
 inline std::string string_field(const nlohmann::json& json, const char* key, std::string_view what) {
   const nlohmann::json& value = required_field(json, key, what);
-  MK_CHECK(value.is_string(), "{}: \"{}\" must be a string, got {}", what, key, value.dump());
+  MK_CHECK(value.is_string(), "{}: \"{}\" must be a string, got {}", what, key, brief(value));
   return value.get<std::string>();
 }
 
@@ -27,13 +36,13 @@ inline std::string string_field(const nlohmann::json& json, const char* key, std
 inline bool bool_field(const nlohmann::json& json, const char* key, bool fallback, std::string_view what) {
   if (!json.is_object() || !json.contains(key) || json.at(key).is_null()) return fallback;
   const nlohmann::json& value = json.at(key);
-  MK_CHECK(value.is_boolean(), "{}: \"{}\" must be true or false, got {}", what, key, value.dump());
+  MK_CHECK(value.is_boolean(), "{}: \"{}\" must be true or false, got {}", what, key, brief(value));
   return value.get<bool>();
 }
 
 // The "type" of a component, required to be a string.
 inline std::string type_of(const nlohmann::json& json, std::string_view what) {
-  MK_CHECK(json.is_object(), "{} must be an object, got {}", what, json.dump().substr(0, 80));
+  MK_CHECK(json.is_object(), "{} must be an object, got {}", what, brief(json));
   return string_field(json, "type", what);
 }
 
@@ -43,7 +52,10 @@ auto parse_steps(const nlohmann::json& json, const char* key, std::string_view w
   const nlohmann::json& list = required_field(json, key, what);
   MK_CHECK(list.is_array(), "{}: \"{}\" must be a list", what, key);
   std::vector<decltype(parse(list))> steps;
-  for (const nlohmann::json& step : list) steps.push_back(parse(step));
+  for (const nlohmann::json& step : list) {
+    MK_CHECK(!step.is_null(), "{}: \"{}\" holds a null entry", what, key);
+    steps.push_back(parse(step));
+  }
   return steps;
 }
 

@@ -272,7 +272,7 @@ std::unique_ptr<PreTokenizer> parse_metaspace(const json& json_entry) {
 Regex parse_pattern(const json& component, std::string_view what) {
   const json& pattern = required_field(component, "pattern", what);
   MK_CHECK(pattern.is_object() && pattern.size() == 1 && (pattern.contains("String") || pattern.contains("Regex")),
-           "{}: pattern must be {{\"String\": ...}} or {{\"Regex\": ...}}, got {}", what, pattern.dump());
+           "{}: pattern must be {{\"String\": ...}} or {{\"Regex\": ...}}, got {}", what, brief(pattern));
   if (pattern.contains("String")) return Regex::literal(string_field(pattern, "String", what));
   return Regex::pattern(string_field(pattern, "Regex", what));
 }

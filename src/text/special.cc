@@ -25,14 +25,14 @@ Affixes template_affixes(const json& processor) {
       seen_sequence = true;
       continue;
     }
-    MK_CHECK(piece.is_object() && piece.contains("SpecialToken"), "{}: unknown template piece {}", what, piece.dump());
+    MK_CHECK(piece.is_object() && piece.contains("SpecialToken"), "{}: unknown template piece {}", what, brief(piece));
     const std::string name = string_field(piece["SpecialToken"], "id", what);
     MK_CHECK(special_tokens.is_object() && special_tokens.contains(name),
              "{}: the template uses \"{}\", which special_tokens does not define", what, name);
     const json& ids = required_field(special_tokens[name], "ids", what);
     MK_CHECK(ids.is_array(), "{}: special_tokens[\"{}\"].ids must be a list", what, name);
     for (const json& id : ids) {
-      MK_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0, "{}: bad id {} for \"{}\"", what, id.dump(), name);
+      MK_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0, "{}: bad id {} for \"{}\"", what, brief(id), name);
       (seen_sequence ? affixes.suffix : affixes.prefix).push_back(static_cast<int32_t>(id.get<int64_t>()));
     }
   }
@@ -44,7 +44,7 @@ Affixes template_affixes(const json& processor) {
 int32_t pair_id(const json& processor, const char* key, std::string_view what) {
   const json& pair = required_field(processor, key, what);
   MK_CHECK(pair.is_array() && pair.size() == 2 && pair[1].is_number_integer() && pair[1].get<int64_t>() >= 0,
-           "{}: \"{}\" must be [token, id], got {}", what, key, pair.dump());
+           "{}: \"{}\" must be [token, id], got {}", what, key, brief(pair));
   return static_cast<int32_t>(pair[1].get<int64_t>());
 }
 
@@ -63,7 +63,7 @@ std::vector<int32_t> config_ids(const json& config, const char* key, std::string
   const json& value = config[key];
   for (const json& id : value.is_array() ? value : json::array({value})) {
     MK_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0, "{}: \"{}\" must be an id or a list of ids, got {}",
-             file, key, value.dump());
+             file, key, brief(value));
     ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
   }
   return ids;

@@ -90,7 +90,7 @@ std::vector<AddedToken> parse_added_tokens(const json& list, const BpeModel& mod
 std::unique_ptr<TokenizerImpl> build(const json& root, const ConfigFiles& files) {
   MK_CHECK(root.is_object(), "the top level must be an object");
   if (root.contains("version")) {
-    MK_CHECK(root["version"] == "1.0", "unknown tokenizer.json version {}", root["version"].dump());
+    MK_CHECK(root["version"] == "1.0", "unknown tokenizer.json version {}", brief(root["version"]));
   }
   MK_CHECK(root.contains("model"), "no \"model\": this is not a tokenizer.json of the `tokenizers` library");
   auto impl = std::make_unique<TokenizerImpl>();

@@ -112,6 +112,8 @@ TEST(TokenizerFiles, BadOrUnsupportedComponents) {
   EXPECT_THAT(error_with("pre_tokenizer", {{"type", "Split"}, {"pattern", {{"Regex", "a"}}}, {"behavior", "Sideways"}}),
               HasSubstr("unknown behavior \"Sideways\""));
   EXPECT_THAT(error_with("version", "2.0"), HasSubstr("unknown tokenizer.json version"));
+  EXPECT_THAT(error_with("decoder", {{"type", "Sequence"}, {"decoders", {nullptr}}}),
+              HasSubstr("decoder Sequence: \"decoders\" holds a null entry"));
   EXPECT_THAT(error_with("added_tokens", {{{"id", 9}, {"content", 5}}}), HasSubstr("\"content\" must be a string"));
 }
 
