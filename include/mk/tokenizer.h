@@ -87,6 +87,8 @@ class Tokenizer {
 
   // One more than the largest id, model vocabulary and added tokens together.
   int64_t vocab_size() const;
+  // The Unicode version of the regex character classes (the system PCRE2's), say "14.0.0".
+  static std::string unicode_version();
   std::optional<int32_t> token_to_id(std::string_view token) const;
   std::optional<std::string> id_to_token(int32_t id) const;
   const std::vector<AddedToken>& added_tokens() const;

@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "mk/check.h"
+#include "mk/tokenizer.h"
 #include "utf8.h"
 
 namespace mk::text {
@@ -154,3 +155,13 @@ bool is_word_character(char32_t code_point) {
 }
 
 }  // namespace mk::text
+
+namespace mk {
+
+std::string Tokenizer::unicode_version() {
+  std::array<char, 64> version{};
+  pcre2_config(PCRE2_CONFIG_UNICODE_VERSION, version.data());
+  return version.data();
+}
+
+}  // namespace mk

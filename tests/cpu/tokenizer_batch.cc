@@ -1,6 +1,6 @@
 // Test helper: encodes and decodes a batch from a JSON file with mk::Tokenizer, for scripts that compare it with
 // Hugging Face `tokenizers` (scripts/check_tokenizers_live.py).
-// Usage: tokenizer_batch TOKENIZER IN.json OUT.json
+// Usage: tokenizer_batch TOKENIZER IN.json OUT.json, or tokenizer_batch --unicode-version (of its regex classes)
 //   IN:  {"texts": [...], "id_lists": [[...], ...]}
 //   OUT: {"encoded": ids with special tokens, "plain": without, "split_special": without and with special-token
 //         text as plain text, "decoded": decode(id_lists), "decoded_skip": the same skipping special tokens,
@@ -14,8 +14,12 @@
 #include "mk/tokenizer.h"
 
 int main(int argc, char** argv) {
+  if (argc == 2 && std::string(argv[1]) == "--unicode-version") {
+    fmt::print("{}\n", mk::Tokenizer::unicode_version());
+    return 0;
+  }
   if (argc != 4) {
-    fmt::print(stderr, "usage: tokenizer_batch TOKENIZER IN.json OUT.json\n");
+    fmt::print(stderr, "usage: tokenizer_batch TOKENIZER IN.json OUT.json | tokenizer_batch --unicode-version\n");
     return 2;
   }
   try {
