@@ -1,0 +1,59 @@
+// Host-side helpers around CUDA runtime calls: errors as mk::Error, an arena that frees every allocation, events.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "mk/reference.h"
+
+namespace mk::gpu {
+
+// Throws mk::Error naming `what` (with free memory for out-of-memory) unless status is cudaSuccess.
+void check_cuda(cudaError_t status, const char* what);
+
+// Every device allocation of one engine, freed together.
+class DeviceArena {
+ public:
+  DeviceArena() = default;
+  ~DeviceArena();
+  DeviceArena(const DeviceArena&) = delete;
+  DeviceArena& operator=(const DeviceArena&) = delete;
+
+  void* allocate_bytes(size_t bytes, const char* what);
+  template <typename T>
+  T* allocate(size_t count, const char* what) {
+    return static_cast<T*>(allocate_bytes(count * sizeof(T), what));
+  }
+  template <typename T>
+  T* upload(const std::vector<T>& host, const char* what) {
+    T* device = allocate<T>(host.size(), what);
+    check_cuda(cudaMemcpy(device, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), what);
+    return device;
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  std::vector<void*> allocations_;
+  size_t bytes_ = 0;
+};
+
+// A CUDA event destroyed on every path out of its scope.
+class Event {
+ public:
+  Event() { check_cuda(cudaEventCreate(&event_), "creating an event"); }
+  ~Event() { cudaEventDestroy(event_); }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+// (rows, cols) bf16 on the device -> fp32 on the host.
+ref::Matrix download_bf16(const void* address, int64_t rows, int64_t cols);
+
+}  // namespace mk::gpu
