@@ -270,8 +270,8 @@ int run_schedule(const ModelOptions& options, const ScheduleOptions& schedule_op
 
 int run_export(const ModelOptions& options, const std::string& out_dir, const std::string& input_path) {
   const mk::ModelConfig config = options.config();
-  mk::save_hf_model(out_dir, options.weights(config));
-  fmt::print("wrote {}/config.json and model.safetensors ({})\n", out_dir, mk::describe(config));
+  const std::string config_file = mk::save_model(out_dir, options.weights(config));
+  fmt::print("wrote {}/{} and model.safetensors ({})\n", out_dir, config_file, mk::describe(config));
   if (!input_path.empty()) {
     mk::save_model_input(input_path, mk::ref::random_input(config, options.shape(), options.seed + 1), config);
     fmt::print("wrote {}\n", input_path);

@@ -56,7 +56,7 @@ struct ModelOptions {
     if (!model_dir.empty()) {
       MK_CHECK(layers == 0 && d_model == 0 && heads == 0 && kv_heads == 0 && d_ff == 0,
                "shape overrides apply to presets only, not to --model");
-      return mk::load_model_config(std::filesystem::path(model_dir) / "config.json");
+      return mk::load_model_dir_config(model_dir);
     }
     mk::ModelConfig config = mk::find_preset(preset.empty() ? "seed" : preset).config;
     if (layers != 0) config.n_layers = layers;

@@ -82,6 +82,9 @@ ModelConfig model_config_from_json(const nlohmann::json& json, const std::string
 ModelConfig model_config_from_hf_json(const nlohmann::json& json, const std::string& source);
 ModelConfig load_model_config(const std::filesystem::path& config_json_path);
 nlohmann::json model_config_to_hf_json(const ModelConfig& config);
+// The config of a model directory: mk_config.json (mk's own form, for models Hugging Face cannot describe, such as
+// the seed's without embedding or RoPE) when present, else config.json.
+ModelConfig load_model_dir_config(const std::filesystem::path& dir);
 
 std::string describe(const ModelConfig& config);
 

@@ -53,5 +53,8 @@ ModelWeights load_weights(const std::filesystem::path& dir, const ModelConfig& c
 
 // Writes config.json and model.safetensors, loadable by transformers' LlamaForCausalLM.from_pretrained.
 void save_hf_model(const std::filesystem::path& dir, const ModelWeights& weights);
+// The same where Hugging Face can describe the model; else mk_config.json (mk's own config form, e.g. the seed's
+// model without embedding or RoPE) beside model.safetensors. Returns the config file's name.
+std::string save_model(const std::filesystem::path& dir, const ModelWeights& weights);
 
 }  // namespace mk

@@ -286,16 +286,28 @@ ModelConfig model_config_from_hf_json(const nlohmann::json& json, const std::str
   return config;
 }
 
-ModelConfig load_model_config(const std::filesystem::path& config_json_path) {
-  std::ifstream file(config_json_path);
-  MK_CHECK(file.good(), "{}: cannot open", config_json_path.string());
-  nlohmann::json json;
+namespace {
+
+nlohmann::json read_json_file(const std::filesystem::path& path) {
+  std::ifstream file(path);
+  MK_CHECK(file.good(), "{}: cannot open", path.string());
   try {
-    json = nlohmann::json::parse(file);
+    return nlohmann::json::parse(file);
   } catch (const nlohmann::json::exception& error) {
-    throw Error(fmt::format("{}: not valid JSON: {}", config_json_path.string(), error.what()));
+    throw Error(fmt::format("{}: not valid JSON: {}", path.string(), error.what()));
   }
-  return model_config_from_hf_json(json, config_json_path.string());
+}
+
+}  // namespace
+
+ModelConfig load_model_config(const std::filesystem::path& config_json_path) {
+  return model_config_from_hf_json(read_json_file(config_json_path), config_json_path.string());
+}
+
+ModelConfig load_model_dir_config(const std::filesystem::path& dir) {
+  const std::filesystem::path mk_config = dir / "mk_config.json";
+  if (std::filesystem::exists(mk_config)) return model_config_from_json(read_json_file(mk_config), mk_config.string());
+  return load_model_config(dir / "config.json");
 }
 
 nlohmann::json model_config_to_hf_json(const ModelConfig& config) {

@@ -129,14 +129,20 @@ ModelWeights load_weights(const std::filesystem::path& dir, const ModelConfig& c
   return weights;
 }
 
-void save_hf_model(const std::filesystem::path& dir, const ModelWeights& weights) {
-  const nlohmann::json config_json = model_config_to_hf_json(weights.config);
-  std::filesystem::create_directories(dir);
-  {
-    std::ofstream file(dir / "config.json");
-    MK_CHECK(file.good(), "{}: cannot create config.json", dir.string());
-    file << config_json.dump(2) << "\n";
-  }
+namespace {
+
+bool hf_can_describe(const ModelConfig& config) {
+  return config.has_embedding && config.has_lm_head && config.rope.type != RopeType::kNone;
+}
+
+void write_json(const std::filesystem::path& path, const nlohmann::json& json) {
+  std::ofstream file(path);
+  MK_CHECK(file.good(), "{}: cannot create", path.string());
+  file << json.dump(2) << "\n";
+  MK_CHECK(file.good(), "{}: write failed", path.string());
+}
+
+void write_weights(const std::filesystem::path& dir, const ModelWeights& weights) {
   std::vector<TensorToWrite> tensors;
   // for_each_weight takes a mutable model; saving only reads it.
   for_each_weight(const_cast<ModelWeights&>(weights),
@@ -145,6 +151,26 @@ void save_hf_model(const std::filesystem::path& dir, const ModelWeights& weights
                                        {reinterpret_cast<const uint8_t*>(data.data()), data.size() * sizeof(bf16)}});
                   });
   write_safetensors(dir / "model.safetensors", tensors);
+}
+
+}  // namespace
+
+void save_hf_model(const std::filesystem::path& dir, const ModelWeights& weights) {
+  const nlohmann::json config_json = model_config_to_hf_json(weights.config);
+  std::filesystem::create_directories(dir);
+  write_json(dir / "config.json", config_json);
+  write_weights(dir, weights);
+}
+
+std::string save_model(const std::filesystem::path& dir, const ModelWeights& weights) {
+  if (hf_can_describe(weights.config)) {
+    save_hf_model(dir, weights);
+    return "config.json";
+  }
+  std::filesystem::create_directories(dir);
+  write_json(dir / "mk_config.json", model_config_to_json(weights.config));
+  write_weights(dir, weights);
+  return "mk_config.json";
 }
 
 }  // namespace mk

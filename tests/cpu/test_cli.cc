@@ -170,13 +170,21 @@ TEST(Cli, ExportThenRunTheExportedModel) {
   EXPECT_NE(checksum_line(result.output), "");
 }
 
-TEST(Cli, ExportOfTheSeedModelNamesTheMissingEmbedding) {
+// The seed's model (no embedding, LM head or RoPE) exports with mk's own config form and runs from its directory
+// exactly as from the preset.
+TEST(Cli, ExportedSeedModelRunsLikeThePreset) {
   TempDir dir;
-  const Result result = run_mk("export --preset seed --out " + quoted(dir.path() / "seed"));
-  ASSERT_TRUE(result.exited);
-  EXPECT_EQ(result.status, 1);
-  EXPECT_THAT(result.output, HasSubstr("no embedding"));
-  EXPECT_FALSE(std::filesystem::exists(dir.path() / "seed" / "model.safetensors"));
+  const std::filesystem::path model = dir.path() / "seed";
+  const Result exported = run_mk("export --preset seed --layers 1 --out " + quoted(model));
+  ASSERT_EQ(exported.status, 0) << exported.output;
+  EXPECT_TRUE(std::filesystem::exists(model / "mk_config.json"));
+  const std::string shape = " --engine reference --batch 1 --seq 16";
+  const Result from_dir = run_mk("run --model " + quoted(model) + shape);
+  const Result from_preset = run_mk("run --preset seed --layers 1" + shape);
+  ASSERT_EQ(from_dir.status, 0) << from_dir.output;
+  ASSERT_EQ(from_preset.status, 0) << from_preset.output;
+  auto checksum = [](const std::string& output) { return output.substr(output.find("checksum")); };
+  EXPECT_EQ(checksum(from_dir.output), checksum(from_preset.output));
 }
 
 TEST(Cli, TruncatedWeightsFailCleanly) {

@@ -152,6 +152,28 @@ TEST(Weights, SaveAndLoadRoundTripBitExactly) {
   for (const mk::TensorInfo& tensor : file.tensors()) EXPECT_EQ(tensor.dtype, mk::DType::kBF16) << tensor.name;
 }
 
+// The seed's model has no embedding, LM head or RoPE, which a Hugging Face config.json cannot say: it is saved with
+// mk's own config form, and a model directory is read back the same way `mk run --model` reads it.
+TEST(Weights, ModelsHuggingFaceCannotDescribeRoundTripThroughMkConfig) {
+  TempDir dir;
+  mk::ModelConfig seed = mk::find_preset("seed").config;
+  seed.n_layers = 1;
+  seed.d_model = 256;
+  seed.n_heads = seed.n_kv_heads = 2;
+  seed.d_ff = 512;
+  const mk::ModelWeights saved = mk::random_weights(seed, 5);
+  EXPECT_EQ(mk::save_model(dir.path(), saved), "mk_config.json");
+  EXPECT_FALSE(std::filesystem::exists(dir.path() / "config.json"));
+  const mk::ModelConfig loaded_config = mk::load_model_dir_config(dir.path());
+  EXPECT_EQ(mk::first_difference(loaded_config, seed), "");
+  expect_bitwise_equal(saved, mk::load_weights(dir.path(), loaded_config));
+
+  TempDir hf_dir;
+  const mk::ModelConfig& tiny = mk::find_preset("tiny").config;
+  EXPECT_EQ(mk::save_model(hf_dir.path(), mk::random_weights(tiny, 3)), "config.json");
+  EXPECT_EQ(mk::first_difference(mk::load_model_dir_config(hf_dir.path()), tiny), "");
+}
+
 TEST(Weights, LoadsAShardedCheckpoint) {
   TempDir dir;
   mk::ModelWeights weights = mk::random_weights(micro_config(false), 11);
