@@ -11,20 +11,24 @@
 
 namespace mk {
 
-// One instruction's phases, in ns since the launch began. Consumer: fetched -> counters satisfied -> math done ->
-// output published. Producer (gpu only, for GEMM and attention tiles; negative where it did not take part):
-// started the instruction -> counters satisfied -> last load issued.
+// One instruction's phases, in ns since the launch began (negative where not recorded). Consumer: fetched ->
+// counters satisfied (row-wise ops; the producer waits for GEMM and attention) -> first operands landed (gpu GEMM and
+// attention) -> math done -> output published (gpu GEMM and attention: staged for the storer). Producer (gpu GEMM
+// and attention): started the instruction -> counters satisfied -> last load issued. Storer (gpu GEMM and
+// attention): TMA store landed and counter released.
 struct TraceRecord {
   uint32_t sm = 0;
   uint32_t index = 0;  // within the SM's list
   uint32_t task = 0;
   double start = 0;
   double waits_done = 0;
+  double data_ready = -1;
   double math_done = 0;
   double end = 0;
   double producer_start = -1;
   double producer_waits_done = -1;
   double producer_loads_issued = -1;
+  double published = -1;
 };
 
 struct Trace {
@@ -39,10 +43,19 @@ std::string trace_to_chrome_json(const Graph& graph, const Trace& trace);
 
 struct TraceSummary {
   double span_ns = 0;  // first start to last end
+  // Where each op's time goes, summed over its tiles. The waits are split from the work: the dependency wait (for
+  // other SMs' results: the producer's counter wait where it waits, else the consumers'), the data wait (consumers
+  // waiting for their first operands: dependency wait plus load latency), math, epilogue, and store (the storer's TMA
+  // store and publication, which overlaps the consumers' next instruction).
   struct Op {
     std::string name;
     size_t count = 0;
-    double total_ns = 0;  // consumer start (after its waits) to end
+    double total_ns = 0;            // consumer start (after its counter waits) to end
+    double dependency_wait_ns = 0;
+    double data_wait_ns = 0;
+    double math_ns = 0;             // first operands landed (or counters satisfied) to math done
+    double epilogue_ns = 0;         // math done to end
+    double store_ns = 0;            // end to published
   };
   std::vector<Op> ops;
   struct Sm {

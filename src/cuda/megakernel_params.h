@@ -55,14 +55,15 @@ struct DeviceError {
 
 enum TraceSlot : int {
   kTraceStart,               // consumers fetched the instruction
-  kTraceWaitsDone,           // its counters were reached
+  kTraceWaitsDone,           // its counters were reached (row-wise ops; the producer waits for the others)
+  kTraceDataReady,           // GEMM, attention: the first stage of operands had landed
   kTraceMathDone,            // main loop finished (before the epilogue)
-  kTraceEnd,                 // output published (GEMM: staged for the storer)
+  kTraceEnd,                 // output published (GEMM, attention: staged for the storer)
   kTraceProducerStart,
   kTraceProducerWaitsDone,
   kTraceProducerLoadsIssued,
-  kTracePublished,           // GEMM: the storer's TMA store landed and the counter was released
-  kTraceSlots = 8,
+  kTracePublished,           // GEMM, attention: the storer's TMA store landed and the counter was released
+  kTraceSlots = 10,
 };
 
 struct ModelDims {

@@ -210,11 +210,13 @@ Trace GpuEngine::run_traced() {
       r.task = impl.task_of_instruction[i];
       r.start = to_ns(slot[gpu::kTraceStart]);
       r.waits_done = to_ns(slot[gpu::kTraceWaitsDone]);
+      r.data_ready = to_ns(slot[gpu::kTraceDataReady]);
       r.math_done = to_ns(slot[gpu::kTraceMathDone]);
       r.end = to_ns(slot[gpu::kTraceEnd]);
       r.producer_start = to_ns(slot[gpu::kTraceProducerStart]);
       r.producer_waits_done = to_ns(slot[gpu::kTraceProducerWaitsDone]);
       r.producer_loads_issued = to_ns(slot[gpu::kTraceProducerLoadsIssued]);
+      r.published = to_ns(slot[gpu::kTracePublished]);
       trace.records.push_back(r);
     }
   }

@@ -32,6 +32,7 @@ std::string trace_to_chrome_json(const Graph& graph, const Trace& trace) {
     events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", sm}, {"tid", 1}, {"args", {{"name", "producer"}}}});
     events.push_back(
         {{"ph", "M"}, {"name", "thread_name"}, {"pid", sm}, {"tid", 2}, {"args", {{"name", "consumer phases"}}}});
+    events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", sm}, {"tid", 3}, {"args", {{"name", "storer"}}}});
   }
   auto slice = [&](const std::string& name, const std::string& category, uint32_t sm, int tid, double begin_ns,
                    double end_ns, nlohmann::json args) {
@@ -52,10 +53,13 @@ std::string trace_to_chrome_json(const Graph& graph, const Trace& trace) {
     }
     if (r.waits_done > r.start) slice("wait", "wait", r.sm, 0, r.start, r.waits_done, {{"task", r.task}});
     slice(name, category, r.sm, 0, r.waits_done, r.end, args);
-    if (r.math_done > r.waits_done && r.math_done < r.end) {
-      slice("math", category, r.sm, 2, r.waits_done, r.math_done, {{"task", r.task}});
-      slice("epilogue+store", category, r.sm, 2, r.math_done, r.end, {{"task", r.task}});
+    const double work_start = r.data_ready >= 0 ? r.data_ready : r.waits_done;
+    if (r.data_ready > r.start) slice("data wait", "wait", r.sm, 2, r.start, r.data_ready, {{"task", r.task}});
+    if (r.math_done > work_start && r.math_done < r.end) {
+      slice("math", category, r.sm, 2, work_start, r.math_done, {{"task", r.task}});
+      slice("epilogue", category, r.sm, 2, r.math_done, r.end, {{"task", r.task}});
     }
+    if (r.published > r.end) slice("store " + name, category, r.sm, 3, r.end, r.published, {{"task", r.task}});
     if (r.producer_start >= 0) {
       if (r.producer_waits_done > r.producer_start)
         slice("wait", "wait", r.sm, 1, r.producer_start, r.producer_waits_done, {{"task", r.task}});
@@ -91,6 +95,13 @@ TraceSummary summarize_trace(const Graph& graph, const Schedule& schedule, const
     op.name = opcode_name(task.opcode);
     ++op.count;
     op.total_ns += r.end - r.waits_done;
+    const bool produced = r.producer_start >= 0;
+    op.dependency_wait_ns += produced ? r.producer_waits_done - r.producer_start : r.waits_done - r.start;
+    const double work_start = r.data_ready >= 0 ? r.data_ready : r.waits_done;
+    op.data_wait_ns += r.data_ready >= 0 ? r.data_ready - r.start : 0.0;
+    op.math_ns += r.math_done - work_start;
+    op.epilogue_ns += r.end - r.math_done;
+    op.store_ns += r.published >= 0 ? r.published - r.end : 0.0;
     TraceSummary::Sm& sm = summary.sms[r.sm];
     sm.busy_ns += r.end - r.waits_done;
     sm.waiting_ns += r.waits_done - r.start;
@@ -148,12 +159,16 @@ TraceSummary summarize_trace(const Graph& graph, const Schedule& schedule, const
 std::string format_trace_summary(const Graph& graph, const TraceSummary& s, const Trace& trace) {
   std::string out = fmt::format("trace ({}): span {:.1f} us, launch measured {:.1f} us\n", trace.engine,
                                 s.span_ns / 1e3, trace.launch_ns / 1e3);
-  out += "per op: count, total and mean time (waits excluded)\n";
+  out += "per op: count, busy total (consumer, counter waits excluded), and the mean us per tile of each phase\n";
+  out += fmt::format("  {:<11} {:>7} {:>18}  {:>9} {:>9} {:>8} {:>8} {:>8}\n", "op", "count", "busy", "dep.wait",
+                     "data.wait", "math", "epilogue", "store");
   double busy_total = 0;
   for (const TraceSummary::Op& op : s.ops) busy_total += op.total_ns;
   for (const TraceSummary::Op& op : s.ops) {
-    out += fmt::format("  {:<11} {:>7}  total {:>10.1f} us ({:>4.1f}%)  mean {:>8.2f} us\n", op.name, op.count,
-                       op.total_ns / 1e3, 100.0 * op.total_ns / busy_total, op.total_ns / 1e3 / double(op.count));
+    const double tiles = double(op.count) * 1e3;  // mean per tile, in us
+    out += fmt::format("  {:<11} {:>7} {:>10.1f} us {:>4.1f}%  {:>9.2f} {:>9.2f} {:>8.2f} {:>8.2f} {:>8.2f}\n", op.name,
+                       op.count, op.total_ns / 1e3, 100.0 * op.total_ns / busy_total, op.dependency_wait_ns / tiles,
+                       op.data_wait_ns / tiles, op.math_ns / tiles, op.epilogue_ns / tiles, op.store_ns / tiles);
   }
   double busy = 0, waiting = 0, idle = 0;
   for (const TraceSummary::Sm& sm : s.sms) {

@@ -90,3 +90,61 @@ TEST_F(CpuVmTrace, SummaryAddsUpToTheSpan) {
 
 }  // namespace
 }  // namespace mk
+
+namespace mk {
+namespace {
+
+// A gpu-style trace of one GEMM tile: the producer waits on the counters, the storer publishes. The summary must
+// put each span in its phase, so that an op's math excludes the time spent waiting for other SMs.
+TEST(TraceSummary, SplitsDependencyWaitDataWaitMathEpilogueAndStore) {
+  const ModelConfig config = find_preset("tiny").config;
+  const Graph graph(config, {1, 32});
+  Schedule schedule = make_schedule(graph, derive_dependencies(graph), SchedulePolicy::kRoundRobin, 1);
+  Trace trace;
+  trace.engine = "gpu";
+  trace.num_sms = 1;
+  double clock = 0;
+  size_t gemm_records = 0;
+  for (size_t i = 0; i < schedule.instructions.size(); ++i) {
+    TraceRecord r;
+    r.index = uint32_t(i);
+    r.task = schedule.instructions[i].task;
+    r.start = clock;
+    if (schedule.instructions[i].opcode == Opcode::kQkv) {
+      ++gemm_records;
+      r.producer_start = clock;
+      r.producer_waits_done = clock + 100;  // dependency wait 100
+      r.producer_loads_issued = clock + 150;
+      r.waits_done = clock;
+      r.data_ready = clock + 300;           // data wait 300
+      r.math_done = clock + 1300;           // math 1000
+      r.end = clock + 1350;                 // epilogue 50
+      r.published = clock + 2350;           // store 1000
+    } else {
+      r.waits_done = clock + 10;
+      r.math_done = clock + 30;
+      r.end = clock + 40;
+    }
+    clock = r.end;
+    trace.records.push_back(r);
+  }
+  trace.launch_ns = clock;
+  const TraceSummary summary = summarize_trace(graph, schedule, trace);
+  bool found = false;
+  for (const TraceSummary::Op& op : summary.ops) {
+    if (op.name != "qkv") continue;
+    found = true;
+    ASSERT_EQ(op.count, gemm_records);
+    const double n = double(gemm_records);
+    EXPECT_DOUBLE_EQ(op.dependency_wait_ns, 100 * n);
+    EXPECT_DOUBLE_EQ(op.data_wait_ns, 300 * n);
+    EXPECT_DOUBLE_EQ(op.math_ns, 1000 * n);
+    EXPECT_DOUBLE_EQ(op.epilogue_ns, 50 * n);
+    EXPECT_DOUBLE_EQ(op.store_ns, 1000 * n);
+  }
+  EXPECT_TRUE(found);
+  EXPECT_NE(format_trace_summary(graph, summary, trace).find("dep.wait"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace mk

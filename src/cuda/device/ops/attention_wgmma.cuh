@@ -156,6 +156,7 @@ __device__ __forceinline__ bool consume_attention_head_dim(const MegakernelParam
   // position (within the sequence) of this thread's first accumulator row; the second is 8 further
   const int32_t query0 = query_begin + warpgroup * 64 + (thread_in_wg / 32) * 16 + (thread_in_wg % 32) / 4;
   bool ok = wait_barrier(p, s.loaded, output.loaded_parity(), site);  // Q
+  if (trace) trace[kTraceDataReady] = clock64();
 
   float o[kHeadDim / 2];
 #pragma unroll

@@ -81,14 +81,14 @@ __device__ __forceinline__ bool consume_gemm(const MegakernelParams& p, const Sh
                                              int thread_in_wg, uint64_t* trace) {
   if (in.opcode == Opcode::kGateUp) {
     float acc[2 * kOutputValues];
-    bool ok = gemm_mainloop<256>(p, s, in, state, site, warpgroup, acc);
+    bool ok = gemm_mainloop<256>(p, s, in, state, site, warpgroup, acc, trace);
     if (trace) trace[kTraceMathDone] = clock64();
     ok &= stage_output(p, s, output, false, [&](int i) { return swiglu_value(acc, i); }, warpgroup, thread_in_wg,
                        site);
     return ok;
   }
   float acc[kOutputValues];
-  bool ok = gemm_mainloop<128>(p, s, in, state, site, warpgroup, acc);
+  bool ok = gemm_mainloop<128>(p, s, in, state, site, warpgroup, acc, trace);
   if (trace) trace[kTraceMathDone] = clock64();
   if (in.opcode == Opcode::kQkv && p.dims.rope) {
     if (p.dims.head_dim == 128) {

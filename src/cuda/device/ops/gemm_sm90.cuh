@@ -102,10 +102,11 @@ __device__ __forceinline__ bool produce_gemm(const MegakernelParams& p, const Sh
 // ---- consumer main loop ----
 
 // acc (64 x kBRows per warpgroup) <- A rows [64 wg, 64 wg + 64) of the tile times the kBRows weight rows.
+// trace: this thread's trace slots when it records (consumer thread 0 with tracing on), else null.
 template <int kBRows>
 __device__ __forceinline__ bool gemm_mainloop(const MegakernelParams& p, const SharedState& s, const Instruction& in,
                                               PipelineState& state, Site site, int warpgroup,
-                                              float (&acc)[kBRows / 2]) {
+                                              float (&acc)[kBRows / 2], uint64_t* trace) {
   const int32_t num_k_blocks = gemm_operands(p, in).k / KernelConfig::kBlockK;
 #pragma unroll
   for (int i = 0; i < kBRows / 2; ++i) acc[i] = 0.0f;
@@ -115,6 +116,7 @@ __device__ __forceinline__ bool gemm_mainloop(const MegakernelParams& p, const S
     // NOTE: no early exit on abort: wgmma must stay warpgroup-convergent for ptxas to pipeline it; an aborting
     // kernel computes garbage to the end of the instruction and leaves at the next instruction boundary.
     ok &= wait_barrier(p, &s.full[state.stage], state.phase, site);
+    if (trace && kb == 0) trace[kTraceDataReady] = clock64();
     const uint8_t* stage = s.stage(state.stage);
     const uint64_t desc_a = ptx::wgmma_descriptor_k_major_sw128(stage + warpgroup * 64 * 128);
     const uint64_t desc_b = ptx::wgmma_descriptor_k_major_sw128(stage + KernelConfig::kATileBytes);
