@@ -124,9 +124,8 @@ struct ScheduleOptions {
     mk::Schedule schedule;
     if (!schedule_file.empty()) {
       mk::LoadedSchedule loaded = mk::load_schedule(schedule_file);
-      MK_CHECK(loaded.shape.batch == graph.shape().batch && loaded.shape.seq_len == graph.shape().seq_len,
-               "{}: built for batch {} x seq {}, not batch {} x seq {}", schedule_file, loaded.shape.batch,
-               loaded.shape.seq_len, graph.shape().batch, graph.shape().seq_len);
+      MK_CHECK(loaded.shape == graph.shape(), "{}: built for {}, not {}", schedule_file, describe(loaded.shape),
+               describe(graph.shape()));
       const std::string difference = mk::first_difference(loaded.config, graph.config());
       MK_CHECK(difference.empty(), "{}: built for another model: {} (file vs model)", schedule_file, difference);
       schedule = std::move(loaded.schedule);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "mk/graph.h"
@@ -31,6 +32,31 @@ struct CpuVmRun {
   std::vector<ref::Matrix> buffers;  // one per graph buffer, fp32; unwritten elements stay NaN
   Trace trace;                       // when CpuVmOptions::record_trace
   const ref::Matrix& output(const Graph& graph) const { return buffers[graph.output_buffer()]; }
+};
+
+// A schedule bound to its weights and buffers, launched again and again as the gpu engine launches it: counters are
+// never reset (launch e waits for e x target) and buffers persist between launches, NaN until first written.
+// Prefill and decode passes read and write `cache` (one matrix per layer, ref::make_kv_cache), which the sessions of
+// one generation share; without one the session keeps its own. The graph and the schedule (verified by the
+// caller) must outlive the session.
+class CpuVmSession {
+ public:
+  CpuVmSession(const Graph& graph, const Schedule& schedule, const ModelWeights& weights, const CpuVmOptions& options,
+               std::vector<ref::Matrix>* cache = nullptr);
+  ~CpuVmSession();
+  CpuVmSession(const CpuVmSession&) = delete;
+  CpuVmSession& operator=(const CpuVmSession&) = delete;
+
+  void set_input(const ref::ModelInput& input);  // of the graph's shape; read by the launches that follow
+  // One launch. Throws mk::Error on a stall or a detected race; the session is unusable after that.
+  void launch();
+  const ref::Matrix& buffer(uint32_t id) const;  // a graph buffer as the last launch left it
+  const Trace& trace() const;                    // of the last launch, when CpuVmOptions::record_trace
+  CpuVmRun release();                            // every buffer and the trace; the session is spent
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
 };
 
 // Runs a verified schedule (it calls verify_schedule first and refuses one that fails). Throws mk::Error on a

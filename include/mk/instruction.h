@@ -20,6 +20,20 @@ enum class Opcode : uint8_t {
   kDown,          // hidden[l+1][rows, cols] <- hidden_mid[l] + act[l][rows] @ w_down[cols]^T
   kFinalNorm,     // final_norm[rows] <- rmsnorm(hidden[L][rows])
   kLmHead,        // logits[rows, cols] <- final_norm[rows] @ lm_head[cols]^T
+  // Prefill and decode (include/mk/kv_cache.h). Decode rows are batch rows (one token per sequence) unless noted.
+  kKvAppend,        // prefill: kv_cache[l][rows] <- the k and v columns of qkv[l] (K into pair order); rows are cache
+                    // rows b C + [s0, s1) of one sequence b
+  kDecodeQ,         // q[l][rows, cols] <- rmsnorm(hidden[l]) @ wq[cols]^T, RoPE at positions[rows]; pair order
+  kDecodeKv,        // kv_cache[l][b C + positions[b], cols] <- rmsnorm(hidden[l][b]) @ [wk; wv][cols]^T, RoPE on K;
+                    // rows are cache rows [b0 C, b1 C): batch rows b0..b1, of which it writes one row each
+  kDecodeAttention,  // attn_partial[l][rows, cols] <- for sequence `sequence` and kv head `head`, one partial per
+                     // KV block of the split the rows are (its query heads' unnormalized output, max and sum)
+  kDecodeCombine,   // attn[l][rows, cols] <- the partials of sequences rows, query heads cols, combined in block order
+  kDecodeOProj,     // hidden_mid[l][rows, cols] <- hidden[l] + attn[l][rows] @ wo[cols]^T
+  kDecodeGateUp,    // act[l][rows, cols] <- silu(rmsnorm(hidden_mid[l]) @ w_gate^T) * (rmsnorm(hidden_mid[l]) @ w_up^T)
+  kDecodeDown,      // hidden[l+1][rows, cols] <- hidden_mid[l] + act[l][rows] @ w_down[cols]^T
+  kDecodeLmHead,    // logits[rows, cols] <- final_norm[rows] @ lm_head[cols]^T
+  kSample,          // sampled[rows] <- argmax, or a sample under temperature, top-k and top-p, of logits[rows]
   kNumOpcodes,
 };
 
@@ -33,8 +47,9 @@ struct Wait {
   uint32_t target;  // signals per launch that complete the counter
 };
 
-// One tile task as an SM executes it. Rows are token rows of the (batch * seq_len) token matrix; columns are
-// columns of the op's output buffer. For kAttention, rows are the query rows and cols the head's output columns.
+// One tile task as an SM executes it: rows and columns of the op's output buffer (token rows of the
+// (batch * seq_len) token matrix for most ops). For kAttention, rows are the query rows and cols the head's output
+// columns; for kDecodeAttention, rows are partial rows of one sequence, and `head` is a kv head.
 struct Instruction {
   Opcode opcode;
   uint8_t reserved0;
@@ -44,8 +59,8 @@ struct Instruction {
   int32_t row_end;
   int32_t col_begin;
   int32_t col_end;
-  int32_t sequence;         // kAttention: which sequence of the batch
-  int32_t head;             // kAttention: which query head
+  int32_t sequence;         // kAttention, kDecodeAttention: which sequence of the batch
+  int32_t head;             // kAttention: which query head; kDecodeAttention: which kv head
   uint32_t signal_counter;  // incremented once when the task's output is published
   uint32_t wait_begin;      // the task's waits are waits[wait_begin, wait_begin + num_waits)
   uint32_t num_waits;

@@ -55,12 +55,25 @@ struct ModelConfig {
 // "" when the two describe the same model (names aside), else the first differing field, e.g. "d_ff 512 vs 1024".
 std::string first_difference(const ModelConfig& a, const ModelConfig& b);
 
-// The token batch of one forward pass: batch sequences of seq_len tokens each.
+// What one pass computes; each kind has its own program (src/ops/program.cc).
+enum class PassKind : uint8_t {
+  kForward,  // batch x seq_len tokens in, logits (or hidden states) out: `mk run`
+  kPrefill,  // the forward pass's layers over the prompts, each layer's K and V appended to the KV cache; no LM head
+  kDecode,   // one token per sequence at its own position: cache append, split-KV attention, logits, next token
+};
+const char* pass_kind_name(PassKind pass);  // "forward", "prefill", "decode"
+
+// The token batch of one pass: batch sequences of seq_len tokens each (decode: seq_len 1), and for prefill and
+// decode the KV cache they share: max_context positions per sequence.
 struct RunShape {
   int64_t batch = 1;
   int64_t seq_len = 1;
+  PassKind pass = PassKind::kForward;
+  int64_t max_context = 0;  // prefill and decode: cache rows per sequence; 0 for a forward pass, which has no cache
   int64_t tokens() const { return batch * seq_len; }
+  bool operator==(const RunShape&) const = default;
 };
+std::string describe(const RunShape& shape);  // "batch 2 x seq 40", "decode: batch 2, max context 256"
 
 struct Preset {
   ModelConfig config;

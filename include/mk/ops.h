@@ -29,7 +29,7 @@ struct Task {
 
 // What a task writes (its rectangle of the op's output) and reads (activations only: weights are not buffers).
 struct TaskRegions {
-  static constexpr int kMaxReads = 3;
+  static constexpr int kMaxReads = 4;
   Region write;
   Region reads[kMaxReads];
   int num_reads = 0;
@@ -42,12 +42,16 @@ struct TaskWork {
   // Norms, RoPE and softmax are not counted.
   double flops = 0;
   double bytes = 0;  // bytes the task moves between global memory (or L2) and the SM
+  // Of those, the bytes no other task reads, which come from HBM at its share of the bandwidth: decode's weights
+  // and KV cache. The rest is assumed shared through L2.
+  double streamed_bytes = 0;
 };
 
 // The least any implementation must move for one step (one op in one layer), for the minimum-bytes figure.
 struct OpTraffic {
   double weight_bytes = 0;  // weights the step reads, each once
   double kept_bytes = 0;    // results that outlive the pass besides its output (the K/V a cache would hold)
+  double cache_bytes = 0;   // decode: K and V read from the cache, at the full max context
 };
 
 // What an op's descriptor sees of the pass.
@@ -58,12 +62,13 @@ struct OpContext {
   int64_t cols(BufferRef ref) const { return buffers.buffers()[buffers.id(ref)].cols; }
 };
 
-// What a CPU tile function computes from besides its output: weights, RoPE table and token ids, and the pass's
-// other buffers, read only. Each engine says where each buffer lives (the reference keeps one per kind).
+// What a CPU tile function computes from besides its output: weights and RoPE table, the pass's input (token ids;
+// decode: positions and sampling; input.shape is the pass's), and the pass's other buffers, read only. Each engine
+// says where each buffer lives (the reference keeps one per kind).
 struct CpuTile {
   const ModelConfig& config;
   const ref::ModelOperands& operands;
-  const std::vector<int32_t>& tokens;        // (T) token ids; empty without an embedding
+  const ref::ModelInput& input;
   const BufferTable& table;
   std::vector<const ref::Matrix*> buffers;  // (table.buffers().size()): where each buffer is read from
   const ref::Matrix& in(BufferRef ref) const { return *buffers[table.id(ref)]; }

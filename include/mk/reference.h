@@ -4,9 +4,11 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "mk/bf16.h"
+#include "mk/kv_cache.h"
 #include "mk/model_config.h"
 #include "mk/weights.h"
 
@@ -58,8 +60,8 @@ struct RopeTable {
 RopeTable make_rope_table(const ModelConfig& config, int64_t max_positions);
 std::vector<float> rope_inverse_frequencies(const RopeConfig& rope, int64_t head_dim);  // (head_dim / 2)
 
-// The weights arranged the way the tile ops take them, and the RoPE table of one sequence length: built once per
-// pass by each engine.
+// The weights arranged the way the tile ops take them, and the RoPE table of one sequence length (and of the
+// positions a decode step may feed, up to rope_positions): built once per pass, or once per generation.
 struct ModelOperands {
   struct Layer {
     StackedWeights qkv;   // (q_dim + 2 kv_dim, d_model)
@@ -68,11 +70,11 @@ struct ModelOperands {
     StackedWeights up;    // (d_ff, d_model)
     StackedWeights down;  // (d_model, d_ff)
   };
-  ModelOperands(const ModelWeights& weights, int64_t seq_len);
+  ModelOperands(const ModelWeights& weights, int64_t seq_len, int64_t rope_positions = 0);
   const ModelWeights& weights;  // norm weights and the embedding are read from here
   std::vector<Layer> layers;    // (n_layers)
   StackedWeights lm_head;       // (vocab_size, d_model); empty without an LM head
-  RopeTable rope;               // (seq_len, head_dim / 2)
+  RopeTable rope;               // (max(seq_len, rope_positions), head_dim / 2)
   int64_t seq_len;
 };
 
@@ -98,13 +100,52 @@ void rope_tile(const ModelConfig& config, const RopeTable& table, int64_t seq_le
 void attention_tile(const ModelConfig& config, int64_t seq_len, const Matrix& qkv, Matrix& out, int64_t sequence,
                     Range queries, int64_t head);
 
+// ---- prefill and decode ops (include/mk/kv_cache.h: the cache, its split and the pair order) ----
+
+// One prefill token's cache row (2 kv_dim) from its qkv row: K heads into pair order, V as they are.
+void kv_append_row(const ModelConfig& config, const float* qkv_row, float* cache_row);
+// Columns [cols) of the q | k | v column space for one decode token, q and k heads in pair order (cols must hold
+// whole pairs) and RoPE'd at `position`, from its normalized hidden row: out[c - cols.begin]. Each column is the
+// forward qkv's natural column, computed the same way.
+void decode_qkv_row(const ModelConfig& config, const RopeTable& rope, const float* normed, const StackedWeights& wqkv,
+                    int64_t position, Range cols, float* out);
+// Split-KV attention: partial row `row` of the partial buffer (B rows_per_sequence, n_heads (head_dim + 4)) for kv
+// head `kv_head`: for each of its query heads, one KV block's unnormalized output, max and sum, from q (B, q_dim)
+// and the cache (B max_context, 2 kv_dim); an empty partial (max -inf, sum 0) for a block past the position.
+void decode_attention_partial(const ModelConfig& config, const KvSplit& split, int64_t max_context, const Matrix& q,
+                              const Matrix& cache, std::span<const int32_t> positions, Matrix& partial, int64_t row,
+                              int64_t kv_head);
+// The attention output of query head `head` for sequence `sequence` (a row of out (B, q_dim)): the partials of its
+// blocks 0 .. positions[sequence] / kDecodeKvBlock combined in block order.
+void decode_attention_combine(const ModelConfig& config, const KvSplit& split, const Matrix& partial,
+                              std::span<const int32_t> positions, Matrix& out, int64_t sequence, int64_t head);
+
+// How the next token is chosen: greedy (temperature 0: the first largest logit), else drawn from
+// softmax(logits / temperature) restricted to the top_k largest logits (0: all) and then to the shortest prefix of
+// them, largest first, whose probability reaches top_p.
+struct SamplingParams {
+  float temperature = 0.0f;
+  int32_t top_k = 0;
+  float top_p = 1.0f;
+  uint64_t seed = 0;
+};
+void validate_sampling(const SamplingParams& params);  // throws mk::Error naming the bad parameter
+// The uniform number in [0, 1) that draws the token after `position` of sequence `sequence`: a counter-based hash
+// of (seed, sequence, position) (splitmix64's finalizer, 24 bits), the same on every engine and every run.
+float sampling_uniform(uint64_t seed, int64_t sequence, int64_t position);
+// The token chosen from logits (vocab) with `uniform` from sampling_uniform. Ties go to the lower id.
+int32_t sample_token(const float* logits, int64_t vocab, const SamplingParams& params, float uniform);
+
 // ---- the model ----
 
-// Inputs of one forward pass: token ids for models with an embedding, hidden states otherwise.
+// Inputs of one pass: token ids for models with an embedding, hidden states otherwise; a decode step also feeds each
+// sequence's position and samples with `sampling`.
 struct ModelInput {
   RunShape shape;
-  std::vector<int32_t> tokens;  // (batch * seq_len)
-  Matrix hidden;                // (batch * seq_len, d_model), bf16-representable values
+  std::vector<int32_t> tokens;     // (batch * seq_len)
+  Matrix hidden;                   // (batch * seq_len, d_model), bf16-representable values
+  std::vector<int32_t> positions;  // (batch) decode: the position of each sequence's token, its row in the cache
+  SamplingParams sampling;         // decode
 };
 ModelInput random_input(const ModelConfig& config, const RunShape& shape, uint64_t seed);
 void validate_input(const ModelConfig& config, const ModelInput& input);  // token ids in range, shapes right
@@ -117,6 +158,15 @@ struct ForwardOptions {
 
 // Logits (T, vocab) with an LM head, final hidden states (T, d_model) without.
 Matrix forward(const ModelWeights& weights, const ModelInput& input, const ForwardOptions& options = {});
+
+// The KV cache of one generation: kv_cache[l] (batch * max_context, 2 kv_dim) per layer, NaN until written.
+std::vector<Matrix> make_kv_cache(const ModelConfig& config, const RunShape& shape);
+
+// One pass of any kind (input.shape.pass) with the program's steps each over its whole output, one matrix per
+// buffer kind shared by the layers, except the KV cache: `cache` (prefill and decode), one matrix per layer, read
+// and written in place. Returns the matrices by kind (decode: logits and sampled).
+std::vector<Matrix> run_pass(const ModelOperands& operands, const ModelInput& input, std::vector<Matrix>* cache,
+                             const ForwardOptions& options = {});
 
 void round_to_bf16(Matrix& matrix, Range rows);  // in place, rows [rows) only
 

@@ -21,4 +21,20 @@ constexpr int32_t kBlockRows = 32;  // token rows per embedding and norm task
 constexpr int32_t kGroupM = 8;
 constexpr int64_t kL2ResidentWeightBytes = int64_t(24) << 20;  // half the H200's 50 MB L2 (60 MB reported)
 
+// ---- decode (one token per sequence): weight streaming at M = batch rows ----
+// NOTE: a decode step reads every weight once for a handful of rows, so its time is weight bytes / bandwidth only
+// if every SM streams: GEMM tiles are as narrow as it takes to make at least kDecodeSpreadTasks of them (the H200's
+// SM count; a tiling hint, schedules run on any SM count), but no narrower than kDecodeMinBlockN weight rows.
+constexpr int32_t kDecodeSpreadTasks = 132;
+constexpr int32_t kDecodeMinBlockN = 16;
+// Split-KV attention: each sequence's cache is cut into blocks of kDecodeKvBlock keys, the unit of one partial
+// (max, sum, unnormalized output); the reference's full-sequence attention uses the same blocks, so the two agree
+// bit for bit.
+constexpr int32_t kDecodeKvBlock = 128;
+// Floats after each query head's partial output in the partial buffer: its max, its sum and two of padding, which
+// keep every head's record 16-byte aligned.
+constexpr int32_t kDecodePartialStats = 4;
+// Sequences per combine task (one kv head's query heads each).
+constexpr int32_t kDecodeCombineRows = 8;
+
 }  // namespace mk::tiles

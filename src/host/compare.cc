@@ -66,7 +66,7 @@ std::vector<BufferComparison> bisect_buffers(const Graph& graph, const ModelWeig
            "bisect: {} and {} buffers for a graph of {}", run.size(), reference_run.size(), graph.buffers().size());
   const ref::ModelOperands operands(weights, graph.shape().seq_len);
   // Every op reads the run's own buffers: each is checked alone, whatever the errors of the ops before it.
-  CpuTile cpu{c, operands, input.tokens, graph.buffer_table(), {}};
+  CpuTile cpu{c, operands, input, graph.buffer_table(), {}};
   for (const ref::Matrix& buffer : run) cpu.buffers.push_back(&buffer);
 
   std::vector<BufferComparison> out;

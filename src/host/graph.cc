@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "mk/check.h"
+#include "mk/kv_cache.h"
 #include "mk/program.h"
 
 namespace mk {
@@ -18,8 +19,7 @@ namespace {
 // graph's members are built only from a config that passed.
 const ModelConfig& addressable(const ModelConfig& c, const RunShape& shape) {
   c.validate();
-  MK_CHECK(shape.batch > 0 && shape.seq_len > 0, "batch ({}) and sequence length ({}) must be positive", shape.batch,
-           shape.seq_len);
+  check_pass_shape(c, shape);
   MK_CHECK(shape.tokens() < (int64_t(1) << 30), "{} tokens are more than the 2^30 one schedule addresses",
            shape.tokens());
   // Columns and rows are 32-bit in instructions; layers are 16-bit, which for_each_step checks.
@@ -37,13 +37,13 @@ Graph::Graph(const ModelConfig& config, const RunShape& shape)
     : config_(addressable(config, shape)), shape_(shape), buffers_(config_, shape_) {
   const OpContext ctx = context();
   std::vector<bool> checked(size_t(Opcode::kNumOpcodes), false);
-  for_each_step(config_, [&](const OpDescriptor& op, uint16_t) {
+  for_each_step(config_, shape_.pass, [&](const OpDescriptor& op, uint16_t) {
     if (!checked[size_t(op.opcode)]) op.check(ctx);
     checked[size_t(op.opcode)] = true;
   });
   // Tasks in a topological order: step after step, layer after layer.
-  for_each_step(config_, [&](const OpDescriptor& op, uint16_t layer) { op.tile(ctx, layer, tasks_); });
-  output_buffer_ = buffers_.id(output_of_pass(config_));
+  for_each_step(config_, shape_.pass, [&](const OpDescriptor& op, uint16_t layer) { op.tile(ctx, layer, tasks_); });
+  output_buffer_ = buffers_.id(output_of_pass(config_, shape_.pass));
 }
 
 TaskRegions Graph::regions(const Task& t) const {

@@ -348,6 +348,25 @@ nlohmann::json model_config_to_hf_json(const ModelConfig& config) {
   return json;
 }
 
+const char* pass_kind_name(PassKind pass) {
+  switch (pass) {
+    case PassKind::kForward: return "forward";
+    case PassKind::kPrefill: return "prefill";
+    case PassKind::kDecode: return "decode";
+  }
+  return "invalid";
+}
+
+std::string describe(const RunShape& shape) {
+  switch (shape.pass) {
+    case PassKind::kForward: return fmt::format("batch {} x seq {}", shape.batch, shape.seq_len);
+    case PassKind::kPrefill:
+      return fmt::format("prefill: batch {} x seq {}, max context {}", shape.batch, shape.seq_len, shape.max_context);
+    case PassKind::kDecode: return fmt::format("decode: batch {}, max context {}", shape.batch, shape.max_context);
+  }
+  return "invalid pass";
+}
+
 std::string describe(const ModelConfig& c) {
   const char* rope = rope_type_name(c.rope.type);
   return fmt::format(

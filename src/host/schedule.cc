@@ -25,6 +25,11 @@ namespace {
 constexpr double kSmFlopsPerNs = 5000.0;
 constexpr double kSmBytesPerNs = 60.0;
 constexpr double kInstructionOverheadNs = 500.0;
+// NOTE: bytes that no other task reads (decode's weights and KV cache) come from HBM, where every SM gets its share
+// of the measured 4.2 TB/s when all stream at once: a decode GEMM runs at the bandwidth floor only when its tiles
+// cover every SM, which is why decode tiles are narrow (tiles::kDecodeSpreadTasks).
+constexpr double kHbmBytesPerNs = 4200.0;
+constexpr double kHbmSms = 132.0;
 
 Instruction make_instruction(const Task& task, uint32_t task_index, const Dependencies& deps) {
   Instruction instruction{};
@@ -76,7 +81,8 @@ const char* schedule_policy_name(SchedulePolicy policy) {
 }
 
 double estimated_task_ns(const TaskWork& work) {
-  return std::max(work.flops / kSmFlopsPerNs, work.bytes / kSmBytesPerNs) + kInstructionOverheadNs;
+  const double streamed_ns = work.streamed_bytes / (kHbmBytesPerNs / kHbmSms);
+  return std::max({work.flops / kSmFlopsPerNs, work.bytes / kSmBytesPerNs, streamed_ns}) + kInstructionOverheadNs;
 }
 
 Schedule make_schedule(const Graph& graph, const Dependencies& deps, SchedulePolicy policy, int32_t num_sms) {
@@ -287,7 +293,10 @@ constexpr char kScheduleMagic[8] = {'M', 'K', 'S', 'C', 'H', 'E', 'D', '2'};
 nlohmann::json tiles_json() {
   return {{"block_m", tiles::kBlockM},       {"block_n", tiles::kBlockN},   {"block_k", tiles::kBlockK},
           {"block_q", tiles::kBlockQ},       {"block_kv", tiles::kBlockKv}, {"block_rows", tiles::kBlockRows},
-          {"group_m", tiles::kGroupM},       {"l2_resident_weight_bytes", tiles::kL2ResidentWeightBytes}};
+          {"group_m", tiles::kGroupM},       {"l2_resident_weight_bytes", tiles::kL2ResidentWeightBytes},
+          {"decode_spread_tasks", tiles::kDecodeSpreadTasks}, {"decode_min_block_n", tiles::kDecodeMinBlockN},
+          {"decode_kv_block", tiles::kDecodeKvBlock},         {"decode_partial_stats", tiles::kDecodePartialStats},
+          {"decode_combine_rows", tiles::kDecodeCombineRows}};
 }
 
 template <typename T>
@@ -302,6 +311,8 @@ void save_schedule(const std::filesystem::path& path, const Graph& graph, const 
       {"config", model_config_to_json(graph.config())},
       {"batch", graph.shape().batch},
       {"seq_len", graph.shape().seq_len},
+      {"pass", pass_kind_name(graph.shape().pass)},
+      {"max_context", graph.shape().max_context},
       {"tiles", tiles_json()},
       {"num_sms", schedule.num_sms},
       {"policy", schedule_policy_name(schedule.policy)},
@@ -345,6 +356,12 @@ LoadedSchedule load_schedule(const std::filesystem::path& path) {
     }
     loaded.config = model_config_from_json(header.at("config"), "its model config");
     loaded.shape = {header.at("batch"), header.at("seq_len")};
+    // Files from before prefill and decode hold forward passes.
+    const std::string pass = header.value("pass", std::string(pass_kind_name(PassKind::kForward)));
+    for (PassKind kind : {PassKind::kForward, PassKind::kPrefill, PassKind::kDecode})
+      if (pass == pass_kind_name(kind)) loaded.shape.pass = kind;
+    MK_CHECK(pass == pass_kind_name(loaded.shape.pass), "unknown pass '{}'", pass);
+    loaded.shape.max_context = header.value("max_context", int64_t(0));
     const int64_t num_sms = header.at("num_sms").get<int64_t>();  // read wide: a narrowing read would wrap
     MK_CHECK(num_sms > 0 && num_sms <= 4096, "bad SM count {}", num_sms);
     loaded.schedule.num_sms = int32_t(num_sms);

@@ -20,20 +20,44 @@ constexpr Step kPerLayer[] = {
 };
 constexpr Step kAfterLayers[] = {{Opcode::kFinalNorm, with_lm_head}, {Opcode::kLmHead, with_lm_head}};
 
+// Prefill: the forward pass's layers, each appending its K and V to the cache. No LM head: the last prompt token
+// is the first decode step's input, whose logits give the first new token.
+constexpr Step kPrefillLayer[] = {
+    {Opcode::kAttnNorm, always}, {Opcode::kQkv, always},     {Opcode::kKvAppend, always}, {Opcode::kAttention, always},
+    {Opcode::kOProj, always},    {Opcode::kMlpNorm, always}, {Opcode::kGateUp, always},   {Opcode::kDown, always},
+};
+
+// Decode: one token per sequence. Generation needs an embedding and an LM head (checked by the graph), so every step
+// applies.
+constexpr Step kDecodeBefore[] = {{Opcode::kEmbed, always}};
+constexpr Step kDecodeLayer[] = {
+    {Opcode::kDecodeQ, always},       {Opcode::kDecodeKv, always},     {Opcode::kDecodeAttention, always},
+    {Opcode::kDecodeCombine, always}, {Opcode::kDecodeOProj, always},  {Opcode::kDecodeGateUp, always},
+    {Opcode::kDecodeDown, always},
+};
+constexpr Step kDecodeAfter[] = {{Opcode::kFinalNorm, always}, {Opcode::kDecodeLmHead, always}, {Opcode::kSample, always}};
+
 double device_bytes_of(const BufferTable& table, BufferRef ref) {
   return device_bytes(table.buffers()[table.id(ref)]);
 }
 
 }  // namespace
 
-const LayerProgram& model_program() {
-  static const LayerProgram program{kBeforeLayers, kPerLayer, kAfterLayers};
-  return program;
+const LayerProgram& program_of(PassKind pass) {
+  static const LayerProgram forward{kBeforeLayers, kPerLayer, kAfterLayers};
+  static const LayerProgram prefill{kBeforeLayers, kPrefillLayer, {}};
+  static const LayerProgram decode{kDecodeBefore, kDecodeLayer, kDecodeAfter};
+  switch (pass) {
+    case PassKind::kForward: return forward;
+    case PassKind::kPrefill: return prefill;
+    case PassKind::kDecode: return decode;
+  }
+  throw Error(fmt::format("internal error: pass kind {}", int(pass)));
 }
 
-BufferRef output_of_pass(const ModelConfig& config) {
+BufferRef output_of_pass(const ModelConfig& config, PassKind pass) {
   BufferRef output{BufferKind::kHidden, 0};
-  for_each_step(config, [&](const OpDescriptor& op, uint16_t layer) { output = op.output(layer); });
+  for_each_step(config, pass, [&](const OpDescriptor& op, uint16_t layer) { output = op.output(layer); });
   return output;
 }
 
@@ -56,14 +80,15 @@ ForwardCost forward_cost(const ModelConfig& config, const RunShape& shape) {
   cost.parameters = parameter_count(config);
   cost.weight_bytes = 2.0 * double(cost.parameters);
   cost.activation_bytes = buffers.device_bytes();
-  for_each_step(config, [&](const OpDescriptor& op, uint16_t layer) {
+  for_each_step(config, shape.pass, [&](const OpDescriptor& op, uint16_t layer) {
     cost.flops += op.work(ctx, whole_output(op, ctx, layer)).flops;
     const OpTraffic traffic = op.traffic(ctx);
-    cost.min_bytes += traffic.weight_bytes + traffic.kept_bytes;
+    cost.weights_read += traffic.weight_bytes;
+    cost.min_bytes += traffic.weight_bytes + traffic.kept_bytes + traffic.cache_bytes;
   });
   for (const Buffer& buffer : buffers.buffers())
     if (buffer.host_written) cost.min_bytes += device_bytes(buffer);
-  cost.min_bytes += device_bytes_of(buffers, output_of_pass(config));
+  cost.min_bytes += device_bytes_of(buffers, output_of_pass(config, shape.pass));
   return cost;
 }
 

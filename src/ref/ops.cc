@@ -2,48 +2,18 @@
 #include <cmath>
 #include <numbers>
 
+#include "arith.h"
 #include "mk/check.h"
 #include "mk/reference.h"
+#include "mk/tiles.h"
 
 namespace mk::ref {
 
 namespace {
 
-// NOTE: 16 independent partial sums in a fixed order: vectorizes without -ffast-math and gives the same bits
-// wherever it is called, which is what makes reference and cpu-vm agree exactly.
-constexpr int kLanes = 16;
-
-float reduce_lanes(const float (&lanes)[kLanes]) {
-  float pairs[kLanes / 2];
-  for (int l = 0; l < kLanes / 2; ++l) pairs[l] = lanes[l] + lanes[l + kLanes / 2];
-  float quads[kLanes / 4];
-  for (int l = 0; l < kLanes / 4; ++l) quads[l] = pairs[l] + pairs[l + kLanes / 4];
-  return (quads[0] + quads[2]) + (quads[1] + quads[3]);
-}
-
-float dot(const float* a, const bf16* w, int64_t n) {
-  float lanes[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int l = 0; l < kLanes; ++l) lanes[l] += a[i + l] * to_float(w[i + l]);
-  float sum = reduce_lanes(lanes);
-  for (; i < n; ++i) sum += a[i] * to_float(w[i]);
-  return sum;
-}
-
-float dot(const float* a, const float* b, int64_t n) {
-  float lanes[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int l = 0; l < kLanes; ++l) lanes[l] += a[i + l] * b[i + l];
-  float sum = reduce_lanes(lanes);
-  for (; i < n; ++i) sum += a[i] * b[i];
-  return sum;
-}
+using arith::dot;
 
 float sum_of_squares(const float* a, int64_t n) { return dot(a, a, n); }
-
-float silu(float x) { return x / (1.0f + std::exp(-x)); }
 
 // Visits out[rows, cols] column block by column block so that the weight rows of a block stay in cache while
 // every activation row streams past them.
@@ -131,8 +101,8 @@ RopeTable make_rope_table(const ModelConfig& config, int64_t max_positions) {
   return table;
 }
 
-ModelOperands::ModelOperands(const ModelWeights& weights_, int64_t seq_len_)
-    : weights(weights_), rope(make_rope_table(weights_.config, seq_len_)), seq_len(seq_len_) {
+ModelOperands::ModelOperands(const ModelWeights& weights_, int64_t seq_len_, int64_t rope_positions)
+    : weights(weights_), rope(make_rope_table(weights_.config, std::max(seq_len_, rope_positions))), seq_len(seq_len_) {
   const ModelConfig& c = weights.config;
   for (const LayerWeights& w : weights.layers) {
     layers.push_back({qkv_weights(c, w), StackedWeights(w.wo, c.d_model, c.q_dim()),
@@ -175,7 +145,7 @@ void swiglu_tile(const Matrix& a, const StackedWeights& w_gate, const StackedWei
   for_each_output(rows, cols, [&](int64_t r, int64_t c) {
     const float gate = dot(a.row(r), w_gate.row(c), a.cols);
     const float up = dot(a.row(r), w_up.row(c), a.cols);
-    out.row(r)[c] = silu(gate) * up;
+    out.row(r)[c] = arith::silu(gate) * up;
   });
 }
 
@@ -192,13 +162,7 @@ void rope_tile(const ModelConfig& config, const RopeTable& table, int64_t seq_le
     float* row = qkv.row(r);
     for (int64_t head_begin = cols.begin; head_begin < std::min(cols.end, rotated_cols); head_begin += head_dim) {
       float* x = row + head_begin;
-      for (int64_t i = 0; i < half; ++i) {
-        // transformers: x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1]
-        const float x1 = x[i];
-        const float x2 = x[i + half];
-        x[i] = x1 * cos[i] + (-x2) * sin[i];
-        x[i + half] = x2 * cos[i] + x1 * sin[i];
-      }
+      for (int64_t i = 0; i < half; ++i) arith::rotate_pair(x[i], x[i + half], cos[i], sin[i]);
     }
   }
 }
@@ -210,30 +174,28 @@ void attention_tile(const ModelConfig& config, int64_t seq_len, const Matrix& qk
   const int64_t q_col = head * head_dim;
   const int64_t k_col = config.q_dim() + kv_head * head_dim;
   const int64_t v_col = config.q_dim() + config.kv_dim() + kv_head * head_dim;
-  const float scale = 1.0f / std::sqrt(float(head_dim));
   const int64_t first_row = sequence * seq_len;
-  std::vector<float> scores(static_cast<size_t>(seq_len));
-  std::vector<float> accumulator(static_cast<size_t>(head_dim));
-  for (int64_t i = queries.begin; i < queries.end; ++i) {
+  // NOTE: in blocks of the decode's KV block, combined in block order: split-KV decode computes the same partials,
+  // so decoding token by token gives these bits exactly.
+  constexpr int64_t kBlock = tiles::kDecodeKvBlock;
+  const int64_t max_blocks = (seq_len + kBlock - 1) / kBlock;
+  std::vector<float> scores(static_cast<size_t>(kBlock)), block_out(static_cast<size_t>(max_blocks * head_dim));
+  std::vector<float> acc(static_cast<size_t>(head_dim));
+  std::vector<arith::BlockStats> stats(static_cast<size_t>(max_blocks));
+  for (int64_t i = queries.begin; i < queries.end; ++i) {  // causal: query i sees keys 0..i
     const float* q = qkv.row(first_row + i) + q_col;
-    float max_score = -INFINITY;
-    for (int64_t j = 0; j <= i; ++j) {  // causal: query i sees keys 0..i
-      scores[size_t(j)] = dot(q, qkv.row(first_row + j) + k_col, head_dim) * scale;
-      max_score = std::max(max_score, scores[size_t(j)]);
+    const int64_t num_blocks = i / kBlock + 1;
+    for (int64_t b = 0; b < num_blocks; ++b) {
+      const int64_t first_key = first_row + b * kBlock;
+      stats[size_t(b)] = arith::attend_block(q, qkv.row(first_key) + k_col, qkv.cols, qkv.row(first_key) + v_col,
+                                             qkv.cols, std::min(kBlock, i + 1 - b * kBlock), head_dim,
+                                             scores.data(), block_out.data() + b * head_dim);
     }
-    float sum = 0.0f;
-    for (int64_t j = 0; j <= i; ++j) {
-      scores[size_t(j)] = std::exp(scores[size_t(j)] - max_score);
-      sum += scores[size_t(j)];
-    }
-    std::fill(accumulator.begin(), accumulator.end(), 0.0f);
-    for (int64_t j = 0; j <= i; ++j) {
-      const float p = scores[size_t(j)] / sum;
-      const float* v = qkv.row(first_row + j) + v_col;
-      for (int64_t d = 0; d < head_dim; ++d) accumulator[size_t(d)] += p * v[d];
-    }
-    float* target = out.row(first_row + i) + q_col;
-    for (int64_t d = 0; d < head_dim; ++d) target[d] = accumulator[size_t(d)];
+    auto block = [&](int64_t b, arith::BlockStats* s) {
+      *s = stats[size_t(b)];
+      return block_out.data() + b * head_dim;
+    };
+    arith::combine_blocks(num_blocks, head_dim, block, acc.data(), out.row(first_row + i) + q_col);
   }
 }
 

@@ -27,24 +27,33 @@ const ModelWeights& weights_for(const ModelWeights& weights, const ModelConfig& 
   return weights;
 }
 
-class CpuVm {
+}  // namespace
+
+class CpuVmSession::Impl {
  public:
-  CpuVm(const Graph& graph, const Schedule& schedule, const ModelWeights& weights, const ref::ModelInput& input,
-        const CpuVmOptions& options)
-      : graph_(graph), schedule_(schedule), options_(options),
-        config_(graph.config()), counters_(schedule.num_counters),
-        operands_(weights_for(weights, graph.config()), graph.shape().seq_len),
-        cpu_{config_, operands_, input.tokens, graph.buffer_table(), {}} {
-    MK_CHECK(input.shape.batch == graph.shape().batch && input.shape.seq_len == graph.shape().seq_len,
-             "cpu-vm: input of batch {} x seq {} for a schedule built for batch {} x seq {}", input.shape.batch,
-             input.shape.seq_len, graph.shape().batch, graph.shape().seq_len);
-    ref::validate_input(config_, input);
-    for (const Buffer& b : graph.buffers()) {
-      run_.buffers.emplace_back(b.rows, b.cols);
+  Impl(const Graph& graph, const Schedule& schedule, const ModelWeights& weights, const CpuVmOptions& options,
+       std::vector<ref::Matrix>* cache)
+      : graph_(graph), schedule_(schedule), options_(options), config_(graph.config()),
+        counters_(schedule.num_counters),
+        operands_(weights_for(weights, graph.config()), graph.shape().seq_len, graph.shape().max_context),
+        cpu_{config_, operands_, input_, graph.buffer_table(), {}} {
+    const std::vector<Buffer>& buffers = graph.buffers();
+    for (const Buffer& b : buffers) {
+      const bool external = b.kind == BufferKind::kKvCache && cache != nullptr;
+      run_.buffers.emplace_back(external ? 0 : b.rows, external ? 0 : b.cols);
       std::fill(run_.buffers.back().data.begin(), run_.buffers.back().data.end(), NAN);  // poison
     }
-    if (!config_.has_embedding) run_.buffers[graph.buffer_id(BufferKind::kHidden, 0)] = input.hidden;
-    for (const ref::Matrix& buffer : run_.buffers) cpu_.buffers.push_back(&buffer);
+    for (size_t id = 0; id < buffers.size(); ++id) {
+      const bool external = buffers[id].kind == BufferKind::kKvCache && cache != nullptr;
+      if (external) {
+        ref::Matrix& layer = cache->at(size_t(buffers[id].layer));
+        MK_CHECK(layer.rows == buffers[id].rows && layer.cols == buffers[id].cols,
+                 "cpu-vm: the KV cache's layer {} is ({}, {}), the schedule's ({}, {})", buffers[id].layer, layer.rows,
+                 layer.cols, buffers[id].rows, buffers[id].cols);
+      }
+      out_.push_back(external ? &cache->at(size_t(buffers[id].layer)) : &run_.buffers[id]);
+      cpu_.buffers.push_back(out_.back());
+    }
     if (options.detect_races) {
       grids_ = build_writer_grids(graph, [](uint32_t, uint32_t, const Region&) {});
       position_of_task_.resize(graph.tasks().size());
@@ -58,33 +67,44 @@ class CpuVm {
     }
   }
 
-  CpuVmRun run() {
-    // Counters are never reset: launch e waits for e * target, as on the GPU.
-    for (uint32_t epoch = 1; epoch <= uint32_t(options_.launches); ++epoch) {
-      if (options_.detect_races) {
-        for (auto& clock : sm_clock_) std::fill(clock.begin(), clock.end(), 0);
-        for (auto& clock : counter_clock_) std::fill(clock.begin(), clock.end(), 0);
-      }
-      if (options_.record_trace) {
-        run_.trace.engine = "cpu-vm";
-        run_.trace.num_sms = schedule_.num_sms;
-        run_.trace.records.assign(schedule_.instructions.size(), TraceRecord{});
-      }
-      launch_start_ = Clock::now();
-      std::vector<std::thread> threads;
-      try {
-        for (int32_t sm = 0; sm < schedule_.num_sms; ++sm)
-          threads.emplace_back([this, sm, epoch] { run_sm(uint32_t(sm), epoch); });
-      } catch (const std::system_error& error) {
-        // Out of threads: stop the ones started, then report instead of terminating.
-        fail(fmt::format("cpu-vm: cannot start a thread for each of {} SMs ({} started): {}", schedule_.num_sms,
-                         threads.size(), error.what()));
-      }
-      for (std::thread& thread : threads) thread.join();
-      run_.trace.launch_ns = since_launch();
-      if (!error_.empty()) throw Error(error_);
+  void set_input(const ref::ModelInput& input) {
+    MK_CHECK(input.shape == graph_.shape(), "cpu-vm: input of {} for a schedule built for {}", describe(input.shape),
+             describe(graph_.shape()));
+    ref::validate_input(config_, input);
+    input_ = input;
+    if (!config_.has_embedding) *out_[graph_.buffer_id(BufferKind::kHidden, 0)] = input.hidden;
+  }
+
+  const ref::Matrix& buffer(uint32_t id) const { return *out_.at(id); }
+  const Trace& trace() const { return run_.trace; }
+  CpuVmRun release() { return std::move(run_); }
+
+  // Counters are never reset: launch e waits for e * target, as on the GPU.
+  void launch() {
+    MK_CHECK(error_.empty(), "cpu-vm: the session failed before: {}", error_);
+    const uint32_t epoch = ++epoch_;
+    if (options_.detect_races) {
+      for (auto& clock : sm_clock_) std::fill(clock.begin(), clock.end(), 0);
+      for (auto& clock : counter_clock_) std::fill(clock.begin(), clock.end(), 0);
     }
-    return std::move(run_);
+    if (options_.record_trace) {
+      run_.trace.engine = "cpu-vm";
+      run_.trace.num_sms = schedule_.num_sms;
+      run_.trace.records.assign(schedule_.instructions.size(), TraceRecord{});
+    }
+    launch_start_ = Clock::now();
+    std::vector<std::thread> threads;
+    try {
+      for (int32_t sm = 0; sm < schedule_.num_sms; ++sm)
+        threads.emplace_back([this, sm, epoch] { run_sm(uint32_t(sm), epoch); });
+    } catch (const std::system_error& error) {
+      // Out of threads: stop the ones started, then report instead of terminating.
+      fail(fmt::format("cpu-vm: cannot start a thread for each of {} SMs ({} started): {}", schedule_.num_sms,
+                       threads.size(), error.what()));
+    }
+    for (std::thread& thread : threads) thread.join();
+    run_.trace.launch_ns = since_launch();
+    if (!error_.empty()) throw Error(error_);
   }
 
  private:
@@ -184,17 +204,20 @@ class CpuVm {
   void execute(const Instruction& in) {
     const Task task{in.opcode, in.layer, in.row_begin, in.row_end, in.col_begin, in.col_end, in.sequence, in.head};
     const OpDescriptor& op = op_descriptor(task.opcode);
-    op.run_cpu(cpu_, task, run_.buffers[graph_.buffer_table().id(op.output(task.layer))]);
+    op.run_cpu(cpu_, task, *out_[graph_.buffer_table().id(op.output(task.layer))]);
   }
 
   const Graph& graph_;
   const Schedule& schedule_;
-  const CpuVmOptions& options_;
+  const CpuVmOptions options_;
   const ModelConfig& config_;
   std::vector<std::atomic<uint32_t>> counters_;  // (num_counters)
-  CpuVmRun run_;
+  uint32_t epoch_ = 0;
+  CpuVmRun run_;                     // the buffers the session owns (not an external cache's), and the trace
+  std::vector<ref::Matrix*> out_;    // (graph buffers): where each buffer lives
   const ref::ModelOperands operands_;
-  CpuTile cpu_;  // reads run_.buffers
+  ref::ModelInput input_;
+  CpuTile cpu_;  // reads out_ and input_
   std::atomic<bool> stop_{false};
   Clock::time_point launch_start_;
   std::mutex error_mutex_;
@@ -207,11 +230,22 @@ class CpuVm {
   std::vector<std::mutex> counter_clock_mutex_;
 };
 
-}  // namespace
+CpuVmSession::CpuVmSession(const Graph& graph, const Schedule& schedule, const ModelWeights& weights,
+                           const CpuVmOptions& options, std::vector<ref::Matrix>* cache)
+    : impl_(std::make_unique<Impl>(graph, schedule, weights, options, cache)) {}
+CpuVmSession::~CpuVmSession() = default;
+void CpuVmSession::set_input(const ref::ModelInput& input) { impl_->set_input(input); }
+void CpuVmSession::launch() { impl_->launch(); }
+const ref::Matrix& CpuVmSession::buffer(uint32_t id) const { return impl_->buffer(id); }
+const Trace& CpuVmSession::trace() const { return impl_->trace(); }
+CpuVmRun CpuVmSession::release() { return impl_->release(); }
 
 CpuVmRun run_cpu_vm_unverified(const Graph& graph, const Schedule& schedule, const ModelWeights& weights,
                                const ref::ModelInput& input, const CpuVmOptions& options) {
-  return CpuVm(graph, schedule, weights, input, options).run();
+  CpuVmSession session(graph, schedule, weights, options);
+  session.set_input(input);
+  for (int launch = 0; launch < options.launches; ++launch) session.launch();
+  return session.release();
 }
 
 CpuVmRun run_cpu_vm(const Graph& graph, const Schedule& schedule, const ModelWeights& weights,

@@ -1,0 +1,209 @@
+// Descriptors of the prefill and decode ops: the cache append, the decode GEMMs (M = batch rows, narrow N tiles,
+// RMSNorm fused where a norm precedes them), split-KV attention and its combine, and sampling. Layouts are in
+// include/mk/kv_cache.h. Included by src/ops/ops.cc only.
+#pragma once
+
+#include "mk/kv_cache.h"
+#include "op_families.h"
+
+namespace mk::ops {
+
+inline Region positions_of(const OpContext& ctx, int64_t first_sequence, int64_t end_sequence) {
+  return {ctx.buffers.id({BK::kPositions}), int32_t(first_sequence), int32_t(end_sequence), 0, 1};
+}
+
+// rmsnorm(x) of rows [rows), in a scratch matrix of x's shape: the norm a decode GEMM fuses, computed as the
+// forward's norm op computes it.
+inline ref::Matrix normalized(const ref::Matrix& x, const std::vector<bf16>& weight, float eps, ref::Range rows) {
+  ref::Matrix normed(x.rows, x.cols);
+  ref::rmsnorm_rows(x, weight, eps, normed, rows);
+  return normed;
+}
+
+// ---- prefill: K and V of each prompt row into the cache ----
+
+struct KvAppendOp {
+  static constexpr Opcode kOpcode = Opcode::kKvAppend;
+  static constexpr const char* kName = "kv_append";
+  static BufferRef output(uint16_t layer) { return {BK::kKvCache, layer}; }
+  static void check(const OpContext&) {}
+  // Per sequence, kBlockRows rows at a time: a sequence's cache rows are contiguous, the next sequence's are not.
+  static void tile(const OpContext& ctx, uint16_t layer, std::vector<Task>& tasks) {
+    const int64_t S = ctx.shape.seq_len, C = ctx.shape.max_context;
+    for (int64_t b = 0; b < ctx.shape.batch; ++b) {
+      for (int64_t s = 0; s < S; s += tiles::kBlockRows) {
+        const int64_t end = std::min(S, s + tiles::kBlockRows);
+        tasks.push_back({kOpcode, layer, int32_t(b * C + s), int32_t(b * C + end), 0, int32_t(2 * ctx.config.kv_dim()),
+                         -1, -1});
+      }
+    }
+  }
+  // The qkv rows of the task's cache rows (of the sequences they span, for a rectangle across sequences).
+  static void reads(const OpContext& ctx, const Task& t, TaskRegions& r) {
+    const int64_t S = ctx.shape.seq_len, C = ctx.shape.max_context, b = t.row_begin / C;
+    const bool one_sequence = b == (t.row_end - 1) / C;
+    const int64_t first = one_sequence ? b * S + t.row_begin % C : b * S;
+    const int64_t end = one_sequence ? b * S + std::min<int64_t>(S, (t.row_end - 1) % C + 1) : ((t.row_end - 1) / C + 1) * S;
+    r.read({ctx.buffers.id({BK::kQkv, t.layer}), int32_t(first), int32_t(end), int32_t(ctx.config.q_dim()),
+            int32_t(ctx.config.qkv_dim())});
+  }
+  static TaskWork work(const OpContext&, const Task& t) { return {0.0, 4.0 * area(t)}; }  // bf16 in and out
+  static OpTraffic traffic(const OpContext&) { return {}; }  // qkv's traffic counts the K and V kept
+  static void run_cpu(const CpuTile& cpu, const Task& t, ref::Matrix& out) {
+    const int64_t S = cpu.input.shape.seq_len, C = cpu.input.shape.max_context;
+    const ref::Matrix& qkv = cpu.in({BK::kQkv, t.layer});
+    for (int64_t row = t.row_begin; row < t.row_end; ++row)
+      if (row % C < S) ref::kv_append_row(cpu.config, qkv.row(row / C * S + row % C), out.row(row));
+  }
+};
+
+// ---- decode GEMMs: out (B, n) <- a (B, k) @ w^T ----
+
+// Tiles of every batch row block (kBlockM) x decode_block_n(spread_n) columns: narrow enough that every SM streams
+// weights. Rows are scaled by row_scale (the cache's max context for kDecodeKv, whose rows are cache rows).
+inline void decode_gemm_tiles(Opcode opcode, uint16_t layer, int64_t batch, int64_t n, int64_t spread_n,
+                              int64_t row_scale, std::vector<Task>& tasks) {
+  const int32_t width = decode_block_n(spread_n);
+  for (int64_t col = 0; col < n; col += width) {
+    for (int64_t row = 0; row < batch; row += tiles::kBlockM) {
+      const int64_t row_end = std::min<int64_t>(batch, row + tiles::kBlockM);
+      tasks.push_back({opcode, layer, int32_t(row * row_scale), int32_t(row_end * row_scale), int32_t(col),
+                       int32_t(std::min<int64_t>(n, col + width)), -1, -1});
+    }
+  }
+}
+
+template <typename Op>
+struct DecodeGemmOp : GemmOp<Op> {
+  // The columns whose count sets the tile width: q and kv together for the two halves of the qkv projection.
+  static int64_t spread_columns(const ModelConfig& c) { return Op::gemm(c).n; }
+  static void tile(const OpContext& ctx, uint16_t layer, std::vector<Task>& tasks) {
+    decode_gemm_tiles(Op::kOpcode, layer, ctx.shape.batch, Op::gemm(ctx.config).n, Op::spread_columns(ctx.config), 1,
+                      tasks);
+  }
+  // Every weight row is read by this task alone: the weight bytes are streamed from HBM.
+  static TaskWork work(const OpContext& ctx, const Task& t) {
+    TaskWork work = GemmOp<Op>::work(ctx, t);
+    const GemmShape g = Op::gemm(ctx.config);
+    work.streamed_bytes = 2.0 * double(t.col_end - t.col_begin) * double(g.weight_rows_per_col) * double(g.k);
+    return work;
+  }
+};
+
+struct DecodeQOp : DecodeGemmOp<DecodeQOp> {
+  static constexpr Opcode kOpcode = Opcode::kDecodeQ;
+  static constexpr const char* kName = "decode_q";
+  static BufferRef output(uint16_t layer) { return {BK::kDecodeQ, layer}; }
+  static BufferRef a(uint16_t layer) { return {BK::kHidden, layer}; }  // normalized by the task itself
+  static GemmShape gemm(const ModelConfig& c) { return {c.q_dim(), c.d_model, 1, "hidden_size"}; }
+  static int64_t spread_columns(const ModelConfig& c) { return c.qkv_dim(); }
+  static void reads(const OpContext& ctx, const Task& t, TaskRegions& r) {
+    GemmOp::reads(ctx, t, r);
+    r.read(positions_of(ctx, t.row_begin, t.row_end));
+  }
+  static void run_cpu(const CpuTile& cpu, const Task& t, ref::Matrix& out) {
+    const ref::Matrix normed = normalized(cpu.in(a(t.layer)), cpu.operands.weights.layers[t.layer].attn_norm,
+                                          cpu.config.rms_norm_eps, rows_of(t));
+    for (int64_t row = t.row_begin; row < t.row_end; ++row) {
+      ref::decode_qkv_row(cpu.config, cpu.operands.rope, normed.row(row), cpu.operands.layers[t.layer].qkv,
+                          cpu.input.positions[size_t(row)], cols_of(t), out.row(row) + t.col_begin);
+    }
+  }
+};
+
+// Rows are cache rows [b0 C, b1 C): the batch rows b0..b1, of which it writes each one's row b C + positions[b].
+struct DecodeKvOp : DecodeGemmOp<DecodeKvOp> {
+  static constexpr Opcode kOpcode = Opcode::kDecodeKv;
+  static constexpr const char* kName = "decode_kv";
+  static BufferRef output(uint16_t layer) { return {BK::kKvCache, layer}; }
+  static BufferRef a(uint16_t layer) { return {BK::kHidden, layer}; }
+  static GemmShape gemm(const ModelConfig& c) { return {2 * c.kv_dim(), c.d_model, 1, "hidden_size"}; }
+  static int64_t spread_columns(const ModelConfig& c) { return c.qkv_dim(); }
+  static ref::Range batch_rows(int64_t max_context, const Task& t) {
+    return {t.row_begin / max_context, (t.row_end + max_context - 1) / max_context};
+  }
+  static void tile(const OpContext& ctx, uint16_t layer, std::vector<Task>& tasks) {
+    decode_gemm_tiles(kOpcode, layer, ctx.shape.batch, 2 * ctx.config.kv_dim(), ctx.config.qkv_dim(),
+                      ctx.shape.max_context, tasks);
+  }
+  static void reads(const OpContext& ctx, const Task& t, TaskRegions& r) {
+    const ref::Range rows = batch_rows(ctx.shape.max_context, t);
+    r.read({ctx.buffers.id(a(t.layer)), int32_t(rows.begin), int32_t(rows.end), 0, int32_t(ctx.config.d_model)});
+    r.read(positions_of(ctx, rows.begin, rows.end));
+  }
+  static TaskWork work(const OpContext& ctx, const Task& t) {
+    const ref::Range rows = batch_rows(ctx.shape.max_context, t);
+    return DecodeGemmOp::work(ctx, {t.opcode, t.layer, int32_t(rows.begin), int32_t(rows.end), t.col_begin, t.col_end,
+                                    -1, -1});
+  }
+  static OpTraffic traffic(const OpContext& ctx) {
+    OpTraffic traffic = GemmOp::traffic(ctx);
+    traffic.kept_bytes = 2.0 * double(ctx.shape.batch) * 2.0 * double(ctx.config.kv_dim());
+    return traffic;
+  }
+  static void run_cpu(const CpuTile& cpu, const Task& t, ref::Matrix& out) {
+    const int64_t C = cpu.input.shape.max_context, q_dim = cpu.config.q_dim();
+    const ref::Range rows = batch_rows(C, t);
+    const ref::Matrix normed = normalized(cpu.in(a(t.layer)), cpu.operands.weights.layers[t.layer].attn_norm,
+                                          cpu.config.rms_norm_eps, rows);
+    for (int64_t b = rows.begin; b < rows.end; ++b) {
+      const int64_t position = cpu.input.positions[size_t(b)], row = b * C + position;
+      if (row < t.row_begin || row >= t.row_end) continue;
+      ref::decode_qkv_row(cpu.config, cpu.operands.rope, normed.row(b), cpu.operands.layers[t.layer].qkv, position,
+                          {q_dim + t.col_begin, q_dim + t.col_end}, out.row(row) + t.col_begin);
+    }
+  }
+};
+
+struct DecodeOProjOp : DecodeGemmOp<DecodeOProjOp> {
+  static constexpr Opcode kOpcode = Opcode::kDecodeOProj;
+  static constexpr const char* kName = "decode_o_proj";
+  static BufferRef output(uint16_t layer) { return {BK::kHiddenMid, layer}; }
+  static BufferRef a(uint16_t layer) { return {BK::kAttn, layer}; }
+  static BufferRef residual(uint16_t layer) { return {BK::kHidden, layer}; }
+  static GemmShape gemm(const ModelConfig& c) { return {c.d_model, c.q_dim(), 1, "num_heads * head_dim"}; }
+  static void run_cpu(const CpuTile& cpu, const Task& t, ref::Matrix& out) {
+    ref::linear_residual_tile(cpu.in(a(t.layer)), cpu.operands.layers[t.layer].o, cpu.in(residual(t.layer)), out,
+                              rows_of(t), cols_of(t));
+  }
+};
+
+struct DecodeGateUpOp : DecodeGemmOp<DecodeGateUpOp> {
+  static constexpr Opcode kOpcode = Opcode::kDecodeGateUp;
+  static constexpr const char* kName = "decode_gate_up";
+  static BufferRef output(uint16_t layer) { return {BK::kAct, layer}; }
+  static BufferRef a(uint16_t layer) { return {BK::kHiddenMid, layer}; }  // normalized by the task itself
+  static GemmShape gemm(const ModelConfig& c) { return {c.d_ff, c.d_model, 2, "hidden_size"}; }
+  static void run_cpu(const CpuTile& cpu, const Task& t, ref::Matrix& out) {
+    const ref::ModelOperands::Layer& w = cpu.operands.layers[t.layer];
+    const ref::Matrix normed = normalized(cpu.in(a(t.layer)), cpu.operands.weights.layers[t.layer].mlp_norm,
+                                          cpu.config.rms_norm_eps, rows_of(t));
+    ref::swiglu_tile(normed, w.gate, w.up, out, rows_of(t), cols_of(t));
+  }
+};
+
+struct DecodeDownOp : DecodeGemmOp<DecodeDownOp> {
+  static constexpr Opcode kOpcode = Opcode::kDecodeDown;
+  static constexpr const char* kName = "decode_down";
+  static BufferRef output(uint16_t layer) { return {BK::kHidden, layer + 1}; }
+  static BufferRef a(uint16_t layer) { return {BK::kAct, layer}; }
+  static BufferRef residual(uint16_t layer) { return {BK::kHiddenMid, layer}; }
+  static GemmShape gemm(const ModelConfig& c) { return {c.d_model, c.d_ff, 1, "intermediate_size"}; }
+  static void run_cpu(const CpuTile& cpu, const Task& t, ref::Matrix& out) {
+    ref::linear_residual_tile(cpu.in(a(t.layer)), cpu.operands.layers[t.layer].down, cpu.in(residual(t.layer)), out,
+                              rows_of(t), cols_of(t));
+  }
+};
+
+struct DecodeLmHeadOp : DecodeGemmOp<DecodeLmHeadOp> {
+  static constexpr Opcode kOpcode = Opcode::kDecodeLmHead;
+  static constexpr const char* kName = "decode_lm_head";
+  static BufferRef output(uint16_t) { return {BK::kLogits}; }
+  static BufferRef a(uint16_t) { return {BK::kFinalNorm}; }
+  static GemmShape gemm(const ModelConfig& c) { return {c.vocab_size, c.d_model, 1, "hidden_size"}; }
+  static void run_cpu(const CpuTile& cpu, const Task& t, ref::Matrix& out) {
+    ref::linear_tile(cpu.in(a(t.layer)), cpu.operands.lm_head, out, rows_of(t), cols_of(t));
+  }
+};
+
+}  // namespace mk::ops
