@@ -74,7 +74,9 @@ std::vector<Matrix> run_pass(const ModelOperands& operands, const ModelInput& in
   const ModelConfig& c = operands.weights.config;
   validate_input(c, input);
   const RunShape& shape = input.shape;
-  MK_CHECK(operands.seq_len == shape.seq_len && int64_t(operands.rope.cos.size()) >= shape.max_context * operands.rope.half_dim,
+  const bool rope_covers = c.rope.type == RopeType::kNone ||
+                           int64_t(operands.rope.cos.size()) >= shape.max_context * operands.rope.half_dim;
+  MK_CHECK(operands.seq_len == shape.seq_len && rope_covers,
            "internal error: operands for seq {} used for a pass of seq {} and max context {}", operands.seq_len,
            shape.seq_len, shape.max_context);
   const bool with_cache = shape.pass != PassKind::kForward;

@@ -1,0 +1,99 @@
+// Generation: the prompts prefilled into the KV cache, then one token per sequence per decode step until EOS, the
+// token budget or the cache's end. A DecodeEngine runs the passes (the reference op by op, the cpu-vm from the
+// verified prefill and decode schedules); generate() drives any of them.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "mk/cpu_vm.h"
+#include "mk/reference.h"
+#include "mk/schedule.h"
+#include "mk/weights.h"
+
+namespace mk {
+
+// What every engine of one generation shares: its batch, its cache, how it samples.
+struct DecodeSetup {
+  int64_t batch = 1;
+  int64_t max_context = 0;  // cache positions per sequence
+  ref::SamplingParams sampling;
+  // cpu-vm: how its schedules are built, and how it runs them
+  SchedulePolicy policy = SchedulePolicy::kCostModel;
+  int32_t num_sms = 132;
+  CpuVmOptions vm;
+};
+
+// One engine per (model, batch, max context): its cache is allocated at construction, its decode schedule (where
+// it has one) built and verified once and reused by every step.
+class DecodeEngine {
+ public:
+  virtual ~DecodeEngine() = default;
+  // The prefill pass over tokens (batch x seq_len, right-padded prompts): fills cache rows [0, seq_len) of every
+  // sequence.
+  virtual void prefill(const std::vector<int32_t>& tokens, int64_t seq_len) = 0;
+  // One decode step: sequence b feeds tokens[b] at positions[b] (its cache row); returns each sequence's next token.
+  virtual std::vector<int32_t> step(const std::vector<int32_t>& tokens, const std::vector<int32_t>& positions) = 0;
+  virtual const ref::Matrix& logits() const = 0;  // (batch, vocab) of the last step
+  virtual const DecodeSetup& setup() const = 0;
+};
+
+std::unique_ptr<DecodeEngine> make_reference_decoder(const ModelWeights& weights, const DecodeSetup& setup);
+std::unique_ptr<DecodeEngine> make_cpu_vm_decoder(const ModelWeights& weights, const DecodeSetup& setup);
+// "reference" or "cpu-vm"; "gpu" (and anything else) throws mk::Error saying what is missing.
+std::unique_ptr<DecodeEngine> make_decoder(const std::string& engine, const ModelWeights& weights,
+                                           const DecodeSetup& setup);
+
+enum class StopReason : uint8_t { kEos, kMaxNewTokens, kCacheFull };
+const char* stop_reason_text(StopReason reason);  // "EOS", "max new tokens", "the KV cache's end"
+
+struct GenerationOptions {
+  int64_t max_new_tokens = 16;
+  std::vector<int32_t> eos_ids;  // a sequence stops once it makes one of these
+  bool keep_logits = false;      // keep every step's logits in the result (tests)
+  int32_t pad_id = 0;            // fills prefill rows past a shorter prompt; never read
+};
+
+struct SequenceResult {
+  std::vector<int32_t> tokens;  // the prompt, then the generated ids
+  int64_t prompt_length = 0;
+  StopReason stop = StopReason::kMaxNewTokens;
+};
+
+struct GenerationResult {
+  std::vector<SequenceResult> sequences;
+  double prefill_s = 0;               // the prefill pass (0 when every prompt is one token)
+  std::vector<double> step_s;         // each decode step
+  std::vector<ref::Matrix> logits;    // (steps) of (batch, vocab), with GenerationOptions::keep_logits
+};
+
+// Called after each decode step with the step's new token of each sequence, -1 for sequences that had stopped.
+using StepCallback = std::function<void(int64_t step, const std::vector<int32_t>& new_tokens)>;
+
+// Prefill takes every prompt but its last token (right-padded to the longest); each decode step then feeds one token
+// per sequence at the sequence's own position, the first step the prompts' last tokens. A sequence that stopped
+// keeps feeding its last token at its last position (rewriting the same cache row with the same values), its new
+// tokens ignored: the batch is static, one schedule for every step.
+GenerationResult generate(DecodeEngine& engine, const std::vector<std::vector<int32_t>>& prompts,
+                          const GenerationOptions& options, const StepCallback& on_step = {});
+
+// The cache positions a generation needs: the longest prompt plus the new tokens, rounded up to whole KV blocks,
+// capped at the model's max_position_embeddings (RoPE models).
+int64_t default_max_context(const ModelConfig& config, int64_t longest_prompt, int64_t max_new_tokens);
+
+// Memory of a generation as an engine allocates it (bf16 on the gpu, fp32 activations and cache on the cpu).
+struct GenerationMemory {
+  double weights = 0;
+  double kv_cache = 0;
+  double activations = 0;  // the prefill's and a decode step's buffers, the cache aside
+  double total() const { return weights + kv_cache + activations; }
+};
+GenerationMemory generation_memory(const ModelConfig& config, int64_t batch, int64_t prefill_len, int64_t max_context,
+                                   bool fp32_activations);
+// Throws mk::Error, before anything is allocated, when `memory` exceeds budget_bytes, saying what to lower.
+void check_memory_budget(const GenerationMemory& memory, double budget_bytes, int64_t batch, int64_t max_context);
+
+}  // namespace mk

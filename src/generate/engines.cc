@@ -1,0 +1,136 @@
+// The decode engines: the reference (each pass op by op over whole outputs, include/mk/reference.h) and the cpu-vm
+// (the verified prefill and decode schedules, the decode one built once and launched every step).
+#include <fmt/format.h>
+
+#include "mk/check.h"
+#include "mk/generate.h"
+#include "mk/graph.h"
+#include "mk/kv_cache.h"
+
+namespace mk {
+
+namespace {
+
+RunShape decode_shape(const DecodeSetup& setup) { return {setup.batch, 1, PassKind::kDecode, setup.max_context}; }
+
+ref::ModelInput prefill_input(const DecodeSetup& setup, const std::vector<int32_t>& tokens, int64_t seq_len) {
+  ref::ModelInput input;
+  input.shape = {setup.batch, seq_len, PassKind::kPrefill, setup.max_context};
+  input.tokens = tokens;
+  return input;
+}
+
+ref::ModelInput step_input(const DecodeSetup& setup, const std::vector<int32_t>& tokens,
+                           const std::vector<int32_t>& positions) {
+  ref::ModelInput input;
+  input.shape = decode_shape(setup);
+  input.tokens = tokens;
+  input.positions = positions;
+  input.sampling = setup.sampling;
+  return input;
+}
+
+// The sampled buffer (batch, 1), which the cpu engines hold as floats.
+std::vector<int32_t> token_ids(const ref::Matrix& sampled) {
+  std::vector<int32_t> ids;
+  for (float value : sampled.data) ids.push_back(int32_t(value));
+  return ids;
+}
+
+const DecodeSetup& checked(const ModelConfig& config, const DecodeSetup& setup) {
+  check_pass_shape(config, decode_shape(setup));
+  ref::validate_sampling(setup.sampling);
+  return setup;
+}
+
+class ReferenceDecoder final : public DecodeEngine {
+ public:
+  ReferenceDecoder(const ModelWeights& weights, const DecodeSetup& setup)
+      : weights_(weights), setup_(checked(weights.config, setup)), operands_(weights, 1, setup.max_context),
+        cache_(ref::make_kv_cache(weights.config, decode_shape(setup))) {}
+
+  void prefill(const std::vector<int32_t>& tokens, int64_t seq_len) override {
+    const ref::ModelOperands operands(weights_, seq_len, setup_.max_context);
+    ref::run_pass(operands, prefill_input(setup_, tokens, seq_len), &cache_);
+  }
+  std::vector<int32_t> step(const std::vector<int32_t>& tokens, const std::vector<int32_t>& positions) override {
+    std::vector<ref::Matrix> by_kind = ref::run_pass(operands_, step_input(setup_, tokens, positions), &cache_);
+    logits_ = std::move(by_kind[size_t(BufferKind::kLogits)]);
+    return token_ids(by_kind[size_t(BufferKind::kSampled)]);
+  }
+  const ref::Matrix& logits() const override { return logits_; }
+  const DecodeSetup& setup() const override { return setup_; }
+
+ private:
+  const ModelWeights& weights_;
+  const DecodeSetup setup_;
+  const ref::ModelOperands operands_;  // of the decode step: RoPE for every cache position
+  std::vector<ref::Matrix> cache_;
+  ref::Matrix logits_;
+};
+
+class CpuVmDecoder final : public DecodeEngine {
+ public:
+  CpuVmDecoder(const ModelWeights& weights, const DecodeSetup& setup)
+      : weights_(weights), setup_(checked(weights.config, setup)), decode_graph_(weights.config, decode_shape(setup)),
+        decode_schedule_(verified_schedule(decode_graph_)), cache_(ref::make_kv_cache(weights.config, decode_shape(setup))),
+        session_(decode_graph_, decode_schedule_, weights, setup.vm, &cache_) {}
+
+  void prefill(const std::vector<int32_t>& tokens, int64_t seq_len) override {
+    const Graph graph(weights_.config, prefill_input(setup_, tokens, seq_len).shape);
+    const Schedule schedule = verified_schedule(graph);
+    CpuVmSession session(graph, schedule, weights_, setup_.vm, &cache_);
+    session.set_input(prefill_input(setup_, tokens, seq_len));
+    session.launch();
+  }
+  std::vector<int32_t> step(const std::vector<int32_t>& tokens, const std::vector<int32_t>& positions) override {
+    session_.set_input(step_input(setup_, tokens, positions));
+    session_.launch();
+    logits_ = session_.buffer(decode_graph_.buffer_id(BufferKind::kLogits));
+    return token_ids(session_.buffer(decode_graph_.buffer_id(BufferKind::kSampled)));
+  }
+  const ref::Matrix& logits() const override { return logits_; }
+  const DecodeSetup& setup() const override { return setup_; }
+
+ private:
+  Schedule verified_schedule(const Graph& graph) const {
+    Schedule schedule = make_schedule(graph, derive_dependencies(graph), setup_.policy, setup_.num_sms);
+    verify_schedule(graph, schedule);
+    return schedule;
+  }
+
+  const ModelWeights& weights_;
+  const DecodeSetup setup_;
+  const Graph decode_graph_;
+  const Schedule decode_schedule_;  // built and verified once, launched every step
+  std::vector<ref::Matrix> cache_;
+  CpuVmSession session_;
+  ref::Matrix logits_;
+};
+
+}  // namespace
+
+std::unique_ptr<DecodeEngine> make_reference_decoder(const ModelWeights& weights, const DecodeSetup& setup) {
+  return std::make_unique<ReferenceDecoder>(weights, setup);
+}
+
+std::unique_ptr<DecodeEngine> make_cpu_vm_decoder(const ModelWeights& weights, const DecodeSetup& setup) {
+  return std::make_unique<CpuVmDecoder>(weights, setup);
+}
+
+std::unique_ptr<DecodeEngine> make_decoder(const std::string& engine, const ModelWeights& weights,
+                                           const DecodeSetup& setup) {
+  if (engine == "reference") return make_reference_decoder(weights, setup);
+  if (engine == "cpu-vm") return make_cpu_vm_decoder(weights, setup);
+  if (engine == "gpu") {
+    std::string ops;
+    for (const OpDescriptor& op : op_descriptors())
+      if (op.opcode >= Opcode::kKvAppend) ops += fmt::format("{}{}", ops.empty() ? "" : ", ", op.name);
+    throw Error(fmt::format("generation is not yet implemented on the GPU: the megakernel has no handlers for the "
+                            "prefill and decode ops ({}); use --engine cpu-vm or --engine reference",
+                            ops));
+  }
+  throw Error(fmt::format("unknown engine '{}' (available: reference, cpu-vm, gpu)", engine));
+}
+
+}  // namespace mk

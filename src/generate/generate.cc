@@ -1,0 +1,139 @@
+// The generation loop (prefill, then decode steps with per-sequence positions and stops), the default cache size
+// and the memory check.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "mk/buffers.h"
+#include "mk/check.h"
+#include "mk/generate.h"
+#include "mk/kv_cache.h"
+#include "mk/tiles.h"
+
+namespace mk {
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+std::string gib(double bytes) { return fmt::format("{:.2f} GiB", bytes / double(int64_t(1) << 30)); }
+
+// Checks the prompts against the engine: one per sequence, each at least one token, each fitting the cache.
+void check_prompts(const std::vector<std::vector<int32_t>>& prompts, const DecodeSetup& setup) {
+  MK_CHECK(int64_t(prompts.size()) == setup.batch, "{} prompts for an engine of batch {}", prompts.size(), setup.batch);
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    MK_CHECK(!prompts[b].empty(), "prompt {} is empty: generation starts from at least one token", b);
+    MK_CHECK(int64_t(prompts[b].size()) <= setup.max_context,
+             "prompt {} has {} tokens, more than the KV cache's {} positions (--max-context)", b, prompts[b].size(),
+             setup.max_context);
+  }
+}
+
+// Every prompt but its last token, right-padded to the longest: the prefill's (batch, seq_len) tokens.
+std::vector<int32_t> prefill_tokens(const std::vector<std::vector<int32_t>>& prompts, int64_t seq_len, int32_t pad) {
+  std::vector<int32_t> tokens(prompts.size() * size_t(seq_len), pad);
+  for (size_t b = 0; b < prompts.size(); ++b)
+    std::copy(prompts[b].begin(), prompts[b].end() - 1, tokens.begin() + int64_t(b) * seq_len);
+  return tokens;
+}
+
+}  // namespace
+
+const char* stop_reason_text(StopReason reason) {
+  switch (reason) {
+    case StopReason::kEos: return "EOS";
+    case StopReason::kMaxNewTokens: return "max new tokens";
+    case StopReason::kCacheFull: return "the KV cache's end";
+  }
+  return "?";
+}
+
+GenerationResult generate(DecodeEngine& engine, const std::vector<std::vector<int32_t>>& prompts,
+                          const GenerationOptions& options, const StepCallback& on_step) {
+  const DecodeSetup& setup = engine.setup();
+  check_prompts(prompts, setup);
+  MK_CHECK(options.max_new_tokens >= 0, "max new tokens must not be negative, got {}", options.max_new_tokens);
+  GenerationResult result;
+  const size_t batch = prompts.size();
+  int64_t longest = 0;
+  for (const std::vector<int32_t>& prompt : prompts) longest = std::max<int64_t>(longest, int64_t(prompt.size()));
+  if (longest > 1) {
+    const auto start = std::chrono::steady_clock::now();
+    engine.prefill(prefill_tokens(prompts, longest - 1, options.pad_id), longest - 1);
+    result.prefill_s = seconds_since(start);
+  }
+  std::vector<int32_t> tokens(batch), positions(batch);
+  std::vector<bool> done(batch, options.max_new_tokens == 0);
+  for (size_t b = 0; b < batch; ++b) {
+    result.sequences.push_back({prompts[b], int64_t(prompts[b].size()), StopReason::kMaxNewTokens});
+    tokens[b] = prompts[b].back();
+    positions[b] = int32_t(prompts[b].size() - 1);
+  }
+  for (int64_t step = 0; std::find(done.begin(), done.end(), false) != done.end(); ++step) {
+    const auto start = std::chrono::steady_clock::now();
+    const std::vector<int32_t> next = engine.step(tokens, positions);
+    result.step_s.push_back(seconds_since(start));
+    if (options.keep_logits) result.logits.push_back(engine.logits());
+    std::vector<int32_t> made(batch, -1);
+    for (size_t b = 0; b < batch; ++b) {
+      if (done[b]) continue;
+      SequenceResult& sequence = result.sequences[b];
+      made[b] = next[b];
+      sequence.tokens.push_back(next[b]);
+      done[b] = true;
+      if (std::find(options.eos_ids.begin(), options.eos_ids.end(), next[b]) != options.eos_ids.end()) {
+        sequence.stop = StopReason::kEos;
+      } else if (int64_t(sequence.tokens.size()) - sequence.prompt_length == options.max_new_tokens) {
+        sequence.stop = StopReason::kMaxNewTokens;
+      } else if (positions[b] + 1 >= setup.max_context) {
+        sequence.stop = StopReason::kCacheFull;  // no cache row left to feed the new token at
+      } else {
+        done[b] = false;
+        tokens[b] = next[b];
+        ++positions[b];
+      }
+    }
+    if (on_step) on_step(step, made);
+  }
+  return result;
+}
+
+int64_t default_max_context(const ModelConfig& config, int64_t longest_prompt, int64_t max_new_tokens) {
+  const int64_t block = tiles::kDecodeKvBlock;
+  int64_t context = (longest_prompt + max_new_tokens + block - 1) / block * block;
+  if (config.rope.type != RopeType::kNone) context = std::min(context, config.max_position_embeddings);
+  return std::max<int64_t>(context, 1);
+}
+
+GenerationMemory generation_memory(const ModelConfig& config, int64_t batch, int64_t prefill_len, int64_t max_context,
+                                   bool fp32_activations) {
+  GenerationMemory memory;
+  memory.weights = 2.0 * double(parameter_count(config));
+  // As the gpu engine stores each kind, or as fp32 where the cpu engines hold every buffer so.
+  auto bytes_of = [&](const RunShape& shape) {
+    double bytes = 0;
+    const BufferTable table(config, shape);
+    for (const Buffer& buffer : table.buffers()) {
+      if (buffer.kind == BufferKind::kKvCache) continue;
+      bytes += fp32_activations ? 4.0 * double(buffer.rows) * double(buffer.cols) : device_bytes(buffer);
+    }
+    return bytes;
+  };
+  memory.kv_cache = kv_cache_bytes(config, batch, max_context, fp32_activations ? 4 : 2);
+  memory.activations = bytes_of({batch, 1, PassKind::kDecode, max_context});
+  if (prefill_len > 0) memory.activations += bytes_of({batch, prefill_len, PassKind::kPrefill, max_context});
+  return memory;
+}
+
+void check_memory_budget(const GenerationMemory& memory, double budget_bytes, int64_t batch, int64_t max_context) {
+  MK_CHECK(memory.total() <= budget_bytes,
+           "the KV cache of batch {} x max context {} needs {} (with {} of weights and {} of activations, {} in all), "
+           "more than the memory budget of {}: lower --max-context or --batch, or raise --memory-budget",
+           batch, max_context, gib(memory.kv_cache), gib(memory.weights), gib(memory.activations), gib(memory.total()),
+           gib(budget_bytes));
+}
+
+}  // namespace mk

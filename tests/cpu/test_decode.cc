@@ -1,0 +1,230 @@
+// Tests of generation on the CPU engines: the reference's incremental decode against the full-sequence forward
+// pass, the cpu-vm's decode schedules against the reference, ragged batches, sampling, and where generation stops.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "mk/generate.h"
+#include "mk/random.h"
+#include "test_models.h"
+
+namespace mk {
+namespace {
+
+using ::testing::HasSubstr;
+
+bool bitwise_equal(const float* a, const float* b, int64_t n) { return std::memcmp(a, b, size_t(n) * sizeof(float)) == 0; }
+
+std::vector<int32_t> random_prompt(const ModelConfig& config, int64_t length, uint64_t seed) {
+  Random random(seed);
+  std::vector<int32_t> prompt(static_cast<size_t>(length));
+  for (int32_t& token : prompt) token = int32_t(random.next_u64() % uint64_t(config.vocab_size));
+  return prompt;
+}
+
+DecodeSetup setup_for(int64_t batch, int64_t max_context, int32_t num_sms = 7) {
+  DecodeSetup setup;
+  setup.batch = batch;
+  setup.max_context = max_context;
+  setup.num_sms = num_sms;
+  return setup;
+}
+
+GenerationResult generate_with(const std::string& engine, const ModelWeights& weights, const DecodeSetup& setup,
+                               const std::vector<std::vector<int32_t>>& prompts, int64_t new_tokens) {
+  GenerationOptions options;
+  options.max_new_tokens = new_tokens;
+  options.keep_logits = true;
+  return generate(*make_decoder(engine, weights, setup), prompts, options);
+}
+
+// The logits of every position of one sequence, from one forward pass over all of it.
+ref::Matrix forward_logits(const ModelWeights& weights, const std::vector<int32_t>& tokens) {
+  ref::ModelInput input;
+  input.shape = {1, int64_t(tokens.size())};
+  input.tokens = tokens;
+  return ref::forward(weights, input);
+}
+
+// Bit-equal, not merely close: decode computes every op through the forward's arithmetic (src/ref/arith.h), the
+// RMSNorm it fuses and the KV blocks of its split attention included, so the same tokens give the same bits.
+TEST(Decode, ReferenceIncrementalLogitsEqualTheForwardPassBitForBit) {
+  const ModelWeights weights = random_weights(find_preset("tiny").config, 3);
+  // 150 positions cross a KV block boundary (128), so the combine merges two blocks.
+  const std::vector<std::vector<int32_t>> prompts = {random_prompt(weights.config, 140, 1)};
+  const GenerationResult result = generate_with("reference", weights, setup_for(1, 256), prompts, 12);
+  const std::vector<int32_t>& tokens = result.sequences[0].tokens;
+  ASSERT_EQ(tokens.size(), 152u);
+  const ref::Matrix full = forward_logits(weights, {tokens.begin(), tokens.end() - 1});
+  for (size_t step = 0; step < result.logits.size(); ++step) {
+    const int64_t position = 139 + int64_t(step);
+    EXPECT_TRUE(bitwise_equal(result.logits[step].row(0), full.row(position), full.cols)) << "step " << step;
+    // Greedy: each new token is the argmax of the forward pass's logits at the position before it.
+    const float* row = full.row(position);
+    EXPECT_EQ(tokens[size_t(position + 1)], int32_t(std::max_element(row, row + full.cols) - row)) << "step " << step;
+  }
+}
+
+TEST(Decode, CpuVmEqualsTheReferenceBitForBitOnRaggedBatches) {
+  Random random(17);
+  for (int trial = 0; trial < 4; ++trial) {
+    ModelConfig config = random_small_config(random);
+    config.has_embedding = config.has_lm_head = true;
+    config.tie_word_embeddings = trial % 2;
+    const ModelWeights weights = random_weights(config, 40 + uint64_t(trial));
+    const int64_t batch = 1 + trial % 3;
+    std::vector<std::vector<int32_t>> prompts;
+    for (int64_t b = 0; b < batch; ++b) prompts.push_back(random_prompt(config, 1 + int64_t(random.next_u64() % 20), 7 * uint64_t(b)));
+    DecodeSetup setup = setup_for(batch, 128 + 64 * (trial % 2), int32_t(2 + trial));
+    setup.vm.max_delay_us = 30;
+    setup.sampling = trial % 2 ? ref::SamplingParams{0.8f, 20, 0.9f, 5} : ref::SamplingParams{};
+    const GenerationResult reference = generate_with("reference", weights, setup, prompts, 5);
+    const GenerationResult vm = generate_with("cpu-vm", weights, setup, prompts, 5);
+    SCOPED_TRACE(describe(config));
+    ASSERT_EQ(vm.logits.size(), reference.logits.size());
+    for (size_t step = 0; step < vm.logits.size(); ++step)
+      EXPECT_TRUE(bitwise_equal(vm.logits[step].data.data(), reference.logits[step].data.data(),
+                                int64_t(vm.logits[step].data.size())))
+          << "step " << step;
+    for (int64_t b = 0; b < batch; ++b) EXPECT_EQ(vm.sequences[size_t(b)].tokens, reference.sequences[size_t(b)].tokens);
+  }
+}
+
+TEST(Decode, EachSequenceOfARaggedBatchGetsTheTokensItGetsAlone) {
+  const ModelWeights weights = random_weights(find_preset("tiny").config, 5);
+  const std::vector<std::vector<int32_t>> prompts = {random_prompt(weights.config, 3, 1),
+                                                     random_prompt(weights.config, 11, 2),
+                                                     random_prompt(weights.config, 1, 3)};
+  const GenerationResult together = generate_with("cpu-vm", weights, setup_for(3, 64), prompts, 6);
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    const GenerationResult alone = generate_with("reference", weights, setup_for(1, 64), {prompts[b]}, 6);
+    EXPECT_EQ(together.sequences[b].tokens, alone.sequences[0].tokens) << "sequence " << b;
+    for (size_t step = 0; step < alone.logits.size(); ++step)
+      EXPECT_TRUE(bitwise_equal(together.logits[step].row(int64_t(b)), alone.logits[step].row(0), alone.logits[step].cols));
+  }
+}
+
+TEST(Decode, SamplingIsReproducibleFromItsSeedAndTopKOneIsGreedy) {
+  const ModelWeights weights = random_weights(find_preset("tiny").config, 6);
+  const std::vector<std::vector<int32_t>> prompts = {random_prompt(weights.config, 4, 1), random_prompt(weights.config, 4, 1)};
+  auto tokens_with = [&](ref::SamplingParams sampling) {
+    DecodeSetup setup = setup_for(2, 64);
+    setup.sampling = sampling;
+    const GenerationResult result = generate_with("reference", weights, setup, prompts, 12);
+    return std::vector{result.sequences[0].tokens, result.sequences[1].tokens};
+  };
+  const auto first = tokens_with({1.0f, 0, 1.0f, 42});
+  EXPECT_EQ(tokens_with({1.0f, 0, 1.0f, 42}), first);
+  EXPECT_NE(tokens_with({1.0f, 0, 1.0f, 43}), first);
+  EXPECT_NE(first[0], first[1]) << "two sequences with one prompt draw their own numbers";
+  EXPECT_EQ(tokens_with({0.7f, 1, 1.0f, 42}), tokens_with({}));
+  EXPECT_EQ(tokens_with({0.7f, 0, 1e-6f, 9}), tokens_with({})) << "a tiny top-p keeps only the largest";
+}
+
+TEST(Sampling, DrawsFromTheTopKAndTopPCandidatesInOrder) {
+  const std::vector<float> logits = {0.0f, 3.0f, 1.0f, 3.0f, 2.0f};  // ids by logit: 1, 3 (tie, lower id first), 4, 2, 0
+  const float* l = logits.data();
+  EXPECT_EQ(ref::sample_token(l, 5, {}, 0.99f), 1) << "greedy: the first largest";
+  EXPECT_EQ(ref::sample_token(l, 5, {1.0f, 1, 1.0f, 0}, 0.99f), 1);
+  EXPECT_EQ(ref::sample_token(l, 5, {1.0f, 2, 1.0f, 0}, 0.0f), 1);
+  EXPECT_EQ(ref::sample_token(l, 5, {1.0f, 2, 1.0f, 0}, 0.99f), 3);
+  // top-p 0.5 of weights e^0 (x2), e^-1, e^-2, e^-3: the two tied largest already hold more than half.
+  for (float u : {0.0f, 0.3f, 0.6f, 0.999f}) {
+    const int32_t token = ref::sample_token(l, 5, {1.0f, 0, 0.5f, 0}, u);
+    EXPECT_TRUE(token == 1 || token == 3) << u;
+  }
+  EXPECT_EQ(ref::sample_token(l, 5, {1.0f, 0, 1.0f, 0}, 0.999f), 0) << "all candidates: the last is the smallest";
+  // The uniform numbers: in [0, 1), a pure function of (seed, sequence, position).
+  EXPECT_EQ(ref::sampling_uniform(1, 2, 3), ref::sampling_uniform(1, 2, 3));
+  EXPECT_NE(ref::sampling_uniform(1, 2, 3), ref::sampling_uniform(1, 3, 3));
+  EXPECT_NE(ref::sampling_uniform(1, 2, 3), ref::sampling_uniform(1, 2, 4));
+  double sum = 0;
+  for (int64_t p = 0; p < 4000; ++p) {
+    const float u = ref::sampling_uniform(7, 0, p);
+    ASSERT_TRUE(u >= 0.0f && u < 1.0f);
+    sum += u;
+  }
+  EXPECT_NEAR(sum / 4000, 0.5, 0.02);
+}
+
+TEST(Generate, StopsAtEosAtTheTokenBudgetAndAtTheCachesEnd) {
+  const ModelWeights weights = random_weights(find_preset("tiny").config, 7);
+  const std::vector<std::vector<int32_t>> prompts = {random_prompt(weights.config, 5, 1), random_prompt(weights.config, 9, 2)};
+  GenerationOptions options;
+  options.max_new_tokens = 4;
+  const GenerationResult budget = generate(*make_reference_decoder(weights, setup_for(2, 16)), prompts, options);
+  EXPECT_EQ(budget.sequences[0].stop, StopReason::kMaxNewTokens);
+  EXPECT_EQ(budget.sequences[0].tokens.size(), 9u);
+
+  // 16 positions: every sequence runs to the cache's end, whose last new token has no row left to be fed at.
+  options.max_new_tokens = 100;
+  const GenerationResult full = generate(*make_reference_decoder(weights, setup_for(2, 16)), prompts, options);
+  for (const SequenceResult& sequence : full.sequences) {
+    EXPECT_EQ(sequence.stop, StopReason::kCacheFull);
+    EXPECT_EQ(sequence.tokens.size(), 17u);
+  }
+  EXPECT_EQ(full.step_s.size(), 12u);
+
+  // Sequence 0's first new token as EOS: it stops at once; sequence 1 runs on until it makes that token too.
+  options.eos_ids = {full.sequences[0].tokens[5]};
+  std::vector<std::vector<int32_t>> streamed;
+  const GenerationResult result = generate(*make_reference_decoder(weights, setup_for(2, 16)), prompts, options,
+                                           [&](int64_t, const std::vector<int32_t>& made) { streamed.push_back(made); });
+  EXPECT_EQ(result.sequences[0].stop, StopReason::kEos);
+  EXPECT_EQ(result.sequences[0].tokens.size(), 6u);
+  const std::vector<int32_t>& run_on = full.sequences[1].tokens;
+  const auto eos = std::find(run_on.begin() + 9, run_on.end(), options.eos_ids[0]);
+  EXPECT_EQ(result.sequences[1].stop, eos == run_on.end() ? StopReason::kCacheFull : StopReason::kEos);
+  EXPECT_EQ(result.sequences[1].tokens, std::vector<int32_t>(run_on.begin(), std::min(run_on.end(), eos + 1)));
+  ASSERT_EQ(streamed.size(), result.sequences[1].tokens.size() - 9);
+  EXPECT_EQ(streamed[0][0], options.eos_ids[0]);
+  if (streamed.size() > 1) {
+    EXPECT_EQ(streamed[1][0], -1) << "a stopped sequence streams nothing";
+  }
+  EXPECT_EQ(streamed.back()[1], result.sequences[1].tokens.back());
+}
+
+TEST(Generate, BadArgumentsAreClearErrors) {
+  const ModelWeights weights = random_weights(find_preset("tiny").config, 8);
+  auto engine = make_reference_decoder(weights, setup_for(1, 8));
+  auto error_of = [](const std::function<void()>& body) {
+    try {
+      body();
+    } catch (const Error& error) {
+      return std::string(error.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_THAT(error_of([&] { generate(*engine, {random_prompt(weights.config, 9, 1)}, {}); }),
+              HasSubstr("more than the KV cache's 8 positions"));
+  EXPECT_THAT(error_of([&] { generate(*engine, {{}}, {}); }), HasSubstr("prompt 0 is empty"));
+  EXPECT_THAT(error_of([&] { generate(*engine, {{1}, {2}}, {}); }), HasSubstr("2 prompts for an engine of batch 1"));
+  EXPECT_THAT(error_of([&] { generate(*engine, {{1000}}, {}); }), HasSubstr("outside the vocabulary"));
+  DecodeSetup bad = setup_for(1, 8);
+  bad.sampling.top_p = 0;
+  EXPECT_THAT(error_of([&] { make_cpu_vm_decoder(weights, bad); }), HasSubstr("top-p must be in (0, 1]"));
+  bad = setup_for(1, 2048);
+  EXPECT_THAT(error_of([&] { make_reference_decoder(weights, bad); }),
+              HasSubstr("max context 2048 exceeds the model's max_position_embeddings 1024"));
+  EXPECT_THAT(error_of([&] { make_decoder("gpu", weights, setup_for(1, 8)); }),
+              HasSubstr("not yet implemented on the GPU"));
+  ModelConfig seed = find_preset("seed").config;
+  seed.n_layers = 1;
+  EXPECT_THAT(error_of([&] { make_reference_decoder(random_weights(seed, 1), setup_for(1, 8)); }),
+              HasSubstr("has no embedding: generating needs token ids in and logits out"));
+}
+
+TEST(Generate, MemoryBudgetIsCheckedBeforeAllocating) {
+  const ModelConfig config = find_preset("llama-3.2-1b").config;
+  const GenerationMemory memory = generation_memory(config, 4, 100, 131072, false);
+  EXPECT_DOUBLE_EQ(memory.kv_cache, 16.0 * 4 * 131072 * 2 * 512 * 2);  // 16 GiB: layers x batch x context x K,V x bf16
+  EXPECT_THAT([&] { check_memory_budget(memory, 8.0 * (1 << 30), 4, 131072); },
+              testing::ThrowsMessage<Error>(HasSubstr("the KV cache of batch 4 x max context 131072 needs 16.00 GiB")));
+  EXPECT_NO_THROW(check_memory_budget(memory, 80.0 * (1 << 30), 4, 131072));
+  EXPECT_EQ(default_max_context(config, 100, 30), 256);
+  EXPECT_EQ(default_max_context(find_preset("tiny").config, 1000, 100), 1024) << "capped at max_position_embeddings";
+}
+
+}  // namespace
+}  // namespace mk

@@ -1,0 +1,179 @@
+// Tests of the prefill and decode graphs: their buffers, the regions of their ops (the cache included), the
+// verifier and the race detector on decode schedules, schedule files, and the tiling that spreads a decode step.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <map>
+
+#include "mk/cpu_vm.h"
+#include "mk/generate.h"
+#include "mk/program.h"
+#include "mk/random.h"
+#include "test_models.h"
+#include "test_util.h"
+
+namespace mk {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+std::string text(const Graph& graph, const Region& r) {
+  return fmt::format("{} rows [{},{}) cols [{},{})", graph.buffers()[r.buffer].name(), r.row_begin, r.row_end,
+                     r.col_begin, r.col_end);
+}
+
+// The write and reads of the first task of `opcode` in `layer` whose rectangle starts at (row, col).
+std::vector<std::string> regions_of(const Graph& graph, Opcode opcode, uint16_t layer, int32_t row, int32_t col) {
+  for (const Task& t : graph.tasks()) {
+    if (t.opcode != opcode || t.layer != layer || t.row_begin != row || t.col_begin != col) continue;
+    const TaskRegions regions = graph.regions(t);
+    std::vector<std::string> out{"write " + text(graph, regions.write)};
+    for (int r = 0; r < regions.num_reads; ++r) out.push_back("read " + text(graph, regions.reads[r]));
+    return out;
+  }
+  ADD_FAILURE() << "no task " << opcode_name(opcode) << " L" << layer << " at row " << row << " col " << col;
+  return {};
+}
+
+const RunShape kTinyDecode{2, 1, PassKind::kDecode, 256};
+
+TEST(DecodeGraph, BuffersOfEachPass) {
+  const ModelConfig config = find_preset("tiny").config;
+  std::vector<std::string> names;
+  const BufferTable decode(config, kTinyDecode);
+  for (const Buffer& b : decode.buffers()) names.push_back(b.name() + fmt::format(" {}x{}", b.rows, b.cols));
+  // tiny: q_dim 256, kv_dim 128, 2 kv heads of 64; 2 KV blocks of 128 per sequence, one split each.
+  EXPECT_THAT(names, ElementsAre("tokens 2x1", "hidden[0] 2x256", "hidden[1] 2x256", "hidden[2] 2x256", "attn[0] 2x256",
+                                 "attn[1] 2x256", "hidden_mid[0] 2x256", "hidden_mid[1] 2x256", "act[0] 2x512",
+                                 "act[1] 2x512", "final_norm 2x256", "logits 2x384", "kv_cache[0] 512x256",
+                                 "kv_cache[1] 512x256", "q[0] 2x256", "q[1] 2x256", "attn_partial[0] 4x272",
+                                 "attn_partial[1] 4x272", "positions 2x1", "sampled 2x1"));
+  const BufferTable prefill(config, {2, 40, PassKind::kPrefill, 256});
+  EXPECT_FALSE(prefill.has(BufferKind::kLogits));
+  EXPECT_EQ(prefill.buffers()[prefill.id(BufferKind::kKvCache, 1)].rows, 512);
+  EXPECT_EQ(prefill.buffers()[prefill.id(BufferKind::kQkv, 1)].rows, 80);
+  EXPECT_FALSE(BufferTable(config, {2, 40}).has(BufferKind::kKvCache)) << "a forward pass has no cache";
+  EXPECT_EQ(output_of_pass(config, PassKind::kDecode).kind, BufferKind::kSampled);
+  EXPECT_EQ(output_of_pass(config, PassKind::kPrefill).kind, BufferKind::kHidden);
+}
+
+TEST(DecodeGraph, RegionsOfTheTinyDecodeStep) {
+  const Graph graph(find_preset("tiny").config, kTinyDecode);
+  // Decode GEMM tiles are 16 columns wide: qkv's 512 columns alone could not spread over 132 SMs otherwise.
+  EXPECT_THAT(regions_of(graph, Opcode::kDecodeQ, 0, 0, 16),
+              ElementsAre("write q[0] rows [0,2) cols [16,32)", "read hidden[0] rows [0,2) cols [0,256)",
+                          "read positions rows [0,2) cols [0,1)"));
+  // kv rows are cache rows: the batch's whole cache slices, of which each task writes the fed positions' rows.
+  EXPECT_THAT(regions_of(graph, Opcode::kDecodeKv, 1, 0, 0),
+              ElementsAre("write kv_cache[1] rows [0,512) cols [0,16)", "read hidden[1] rows [0,2) cols [0,256)",
+                          "read positions rows [0,2) cols [0,1)"));
+  // Sequence 1, split 1 (block 1), kv head 1: its 2 query heads' records (68 floats each) at column 136; its q
+  // heads, and the sequence's whole cache for the kv head: K at 64, V at 128 + 64.
+  EXPECT_THAT(regions_of(graph, Opcode::kDecodeAttention, 0, 3, 136),
+              ElementsAre("write attn_partial[0] rows [3,4) cols [136,272)", "read q[0] rows [1,2) cols [128,256)",
+                          "read kv_cache[0] rows [256,512) cols [64,128)",
+                          "read kv_cache[0] rows [256,512) cols [192,256)", "read positions rows [1,2) cols [0,1)"));
+  EXPECT_THAT(regions_of(graph, Opcode::kDecodeCombine, 0, 0, 128),
+              ElementsAre("write attn[0] rows [0,2) cols [128,256)", "read attn_partial[0] rows [0,4) cols [136,272)",
+                          "read positions rows [0,2) cols [0,1)"));
+  EXPECT_THAT(regions_of(graph, Opcode::kDecodeOProj, 0, 0, 16),
+              ElementsAre("write hidden_mid[0] rows [0,2) cols [16,32)", "read attn[0] rows [0,2) cols [0,256)",
+                          "read hidden[0] rows [0,2) cols [16,32)"));
+  EXPECT_THAT(regions_of(graph, Opcode::kSample, kNoLayer, 1, 0),
+              ElementsAre("write sampled rows [1,2) cols [0,1)", "read logits rows [1,2) cols [0,384)",
+                          "read positions rows [1,2) cols [0,1)"));
+  const Graph prefill(find_preset("tiny").config, {2, 40, PassKind::kPrefill, 256});
+  EXPECT_THAT(regions_of(prefill, Opcode::kKvAppend, 0, 256 + 32, 0),
+              ElementsAre("write kv_cache[0] rows [288,296) cols [0,256)", "read qkv[0] rows [72,80) cols [256,512)"));
+}
+
+TEST(DecodeGraph, SchedulesVerifyAndFilesKeepThePass) {
+  Random random(23);
+  for (int trial = 0; trial < 6; ++trial) {
+    ModelConfig config = random_small_config(random);
+    config.has_embedding = config.has_lm_head = true;
+    const int64_t batch = 1 + int64_t(random.next_u64() % 9);
+    for (const RunShape& shape : {RunShape{batch, 1, PassKind::kDecode, 300}, RunShape{batch, 37, PassKind::kPrefill, 300}}) {
+      const Graph graph(config, shape);
+      const Schedule schedule = make_schedule(graph, derive_dependencies(graph), SchedulePolicy(trial % 2), 3 + trial);
+      EXPECT_NO_THROW(verify_schedule(graph, schedule)) << describe(config) << " " << describe(shape);
+    }
+  }
+  testing_util::TempDir dir;
+  const Graph graph(find_preset("tiny").config, kTinyDecode);
+  save_schedule(dir.path() / "decode.sched", graph, make_schedule(graph, derive_dependencies(graph), SchedulePolicy::kCostModel, 9));
+  const LoadedSchedule loaded = load_schedule(dir.path() / "decode.sched");
+  EXPECT_EQ(loaded.shape, kTinyDecode);
+  EXPECT_NO_THROW(verify_schedule(graph, loaded.schedule));
+}
+
+// Drops the waits of the first layer-1 decode attention task on the decode_kv counter: it may then read the cache
+// before this step's K and V are in it.
+class PlantedDecodeBug : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const Dependencies deps = derive_dependencies(graph_);
+    schedule_ = make_schedule(graph_, deps, SchedulePolicy::kCostModel, 6);
+    uint32_t kv_counter = UINT32_MAX;
+    for (const Instruction& in : schedule_.instructions)
+      if (in.opcode == Opcode::kDecodeKv && in.layer == 1) kv_counter = in.signal_counter;
+    for (Instruction& in : schedule_.instructions) {
+      if (in.opcode != Opcode::kDecodeAttention || in.layer != 1) continue;
+      std::vector<Wait> kept;
+      for (uint32_t k = 0; k < in.num_waits; ++k)
+        if (schedule_.waits[in.wait_begin + k].counter != kv_counter) kept.push_back(schedule_.waits[in.wait_begin + k]);
+      ASSERT_EQ(kept.size() + 1, in.num_waits);
+      in.wait_begin = uint32_t(schedule_.waits.size());
+      in.num_waits = uint32_t(kept.size());
+      schedule_.waits.insert(schedule_.waits.end(), kept.begin(), kept.end());
+      break;
+    }
+  }
+  ModelConfig config_ = find_preset("tiny").config;
+  Graph graph_{config_, kTinyDecode};
+  Schedule schedule_;
+};
+
+TEST_F(PlantedDecodeBug, VerifierRejectsIt) {
+  EXPECT_THAT([&] { verify_schedule(graph_, schedule_); },
+              testing::ThrowsMessage<Error>(testing::AllOf(HasSubstr("decode_attention L1"), HasSubstr("reads kv_cache[1]"),
+                                                           HasSubstr("written by"), HasSubstr("decode_kv L1"))));
+}
+
+TEST_F(PlantedDecodeBug, RaceDetectorExposesIt) {
+  const ModelWeights weights = random_weights(config_, 1);
+  std::vector<ref::Matrix> cache = ref::make_kv_cache(config_, kTinyDecode);
+  CpuVmSession session(graph_, schedule_, weights, {}, &cache);
+  ref::ModelInput input;
+  input.shape = kTinyDecode;
+  input.tokens = {1, 2};
+  input.positions = {0, 0};
+  session.set_input(input);
+  EXPECT_THAT([&] { session.launch(); }, testing::ThrowsMessage<Error>(HasSubstr("race: reads kv_cache[1]")));
+}
+
+// Weight streaming at batch 1 is the whole cost of a decode step: the cost model puts the step near the bandwidth
+// floor only because every decode GEMM has at least ~one tile per SM.
+TEST(DecodeGraph, ALlama1BStepSpreadsOverEverySm) {
+  const ModelConfig config = find_preset("llama-3.2-1b").config;
+  const RunShape shape{1, 1, PassKind::kDecode, 1024};
+  const Graph graph(config, shape);
+  std::map<Opcode, int64_t> tasks_of_layer_0;
+  for (const Task& t : graph.tasks())
+    if (t.layer == 0) ++tasks_of_layer_0[t.opcode];
+  EXPECT_EQ(tasks_of_layer_0[Opcode::kDecodeQ] + tasks_of_layer_0[Opcode::kDecodeKv], 3072 / 16);
+  EXPECT_EQ(tasks_of_layer_0[Opcode::kDecodeOProj], 2048 / 16);
+  EXPECT_EQ(tasks_of_layer_0[Opcode::kDecodeGateUp], 8192 / 32);
+  EXPECT_EQ(tasks_of_layer_0[Opcode::kDecodeDown], 2048 / 16);
+  EXPECT_EQ(tasks_of_layer_0[Opcode::kDecodeAttention], 8 * 8) << "8 kv heads x 8 blocks of 1024 positions";
+  const Schedule schedule = make_schedule(graph, derive_dependencies(graph), SchedulePolicy::kCostModel, 132);
+  const double floor_ns = forward_cost(config, shape).weights_read / 4200.0;  // 4.2 TB/s: 4200 bytes per ns
+  const double makespan_ns = estimate_schedule(graph, schedule).makespan_ns;
+  EXPECT_GT(makespan_ns, floor_ns);
+  EXPECT_LT(makespan_ns, 1.6 * floor_ns) << "estimated " << makespan_ns / 1e3 << " us, floor " << floor_ns / 1e3;
+}
+
+}  // namespace
+}  // namespace mk
