@@ -24,6 +24,7 @@
 #include "mk/tokenizer.h"
 #include "mk/trace.h"
 #include "mk/weights.h"
+#include "generate.h"
 #include "options.h"
 
 namespace {
@@ -431,16 +432,7 @@ struct TextCommands {
   }
 
   int run_detokenize() const {
-    std::vector<int32_t> token_ids;
-    std::string list = ids;
-    std::replace(list.begin(), list.end(), ',', ' ');
-    std::istringstream words(list);
-    for (std::string word; words >> word;) {
-      int32_t id = 0;
-      const auto [end, error] = std::from_chars(word.data(), word.data() + word.size(), id);
-      MK_CHECK(error == std::errc() && end == word.data() + word.size(), "--ids: \"{}\" is not a token id", word);
-      token_ids.push_back(id);
-    }
+    const std::vector<int32_t> token_ids = mk::cli::parse_token_ids(ids, "--ids");
     const std::string decoded = mk::Tokenizer::load(tokenizer_path).decode(token_ids, skip_special);
     std::fwrite(decoded.data(), 1, decoded.size(), stdout);
     return 0;
@@ -458,6 +450,7 @@ int main(int argc, char** argv) {
   BisectCommand bisect;
   TraceCommand trace;
   ExportCommand export_model;
+  mk::cli::GenerateCommand generate;
   const std::pair<CLI::App*, std::function<int()>> commands[] = {
       {info.add(app), [&] { return run_info(info.model, info.json); }},
       {run.add(app),
@@ -470,6 +463,7 @@ int main(int argc, char** argv) {
       {trace.add(app),
        [&] { return run_trace(trace.model, trace.schedule, trace.engine, trace.out, trace.overhead_launches); }},
       {export_model.add(app), [&] { return run_export(export_model.model, export_model.dir, export_model.input_path); }},
+      {generate.add(app), [&] { return generate.run(); }},
   };
   TextCommands text_commands;
   text_commands.add(app);

@@ -4,8 +4,12 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
+#include <charconv>
 #include <filesystem>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "mk/check.h"
 #include "mk/gpu.h"
@@ -15,6 +19,21 @@
 #include "mk/weights.h"
 
 namespace mk::cli {
+
+// Token ids separated by commas or spaces ("1,2,3"); `what` names the option in errors.
+inline std::vector<int32_t> parse_token_ids(const std::string& text, const std::string& what) {
+  std::vector<int32_t> ids;
+  std::string list = text;
+  std::replace(list.begin(), list.end(), ',', ' ');
+  std::istringstream words(list);
+  for (std::string word; words >> word;) {
+    int32_t id = 0;
+    const auto [end, error] = std::from_chars(word.data(), word.data() + word.size(), id);
+    MK_CHECK(error == std::errc() && end == word.data() + word.size(), "{}: \"{}\" is not a token id", what, word);
+    ids.push_back(id);
+  }
+  return ids;
+}
 
 // Which model and which token batch a subcommand works on.
 struct ModelOptions {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
@@ -39,11 +40,15 @@ class DecodeEngine {
   virtual std::vector<int32_t> step(const std::vector<int32_t>& tokens, const std::vector<int32_t>& positions) = 0;
   virtual const ref::Matrix& logits() const = 0;  // (batch, vocab) of the last step
   virtual const DecodeSetup& setup() const = 0;
+  virtual std::string describe() const = 0;  // the engine and its decode step, for `mk generate`
 };
 
 std::unique_ptr<DecodeEngine> make_reference_decoder(const ModelWeights& weights, const DecodeSetup& setup);
 std::unique_ptr<DecodeEngine> make_cpu_vm_decoder(const ModelWeights& weights, const DecodeSetup& setup);
-// "reference" or "cpu-vm"; "gpu" (and anything else) throws mk::Error saying what is missing.
+// Throws mk::Error unless `engine` can generate: "reference" and "cpu-vm" can; "gpu" cannot yet, and the message
+// says what is missing.
+void check_decode_engine(const std::string& engine);
+// "reference" or "cpu-vm"; anything else as check_decode_engine.
 std::unique_ptr<DecodeEngine> make_decoder(const std::string& engine, const ModelWeights& weights,
                                            const DecodeSetup& setup);
 
@@ -79,6 +84,10 @@ using StepCallback = std::function<void(int64_t step, const std::vector<int32_t>
 // tokens ignored: the batch is static, one schedule for every step.
 GenerationResult generate(DecodeEngine& engine, const std::vector<std::vector<int32_t>>& prompts,
                           const GenerationOptions& options, const StepCallback& on_step = {});
+
+// The ids that end generation for a Hugging Face model directory: generation_config.json's eos_token_id (an int or
+// a list), else config.json's; empty when neither says.
+std::vector<int32_t> model_eos_ids(const std::filesystem::path& model_dir);
 
 // The cache positions a generation needs: the longest prompt plus the new tokens, rounded up to whole KV blocks,
 // capped at the model's max_position_embeddings (RoPE models).

@@ -3,6 +3,7 @@
 
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "mk/reference.h"
 
@@ -17,5 +18,12 @@ void save_model_input(const std::filesystem::path& path, const ref::ModelInput& 
 void save_model_output(const std::filesystem::path& path, const std::string& name, const ref::Matrix& output,
                        const RunShape& shape);
 ref::Matrix load_model_output(const std::filesystem::path& path, const std::string& name);
+
+// Prompts for `mk generate`: "tokens" (batch, seq_len) as load_model_input reads it, and optionally "lengths"
+// (batch) of the right-padded rows (default: every row whole).
+std::vector<std::vector<int32_t>> load_prompts(const std::filesystem::path& path, const ModelConfig& config);
+// Generated sequences: "tokens" (batch, longest) I32 right-padded with -1, "lengths" and "prompt_lengths" (batch).
+void save_sequences(const std::filesystem::path& path, const std::vector<std::vector<int32_t>>& sequences,
+                    const std::vector<int32_t>& prompt_lengths);
 
 }  // namespace mk

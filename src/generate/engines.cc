@@ -60,6 +60,7 @@ class ReferenceDecoder final : public DecodeEngine {
   }
   const ref::Matrix& logits() const override { return logits_; }
   const DecodeSetup& setup() const override { return setup_; }
+  std::string describe() const override { return "reference: each pass op by op over whole outputs"; }
 
  private:
   const ModelWeights& weights_;
@@ -91,6 +92,11 @@ class CpuVmDecoder final : public DecodeEngine {
   }
   const ref::Matrix& logits() const override { return logits_; }
   const DecodeSetup& setup() const override { return setup_; }
+  std::string describe() const override {
+    return fmt::format("cpu-vm: decode step of {} instructions on {} SMs ({}), built and verified once",
+                       decode_schedule_.instructions.size(), decode_schedule_.num_sms,
+                       schedule_policy_name(decode_schedule_.policy));
+  }
 
  private:
   Schedule verified_schedule(const Graph& graph) const {
@@ -118,10 +124,8 @@ std::unique_ptr<DecodeEngine> make_cpu_vm_decoder(const ModelWeights& weights, c
   return std::make_unique<CpuVmDecoder>(weights, setup);
 }
 
-std::unique_ptr<DecodeEngine> make_decoder(const std::string& engine, const ModelWeights& weights,
-                                           const DecodeSetup& setup) {
-  if (engine == "reference") return make_reference_decoder(weights, setup);
-  if (engine == "cpu-vm") return make_cpu_vm_decoder(weights, setup);
+void check_decode_engine(const std::string& engine) {
+  if (engine == "reference" || engine == "cpu-vm") return;
   if (engine == "gpu") {
     std::string ops;
     for (const OpDescriptor& op : op_descriptors())
@@ -131,6 +135,12 @@ std::unique_ptr<DecodeEngine> make_decoder(const std::string& engine, const Mode
                             ops));
   }
   throw Error(fmt::format("unknown engine '{}' (available: reference, cpu-vm, gpu)", engine));
+}
+
+std::unique_ptr<DecodeEngine> make_decoder(const std::string& engine, const ModelWeights& weights,
+                                           const DecodeSetup& setup) {
+  check_decode_engine(engine);
+  return engine == "reference" ? make_reference_decoder(weights, setup) : make_cpu_vm_decoder(weights, setup);
 }
 
 }  // namespace mk

@@ -1,9 +1,11 @@
 // The generation loop (prefill, then decode steps with per-sequence positions and stops), the default cache size
 // and the memory check.
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
+#include <fstream>
 
 #include "mk/buffers.h"
 #include "mk/check.h"
@@ -99,6 +101,30 @@ GenerationResult generate(DecodeEngine& engine, const std::vector<std::vector<in
     if (on_step) on_step(step, made);
   }
   return result;
+}
+
+std::vector<int32_t> model_eos_ids(const std::filesystem::path& model_dir) {
+  for (const char* name : {"generation_config.json", "config.json"}) {
+    const std::filesystem::path path = model_dir / name;
+    std::ifstream file(path);
+    if (!file.good()) continue;
+    nlohmann::json json;
+    try {
+      json = nlohmann::json::parse(file);
+    } catch (const nlohmann::json::exception& error) {
+      throw Error(fmt::format("{}: not valid JSON: {}", path.string(), error.what()));
+    }
+    const auto eos = json.find("eos_token_id");
+    if (eos == json.end() || eos->is_null()) continue;
+    std::vector<int32_t> ids;
+    for (const nlohmann::json& id : eos->is_array() ? *eos : nlohmann::json::array({*eos})) {
+      MK_CHECK(id.is_number_integer(), "{}: eos_token_id must be an integer or a list of them, got {}", path.string(),
+               eos->dump());
+      ids.push_back(id.get<int32_t>());
+    }
+    return ids;
+  }
+  return {};
 }
 
 int64_t default_max_context(const ModelConfig& config, int64_t longest_prompt, int64_t max_new_tokens) {

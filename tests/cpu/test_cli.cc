@@ -6,11 +6,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "mk/model_config.h"
 #include "mk/model_io.h"
@@ -225,3 +229,112 @@ TEST(Cli, BadInputFileFails) {
   EXPECT_EQ(result.status, 1);
   EXPECT_THAT(result.output, HasSubstr("token id 384 at index 2 is outside the vocabulary"));
 }
+
+// ---- mk generate ----
+
+namespace {
+
+// The ids of the last line starting with `prefix`.
+std::vector<int32_t> ids_after(const std::string& output, const std::string& prefix) {
+  const size_t at = output.rfind("\n" + prefix);
+  if (at == std::string::npos) return {};
+  std::istringstream line(output.substr(at + 1 + prefix.size(), output.find('\n', at + 1) - at - 1 - prefix.size()));
+  std::vector<int32_t> ids;
+  for (int32_t id; line >> id;) ids.push_back(id);
+  return ids;
+}
+
+TEST(CliGenerate, StreamsTheTokensThenReportsAndEndsWithTheSequences) {
+  const Result result = run_mk("generate --preset tiny --prompt-ids 1,2,3 --max-new-tokens 4");
+  ASSERT_EQ(result.status, 0) << result.output;
+  const std::vector<int32_t> tokens = ids_after(result.output, "tokens: ");
+  ASSERT_EQ(tokens.size(), 7u) << result.output;
+  EXPECT_EQ(std::vector<int32_t>(tokens.begin(), tokens.begin() + 3), (std::vector<int32_t>{1, 2, 3}));
+  // The streamed line: the new ids, as they were made.
+  EXPECT_THAT(result.output, HasSubstr(fmt::format("\n{} {} {} {}\n", tokens[3], tokens[4], tokens[5], tokens[6])));
+  for (const char* expected : {"decode step of", "verified once", "stopped: sequence 0 at max new tokens (4 new)",
+                               "prefill: ", "per-token latency p50", "tokens/s", "% of the floor"})
+    EXPECT_THAT(result.output, HasSubstr(expected));
+  EXPECT_EQ(result.output.substr(result.output.rfind("\ntokens: ") + 1).find('\n') + 1,
+            result.output.size() - result.output.rfind("\ntokens: ") - 1)
+      << "the tokens line comes last";
+}
+
+TEST(CliGenerate, ReferenceAndCpuVmMakeTheSameTokensForARaggedBatch) {
+  const std::string args = "generate --preset tiny --prompt-ids '5,6;7,8,9,10;11' --max-new-tokens 3 --temperature 0.9 "
+                           "--top-k 40 --top-p 0.95 --seed 4 --engine ";
+  const Result vm = run_mk(args + "cpu-vm");
+  const Result reference = run_mk(args + "reference");
+  ASSERT_EQ(vm.status, 0) << vm.output;
+  ASSERT_EQ(reference.status, 0) << reference.output;
+  EXPECT_THAT(vm.output, HasSubstr("step 2: "));
+  EXPECT_EQ(vm.output.substr(vm.output.find("tokens: ")), reference.output.substr(reference.output.find("tokens: ")));
+}
+
+TEST(CliGenerate, StopsAtTheEosOfGenerationConfigAndWritesTheSequences) {
+  TempDir dir;
+  const std::filesystem::path model = dir.path() / "model";
+  ASSERT_EQ(run_mk("export --preset tiny --out " + quoted(model)).status, 0);
+  const Result free_run = run_mk("generate --model " + quoted(model) + " --prompt-ids 1,2,3 --max-new-tokens 6");
+  ASSERT_EQ(free_run.status, 0) << free_run.output;
+  const std::vector<int32_t> tokens = ids_after(free_run.output, "tokens: ");
+  ASSERT_EQ(tokens.size(), 9u);
+  {
+    std::ofstream config(model / "generation_config.json");
+    config << fmt::format(R"({{"eos_token_id": [100000, {}]}})", tokens[4]);
+  }
+  const std::filesystem::path output = dir.path() / "out.safetensors";
+  const Result eos_run = run_mk("generate --model " + quoted(model) + " --prompt-ids 1,2,3 --max-new-tokens 6 --output " +
+                                quoted(output));
+  ASSERT_EQ(eos_run.status, 0) << eos_run.output;
+  const size_t stop = size_t(std::find(tokens.begin() + 3, tokens.end(), tokens[4]) - tokens.begin());
+  EXPECT_EQ(ids_after(eos_run.output, "tokens: "), std::vector<int32_t>(tokens.begin(), tokens.begin() + int64_t(stop) + 1));
+  EXPECT_THAT(eos_run.output, HasSubstr("sequence 0 at EOS"));
+  mk::SafetensorsFile file(output);
+  ASSERT_NE(file.find("lengths"), nullptr);
+  int32_t length = 0, prompt_length = 0;
+  std::memcpy(&length, file.bytes(*file.find("lengths")).data(), 4);
+  std::memcpy(&prompt_length, file.bytes(*file.find("prompt_lengths")).data(), 4);
+  EXPECT_EQ(length, int32_t(stop) + 1);
+  EXPECT_EQ(prompt_length, 3);
+}
+
+TEST(CliGenerate, ReadsRaggedPromptsFromATokensFile) {
+  TempDir dir;
+  const std::vector<int32_t> tokens = {1, 2, 3, 4, 5, 6, 0, 0};
+  const std::vector<int32_t> lengths = {4, 2};
+  const std::filesystem::path input = dir.path() / "prompts.safetensors";
+  mk::write_safetensors(input, {{"tokens", mk::DType::kI32, {2, 4}, mk::testing_util::as_bytes(tokens)},
+                                {"lengths", mk::DType::kI32, {2}, mk::testing_util::as_bytes(lengths)}});
+  const Result result = run_mk("generate --preset tiny --tokens " + quoted(input) + " --max-new-tokens 2");
+  ASSERT_EQ(result.status, 0) << result.output;
+  const Result ids = run_mk("generate --preset tiny --prompt-ids '1,2,3,4;5,6' --max-new-tokens 2");
+  EXPECT_EQ(result.output.substr(result.output.find("tokens: ")), ids.output.substr(ids.output.find("tokens: ")));
+}
+
+TEST(CliGenerate, ErrorsAreClearAndNeverCrashes) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--prompt-ids 1,2 --engine gpu", "not yet implemented on the GPU"},
+      {"--prompt-ids 1,2,3 --max-context 2", "more than the KV cache's 2 positions"},
+      {"--prompt-ids 1,2,3 --max-context 100000", "exceeds the model's max_position_embeddings 1024"},
+      {"--prompt-ids 1,2 --memory-budget 0.0001", "more than the memory budget"},
+      {"--prompt hello", "--prompt needs --model DIR with a tokenizer.json"},
+      {"--prompt-ids 1,x", "--prompt-ids: \"x\" is not a token id"},
+      {"--prompt-ids 1,2 --temperature -1", "temperature must be 0 (greedy) or positive"},
+      {"--prompt-ids 1,2 --top-p 1.5", "top-p must be in (0, 1]"},
+      {"--prompt-ids 1,999", "outside the vocabulary"},
+      {"--prompt-ids '1;2' --batch 3", "--batch 3 but 2 prompts"},
+  };
+  for (const auto& [args, message] : cases) {
+    const Result result = run_mk("generate --preset tiny " + args);
+    EXPECT_TRUE(result.exited) << args;
+    EXPECT_EQ(result.status, 1) << args << "\n" << result.output;
+    EXPECT_THAT(result.output, HasSubstr(message)) << args;
+  }
+  EXPECT_EQ(run_mk("generate --preset tiny").status, 2) << "no prompt: a usage error";
+  const Result full = run_mk("generate --preset tiny --prompt-ids 1,2,3 --max-context 8 --max-new-tokens 100");
+  EXPECT_EQ(full.status, 0) << full.output;
+  EXPECT_THAT(full.output, HasSubstr("sequence 0 at the KV cache's end (6 new)"));
+}
+
+}  // namespace

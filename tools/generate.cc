@@ -1,0 +1,186 @@
+// `mk generate`: reads the prompts, checks the cache against the memory budget before allocating anything, runs
+// the generation on the chosen engine with the new ids streamed to stdout, then reports times and the floor.
+#include "generate.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+
+#include "mk/check.h"
+#include "mk/generate.h"
+#include "mk/model_io.h"
+#include "mk/program.h"
+#include "mk/tokenizer.h"
+#include "options.h"
+
+namespace mk::cli {
+
+namespace {
+
+double machine_memory_bytes() { return double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE)); }
+
+// The q-quantile of `values` by nearest rank.
+double percentile(std::vector<double> values, double q) {
+  std::sort(values.begin(), values.end());
+  const size_t rank = size_t(std::ceil(q * double(values.size())));
+  return values[std::clamp<size_t>(rank, 1, values.size()) - 1];
+}
+
+std::string time_text(double seconds) {
+  return seconds < 1e-3 ? fmt::format("{:.1f} us", seconds * 1e6)
+         : seconds < 1.0 ? fmt::format("{:.3f} ms", seconds * 1e3)
+                         : fmt::format("{:.3f} s", seconds);
+}
+
+std::string ids_text(const std::vector<int32_t>& ids) {
+  std::string text;
+  for (int32_t id : ids) text += fmt::format("{}{}", text.empty() ? "" : " ", id);
+  return text;
+}
+
+// Prints each step's new ids as they come: on one growing line for one sequence, a line per step for a batch.
+void stream_step(size_t batch, int64_t step, const std::vector<int32_t>& made) {
+  if (batch == 1) {
+    fmt::print("{}{}", step == 0 ? "" : " ", made[0]);
+  } else {
+    std::string line;
+    for (int32_t id : made) line += id < 0 ? " -" : fmt::format(" {}", id);
+    fmt::print("step {}:{}\n", step, line);
+  }
+  std::fflush(stdout);
+}
+
+void report(const GenerationResult& result, const ModelConfig& config, const DecodeSetup& setup, double bandwidth_gbs) {
+  std::string stops;
+  int64_t generated = 0;
+  for (size_t b = 0; b < result.sequences.size(); ++b) {
+    const SequenceResult& sequence = result.sequences[b];
+    const int64_t made = int64_t(sequence.tokens.size()) - sequence.prompt_length;
+    generated += made;
+    stops += fmt::format("{}sequence {} at {} ({} new)", b ? "; " : "", b, stop_reason_text(sequence.stop), made);
+  }
+  fmt::print("stopped: {}\n", stops);
+  fmt::print("prefill: {}\n", result.prefill_s > 0 ? time_text(result.prefill_s) : "none (one-token prompts)");
+  if (result.step_s.empty()) return;
+  double decode_s = 0;
+  for (double s : result.step_s) decode_s += s;
+  const double p50 = percentile(result.step_s, 0.5);
+  fmt::print("decode: {} steps, per-token latency p50 {}, p99 {}; {:.2f} tokens/s ({} tokens)\n", result.step_s.size(),
+             time_text(p50), time_text(percentile(result.step_s, 0.99)), double(generated) / decode_s, generated);
+  const double weights = forward_cost(config, {setup.batch, 1, PassKind::kDecode, setup.max_context}).weights_read;
+  const double floor_s = weights / (bandwidth_gbs * 1e9);
+  fmt::print("bandwidth floor: {:.4g} GB of weights per step at {:.0f} GB/s = {}; p50 is {:.3g}% of the floor\n",
+             weights / 1e9, bandwidth_gbs, time_text(floor_s), 100.0 * floor_s / p50);
+}
+
+}  // namespace
+
+CLI::App* GenerateCommand::add(CLI::App& app) {
+  CLI::App* command = app.add_subcommand("generate", "generate tokens from prompts: prefill, then one decode step per token");
+  auto* preset_option = command->add_option("--preset", preset, "built-in model (random weights): tiny, llama-3.2-1b, ...");
+  auto* model_option = command->add_option("--model", model_dir, "Hugging Face model directory (config.json + safetensors)");
+  preset_option->excludes(model_option);
+  CLI::Option_group* source = command->add_option_group("prompts", "where the prompts come from (one of)");
+  source->add_option("--tokens", tokens_path, "safetensors with 'tokens' (batch, seq) and optionally 'lengths' (batch)");
+  source->add_option("--prompt-ids", prompt_ids, "token ids, '1,2,3'; sequences of a batch separated by ';'");
+  source->add_option("--prompt", prompt_text, "text, tokenized with the model directory's tokenizer.json");
+  source->require_option(1);
+  command->add_option("--max-new-tokens", max_new_tokens, "new tokens per sequence at most")->capture_default_str()->check(CLI::NonNegativeNumber);
+  command->add_option("--batch", batch, "sequences; one prompt is repeated to fill them (default: the prompts' count)")->check(CLI::PositiveNumber);
+  command->add_option("--temperature", sampling.temperature, "0: greedy")->capture_default_str();
+  command->add_option("--top-k", sampling.top_k, "sample from the k most likely tokens (0: all)")->capture_default_str();
+  command->add_option("--top-p", sampling.top_p, "then from the fewest whose probability reaches p")->capture_default_str();
+  command->add_option("--seed", sampling.seed, "seed of the sampling's random numbers")->capture_default_str();
+  command->add_option("--max-context", max_context, "KV cache positions per sequence (default: longest prompt + new tokens, rounded up to 128)")->check(CLI::PositiveNumber);
+  command->add_option("--memory-budget", memory_budget_gib, "GiB the generation may allocate (default: the machine's memory)")->check(CLI::PositiveNumber);
+  command->add_option("--eos", eos, "ids that end a sequence (default: generation_config.json's or config.json's eos_token_id)");
+  command->add_option("--output", output_path, "write the sequences as safetensors: tokens, lengths, prompt_lengths");
+  command->add_option("--engine", engine, "auto (cpu-vm until the gpu can generate) | cpu-vm | reference | gpu")
+      ->capture_default_str()->check(CLI::IsMember({"auto", "gpu", "cpu-vm", "reference"}));
+  command->add_option("--sms", num_sms, "cpu-vm: SM count to schedule for")->capture_default_str()->check(CLI::Range(1, 4096));
+  command->add_option("--policy", policy, "cpu-vm: round-robin | cost-model")->capture_default_str()->check(CLI::IsMember({"round-robin", "cost-model"}));
+  command->add_option("--weights-seed", weights_seed, "seed of a preset's random weights")->capture_default_str();
+  command->add_option("--bandwidth", bandwidth_gbs, "GB/s of the bandwidth floor (default: the H200's measured 4.2 TB/s)")->capture_default_str()->check(CLI::PositiveNumber);
+  return command;
+}
+
+std::vector<std::vector<int32_t>> GenerateCommand::read_prompts(const ModelConfig& config,
+                                                                std::optional<Tokenizer>& tokenizer) const {
+  std::vector<std::vector<int32_t>> prompts;
+  if (!tokens_path.empty()) {
+    prompts = load_prompts(tokens_path, config);
+  } else if (!prompt_ids.empty()) {
+    std::string rest = prompt_ids;
+    for (size_t at; (at = rest.find(';')) != std::string::npos; rest = rest.substr(at + 1))
+      prompts.push_back(parse_token_ids(rest.substr(0, at), "--prompt-ids"));
+    prompts.push_back(parse_token_ids(rest, "--prompt-ids"));
+  } else {
+    MK_CHECK(!model_dir.empty(), "--prompt needs --model DIR with a tokenizer.json; with --preset give --prompt-ids");
+    tokenizer = Tokenizer::load(model_dir);
+    prompts.push_back(tokenizer->encode(prompt_text));
+  }
+  if (batch > 0 && prompts.size() == 1) prompts.resize(size_t(batch), prompts[0]);
+  MK_CHECK(batch == 0 || int64_t(prompts.size()) == batch, "--batch {} but {} prompts", batch, prompts.size());
+  return prompts;
+}
+
+int GenerateCommand::run() const {
+  const std::string engine_name = engine == "auto" ? "cpu-vm" : engine;
+  check_decode_engine(engine_name);  // before anything is loaded
+  ModelOptions model;
+  model.preset = preset;
+  model.model_dir = model_dir;
+  model.seed = weights_seed;
+  const ModelConfig config = model.config();
+  std::optional<Tokenizer> tokenizer;
+  const std::vector<std::vector<int32_t>> prompts = read_prompts(config, tokenizer);
+  int64_t longest = 0;
+  for (const std::vector<int32_t>& prompt : prompts) longest = std::max<int64_t>(longest, int64_t(prompt.size()));
+
+  GenerationOptions options;
+  options.max_new_tokens = max_new_tokens;
+  options.eos_ids = !eos.empty() ? parse_token_ids(eos, "--eos") : !model_dir.empty() ? model_eos_ids(model_dir)
+                                                                                    : std::vector<int32_t>{};
+  if (options.eos_ids.empty() && tokenizer) options.eos_ids = tokenizer->eos_ids();
+  DecodeSetup setup;
+  setup.batch = int64_t(prompts.size());
+  setup.max_context = max_context > 0 ? max_context : default_max_context(config, longest, max_new_tokens);
+  setup.sampling = sampling;
+  setup.policy = parse_schedule_policy(policy);
+  setup.num_sms = num_sms;
+  const GenerationMemory memory = generation_memory(config, setup.batch, longest - 1, setup.max_context, true);
+  check_memory_budget(memory, memory_budget_gib > 0 ? memory_budget_gib * double(int64_t(1) << 30) : machine_memory_bytes(),
+                      setup.batch, setup.max_context);
+
+  const ModelWeights weights = model.weights(config);
+  const std::unique_ptr<DecodeEngine> decoder = make_decoder(engine_name, weights, setup);
+  fmt::print("{}\n{}\n", describe(config), decoder->describe());
+  fmt::print("batch {}, max context {}, longest prompt {}, {}; EOS {}\n", setup.batch, setup.max_context, longest,
+             sampling.temperature == 0 ? std::string("greedy")
+                                       : fmt::format("temperature {} top-k {} top-p {} seed {}", sampling.temperature,
+                                                     sampling.top_k, sampling.top_p, sampling.seed),
+             options.eos_ids.empty() ? std::string("none") : ids_text(options.eos_ids));
+  const GenerationResult result = generate(*decoder, prompts, options, [&](int64_t step, const std::vector<int32_t>& made) {
+    stream_step(prompts.size(), step, made);
+  });
+  if (prompts.size() == 1 && !result.step_s.empty()) fmt::print("\n");
+  report(result, config, setup, bandwidth_gbs);
+  std::vector<std::vector<int32_t>> sequences;
+  std::vector<int32_t> prompt_lengths;
+  for (const SequenceResult& sequence : result.sequences) {
+    sequences.push_back(sequence.tokens);
+    prompt_lengths.push_back(int32_t(sequence.prompt_length));
+    if (tokenizer) fmt::print("text: {}\n", tokenizer->decode(sequence.tokens));
+  }
+  if (!output_path.empty()) {
+    save_sequences(output_path, sequences, prompt_lengths);
+    fmt::print("wrote {}\n", output_path);
+  }
+  for (const std::vector<int32_t>& sequence : sequences) fmt::print("tokens: {}\n", ids_text(sequence));
+  return 0;
+}
+
+}  // namespace mk::cli
