@@ -15,11 +15,7 @@ struct DecodeAttentionOp {
   static constexpr Opcode kOpcode = Opcode::kDecodeAttention;
   static constexpr const char* kName = "decode_attention";
   static BufferRef output(uint16_t layer) { return {BK::kAttnPartial, layer}; }
-  static void check(const OpContext& ctx) {
-    MK_CHECK(ctx.config.head_dim == 64 || ctx.config.head_dim == 128,
-             "model '{}': head_dim {} is not supported: attention tiles and the RoPE epilogue need 64 or 128",
-             ctx.config.name, ctx.config.head_dim);
-  }
+  static void check(const OpContext& ctx) { AttentionOp::check(ctx); }
   // Splits of one sequence in turn, all kv heads of a split together: they share the split's rows and counter.
   static void tile(const OpContext& ctx, uint16_t layer, std::vector<Task>& tasks) {
     const ModelConfig& c = ctx.config;

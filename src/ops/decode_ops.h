@@ -3,6 +3,7 @@
 // include/mk/kv_cache.h. Included by src/ops/ops.cc only.
 #pragma once
 
+#include "forward_ops.h"
 #include "mk/kv_cache.h"
 #include "op_families.h"
 
@@ -73,8 +74,9 @@ inline void decode_gemm_tiles(Opcode opcode, uint16_t layer, int64_t batch, int6
   }
 }
 
-template <typename Op>
-struct DecodeGemmOp : GemmOp<Op> {
+// Base: GemmOp<Op>, or the forward op whose buffers, weights and arithmetic a decode op shares.
+template <typename Op, typename Base = GemmOp<Op>>
+struct DecodeGemmOp : Base {
   // The columns whose count sets the tile width: q and kv together for the two halves of the qkv projection.
   static int64_t spread_columns(const ModelConfig& c) { return Op::gemm(c).n; }
   static void tile(const OpContext& ctx, uint16_t layer, std::vector<Task>& tasks) {
@@ -83,7 +85,7 @@ struct DecodeGemmOp : GemmOp<Op> {
   }
   // Every weight row is read by this task alone: the weight bytes are streamed from HBM.
   static TaskWork work(const OpContext& ctx, const Task& t) {
-    TaskWork work = GemmOp<Op>::work(ctx, t);
+    TaskWork work = Base::work(ctx, t);
     const GemmShape g = Op::gemm(ctx.config);
     work.streamed_bytes = 2.0 * double(t.col_end - t.col_begin) * double(g.weight_rows_per_col) * double(g.k);
     return work;
@@ -155,17 +157,10 @@ struct DecodeKvOp : DecodeGemmOp<DecodeKvOp> {
   }
 };
 
-struct DecodeOProjOp : DecodeGemmOp<DecodeOProjOp> {
+// The forward's o_proj, down and LM head, tiled for M = batch rows.
+struct DecodeOProjOp : DecodeGemmOp<DecodeOProjOp, OProjOp> {
   static constexpr Opcode kOpcode = Opcode::kDecodeOProj;
   static constexpr const char* kName = "decode_o_proj";
-  static BufferRef output(uint16_t layer) { return {BK::kHiddenMid, layer}; }
-  static BufferRef a(uint16_t layer) { return {BK::kAttn, layer}; }
-  static BufferRef residual(uint16_t layer) { return {BK::kHidden, layer}; }
-  static GemmShape gemm(const ModelConfig& c) { return {c.d_model, c.q_dim(), 1, "num_heads * head_dim"}; }
-  static void run_cpu(const CpuTile& cpu, const Task& t, ref::Matrix& out) {
-    ref::linear_residual_tile(cpu.in(a(t.layer)), cpu.operands.layers[t.layer].o, cpu.in(residual(t.layer)), out,
-                              rows_of(t), cols_of(t));
-  }
 };
 
 struct DecodeGateUpOp : DecodeGemmOp<DecodeGateUpOp> {
@@ -182,28 +177,14 @@ struct DecodeGateUpOp : DecodeGemmOp<DecodeGateUpOp> {
   }
 };
 
-struct DecodeDownOp : DecodeGemmOp<DecodeDownOp> {
+struct DecodeDownOp : DecodeGemmOp<DecodeDownOp, DownOp> {
   static constexpr Opcode kOpcode = Opcode::kDecodeDown;
   static constexpr const char* kName = "decode_down";
-  static BufferRef output(uint16_t layer) { return {BK::kHidden, layer + 1}; }
-  static BufferRef a(uint16_t layer) { return {BK::kAct, layer}; }
-  static BufferRef residual(uint16_t layer) { return {BK::kHiddenMid, layer}; }
-  static GemmShape gemm(const ModelConfig& c) { return {c.d_model, c.d_ff, 1, "intermediate_size"}; }
-  static void run_cpu(const CpuTile& cpu, const Task& t, ref::Matrix& out) {
-    ref::linear_residual_tile(cpu.in(a(t.layer)), cpu.operands.layers[t.layer].down, cpu.in(residual(t.layer)), out,
-                              rows_of(t), cols_of(t));
-  }
 };
 
-struct DecodeLmHeadOp : DecodeGemmOp<DecodeLmHeadOp> {
+struct DecodeLmHeadOp : DecodeGemmOp<DecodeLmHeadOp, LmHeadOp> {
   static constexpr Opcode kOpcode = Opcode::kDecodeLmHead;
   static constexpr const char* kName = "decode_lm_head";
-  static BufferRef output(uint16_t) { return {BK::kLogits}; }
-  static BufferRef a(uint16_t) { return {BK::kFinalNorm}; }
-  static GemmShape gemm(const ModelConfig& c) { return {c.vocab_size, c.d_model, 1, "hidden_size"}; }
-  static void run_cpu(const CpuTile& cpu, const Task& t, ref::Matrix& out) {
-    ref::linear_tile(cpu.in(a(t.layer)), cpu.operands.lm_head, out, rows_of(t), cols_of(t));
-  }
 };
 
 }  // namespace mk::ops

@@ -12,6 +12,7 @@
 #include "mk/program.h"
 #include "mk/random.h"
 #include "mk/tiles.h"
+#include "graph_text.h"
 #include "test_models.h"
 
 namespace mk {
@@ -35,24 +36,7 @@ TEST(Ops, EveryOpcodeHasExactlyOneDescriptor) {
   EXPECT_THAT([] { op_descriptor(Opcode::kNop); }, testing::ThrowsMessage<Error>(HasSubstr("no op has opcode 0")));
 }
 
-// "name rows [a,b) cols [c,d)" of a region, for readable expectations.
-std::string text(const Graph& graph, const Region& r) {
-  return fmt::format("{} rows [{},{}) cols [{},{})", graph.buffers()[r.buffer].name(), r.row_begin, r.row_end,
-                     r.col_begin, r.col_end);
-}
-
-// The write and reads of the first task of `opcode` in `layer` whose rectangle starts at (row, col).
-std::vector<std::string> regions_of(const Graph& graph, Opcode opcode, uint16_t layer, int32_t row, int32_t col) {
-  for (const Task& t : graph.tasks()) {
-    if (t.opcode != opcode || t.layer != layer || t.row_begin != row || t.col_begin != col) continue;
-    const TaskRegions regions = graph.regions(t);
-    std::vector<std::string> out{"write " + text(graph, regions.write)};
-    for (int r = 0; r < regions.num_reads; ++r) out.push_back("read " + text(graph, regions.reads[r]));
-    return out;
-  }
-  ADD_FAILURE() << "no task " << opcode_name(opcode) << " L" << layer << " at row " << row << " col " << col;
-  return {};
-}
+using testing_util::regions_of;
 
 TEST(Ops, RegionsOfTheTinyModel) {
   // tiny: d_model 256, d_ff 512, 4 query heads and 2 kv heads of 64 (q | k | v = 256 | 128 | 128), vocab 384.
