@@ -62,17 +62,28 @@ int run_info(const ModelOptions& options, bool json) {
                                  {"flops", cost.flops},
                                  {"min_bytes", cost.min_bytes},
                                  {"weight_bytes", cost.weight_bytes},
-                                 {"activation_bytes", cost.activation_bytes}};
+                                 {"weights_read", cost.weights_read},
+                                 {"activation_bytes", cost.activation_bytes},
+                                 {"pass", mk::pass_kind_name(shape.pass)},
+                                 {"max_context", shape.max_context}};
     fmt::print("{}\n", info.dump(1));
     return 0;
   }
   fmt::print("{}\n", mk::describe(config));
-  fmt::print("forward pass: batch {} x seq {} = {} tokens\n", shape.batch, shape.seq_len, shape.tokens());
+  if (shape.pass == mk::PassKind::kDecode) {
+    // NOTE: 4.2 TB/s is the H200's measured HBM bandwidth; at small batch a decode step is weight streaming.
+    fmt::print("decode step: batch {}, KV cache of {} positions per sequence\n", shape.batch, shape.max_context);
+    fmt::print("weights read:       {} per step: {:.1f} us at 4.2 TB/s, the step's floor\n",
+               human_bytes(cost.weights_read), cost.weights_read / 4.2e6);
+  } else {
+    fmt::print("forward pass: batch {} x seq {} = {} tokens\n", shape.batch, shape.seq_len, shape.tokens());
+  }
   fmt::print("parameters:         {:.3f} M\n", double(cost.parameters) / 1e6);
   fmt::print("FLOPs:              {:.3f} GFLOP (causal attention counted half)\n", cost.flops / 1e9);
-  fmt::print("minimum bytes:      {} (weights once, input, output and K/V once)\n", human_bytes(cost.min_bytes));
+  fmt::print("minimum bytes:      {} (weights once, input, output and K/V once; decode: the whole cache read)\n",
+             human_bytes(cost.min_bytes));
   fmt::print("arithmetic intensity: {:.1f} FLOP/byte\n", cost.flops / cost.min_bytes);
-  fmt::print("memory needed:      {} weights (bf16) + {} activations (one buffer per layer and op)\n",
+  fmt::print("memory needed:      {} weights (bf16) + {} activations (one buffer per layer and op, any KV cache)\n",
              human_bytes(cost.weight_bytes), human_bytes(cost.activation_bytes));
   return 0;
 }
@@ -252,8 +263,7 @@ int run_schedule(const ModelOptions& options, const ScheduleOptions& schedule_op
   const mk::Schedule schedule = schedule_options.make(graph);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   fmt::print("{}\n", mk::describe(config));
-  fmt::print("batch {} x seq {}: {} tasks, scheduled and verified in {:.3f} s\n", shape.batch, shape.seq_len,
-             graph.tasks().size(), seconds);
+  fmt::print("{}: {} tasks, scheduled and verified in {:.3f} s\n", mk::describe(shape), graph.tasks().size(), seconds);
   const mk::ScheduleEstimate estimate = mk::estimate_schedule(graph, schedule);
   if (explain) {
     fmt::print("{}", mk::explain_schedule(graph, schedule, estimate));
@@ -288,6 +298,7 @@ struct InfoCommand {
   CLI::App* add(CLI::App& app) {
     CLI::App* command = app.add_subcommand("info", "print a model's shape, parameter count, FLOPs and memory");
     model.add_to(*command);
+    model.add_pass_to(*command);
     command->add_flag("--json", json, "print one JSON object: config, shape, parameters, FLOPs and bytes");
     return command;
   }
@@ -328,6 +339,7 @@ struct ScheduleCommand {
     CLI::App* command =
         app.add_subcommand("schedule", "build, verify and explain the per-SM instruction lists of a forward pass");
     model.add_to(*command);
+    model.add_pass_to(*command);
     schedule.add_to(*command);
     command->add_flag("--explain", explain, "per-SM load and instruction count, makespan, idle, critical path");
     command->add_option("--out", out, "write the schedule to this file");

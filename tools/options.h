@@ -16,6 +16,7 @@
 #include "mk/graph.h"
 #include "mk/model_config.h"
 #include "mk/schedule.h"
+#include "mk/tiles.h"
 #include "mk/weights.h"
 
 namespace mk::cli {
@@ -45,6 +46,9 @@ struct ModelOptions {
   // Shape overrides for sweeps (0: keep the preset's); --d-model also sets heads = d_model / head_dim and
   // d_ff = 4 d_model unless those are given.
   int64_t layers = 0, d_model = 0, heads = 0, kv_heads = 0, d_ff = 0;
+  // A decode step of --batch sequences instead of a forward pass (`mk info`, `mk schedule`: add_pass_to).
+  bool decode = false;
+  int64_t max_context = 0;  // 0: --seq rounded up to whole KV blocks
 
   void add_to(CLI::App& command) {
     auto* preset_option = command.add_option("--preset", preset, "built-in model: seed, tiny, llama-3.2-1b, llama-3.1-8b");
@@ -69,6 +73,12 @@ struct ModelOptions {
     command.add_option("--heads", heads, "override the preset's query heads")->check(positive);
     command.add_option("--kv-heads", kv_heads, "override the preset's kv heads")->check(positive);
     command.add_option("--d-ff", d_ff, "override the preset's MLP width")->check(positive);
+  }
+
+  void add_pass_to(CLI::App& command) {
+    command.add_flag("--decode", decode, "a decode step of --batch sequences (one token each) instead of a forward pass");
+    command.add_option("--max-context", max_context, "--decode: KV cache positions (default: --seq rounded up to 128)")
+        ->check(CLI::PositiveNumber);
   }
 
   mk::ModelConfig config() const {
@@ -99,6 +109,12 @@ struct ModelOptions {
     if (seq_len != 0) result.seq_len = seq_len;
     MK_CHECK(result.batch > 0 && result.seq_len > 0, "--batch ({}) and --seq ({}) must be positive", result.batch,
              result.seq_len);
+    MK_CHECK(decode || max_context == 0, "--max-context describes the KV cache of a --decode step");
+    if (decode) {
+      const int64_t block = mk::tiles::kDecodeKvBlock;
+      const int64_t context = max_context > 0 ? max_context : (result.seq_len + block - 1) / block * block;
+      result = {result.batch, 1, mk::PassKind::kDecode, context};
+    }
     return result;
   }
 

@@ -248,7 +248,7 @@ std::string explain_schedule(const Graph& graph, const Schedule& schedule, const
   }
   out += "per op (estimated):\n";
   for (const auto& [opcode, entry] : per_op) {
-    out += fmt::format("  {:<11} {:>9} tasks  {:>12.1f} us  ({:.1f}%)\n", opcode_name(opcode), entry.first,
+    out += fmt::format("  {:<16} {:>7} tasks  {:>12.1f} us  ({:.1f}%)\n", opcode_name(opcode), entry.first,
                        entry.second / 1e3, 100.0 * entry.second / total_busy);
   }
 
