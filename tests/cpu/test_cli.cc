@@ -312,6 +312,28 @@ TEST(CliGenerate, ReadsRaggedPromptsFromATokensFile) {
   EXPECT_EQ(result.output.substr(result.output.find("tokens: ")), ids.output.substr(ids.output.find("tokens: ")));
 }
 
+TEST(CliGenerate, TokenizesATextPromptWithTheModelsTokenizer) {
+  TempDir dir;
+  const std::filesystem::path model = dir.path() / "model";
+  mk::ModelConfig config = mk::find_preset("tiny").config;
+  config.vocab_size = 2560;  // holds the llama3 fixture's ids
+  mk::save_hf_model(model, mk::random_weights(config, 2));
+  for (const char* file : {"tokenizer.json", "tokenizer_config.json", "generation_config.json"})
+    std::filesystem::copy_file(std::filesystem::path(MK_TOKENIZER_FIXTURES) / "llama3" / file, model / file);
+  const Result tokenized = run_mk("tokenize --tokenizer " + quoted(model) + " --text 'Hello world'");
+  ASSERT_EQ(tokenized.status, 0) << tokenized.output;
+  const Result result = run_mk("generate --model " + quoted(model) + " --prompt 'Hello world' --max-new-tokens 3");
+  ASSERT_EQ(result.status, 0) << result.output;
+  std::istringstream words(tokenized.output);
+  std::vector<int32_t> prompt;
+  for (int32_t id; words >> id;) prompt.push_back(id);
+  const std::vector<int32_t> tokens = ids_after(result.output, "tokens: ");
+  ASSERT_GE(tokens.size(), prompt.size());
+  EXPECT_EQ(std::vector<int32_t>(tokens.begin(), tokens.begin() + int64_t(prompt.size())), prompt);
+  EXPECT_THAT(result.output, HasSubstr("EOS 2501 2504"));
+  EXPECT_THAT(result.output, HasSubstr("text: <|begin_of_text|>Hello world"));
+}
+
 TEST(CliGenerate, ErrorsAreClearAndNeverCrashes) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"--prompt-ids 1,2 --engine gpu", "not yet implemented on the GPU"},
