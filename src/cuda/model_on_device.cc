@@ -130,14 +130,14 @@ std::vector<void*> allocate_activations(DeviceArena& arena, const BufferTable& t
     const BufferKind kind = BufferKind(k);
     if (!table.has(kind)) continue;
     const BufferKindInfo& info = buffer_kind_info(kind);
-    const size_t element_bytes = info.element == ElementType::kInt32 ? 4 : 2;
+    const size_t element_bytes = size_t(mk::element_bytes(info.element));
     const size_t bytes = size_t(table.kind_elements(kind)) * element_bytes;
     base[size_t(k)] = arena.allocate_bytes(bytes, info.name);
     if (info.element == ElementType::kBf16) check_cuda(cudaMemset(base[size_t(k)], 0xff, bytes), info.name);
   }
   std::vector<void*> address;
   for (const Buffer& buffer : table.buffers()) {
-    const size_t element_bytes = buffer_kind_info(buffer.kind).element == ElementType::kInt32 ? 4 : 2;
+    const size_t element_bytes = size_t(mk::element_bytes(buffer_kind_info(buffer.kind).element));
     address.push_back(static_cast<uint8_t*>(base[size_t(buffer.kind)]) + size_t(buffer.offset_in_kind) * element_bytes);
   }
   return address;

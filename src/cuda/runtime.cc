@@ -49,6 +49,8 @@ GpuEngine::GpuEngine(const Graph& graph, const Schedule& schedule, const ModelWe
     : impl_(std::make_unique<Impl>(graph, options)) {
   const GpuInfo info = query_gpu();
   MK_CHECK(info.usable, "gpu engine: {}", info.reason);
+  MK_CHECK(graph.shape().pass == PassKind::kForward, "gpu engine: {} passes are not yet implemented on the GPU",
+           pass_kind_name(graph.shape().pass));
   const ModelConfig& c = graph.config();
   MK_CHECK(schedule.num_sms <= info.sm_count, "gpu engine: the schedule is for {} SMs, {} has {}", schedule.num_sms,
            info.name, info.sm_count);
