@@ -30,7 +30,7 @@ double percentile(std::vector<double> values, double q) {
 }
 
 std::string time_text(double seconds) {
-  return seconds < 1e-3 ? fmt::format("{:.1f} us", seconds * 1e6)
+  return seconds < 1e-3  ? fmt::format("{:.1f} us", seconds * 1e6)
          : seconds < 1.0 ? fmt::format("{:.3f} ms", seconds * 1e3)
                          : fmt::format("{:.3f} s", seconds);
 }
@@ -79,31 +79,55 @@ void report(const GenerationResult& result, const ModelConfig& config, const Dec
 }  // namespace
 
 CLI::App* GenerateCommand::add(CLI::App& app) {
-  CLI::App* command = app.add_subcommand("generate", "generate tokens from prompts: prefill, then one decode step per token");
-  auto* preset_option = command->add_option("--preset", preset, "built-in model (random weights): tiny, llama-3.2-1b, ...");
-  auto* model_option = command->add_option("--model", model_dir, "Hugging Face model directory (config.json + safetensors)");
+  CLI::App* command =
+      app.add_subcommand("generate", "generate tokens from prompts: prefill, then one decode step per token");
+  auto* preset_option =
+      command->add_option("--preset", preset, "built-in model (random weights): tiny, llama-3.2-1b, ...");
+  auto* model_option =
+      command->add_option("--model", model_dir, "Hugging Face model directory (config.json + safetensors)");
   preset_option->excludes(model_option);
   CLI::Option_group* source = command->add_option_group("prompts", "where the prompts come from (one of)");
-  source->add_option("--tokens", tokens_path, "safetensors with 'tokens' (batch, seq) and optionally 'lengths' (batch)");
+  source->add_option("--tokens", tokens_path,
+                     "safetensors with 'tokens' (batch, seq) and optionally 'lengths' (batch)");
   source->add_option("--prompt-ids", prompt_ids, "token ids, '1,2,3'; sequences of a batch separated by ';'");
   source->add_option("--prompt", prompt_text, "text, tokenized with the model directory's tokenizer.json");
   source->require_option(1);
-  command->add_option("--max-new-tokens", max_new_tokens, "new tokens per sequence at most")->capture_default_str()->check(CLI::NonNegativeNumber);
-  command->add_option("--batch", batch, "sequences; one prompt is repeated to fill them (default: the prompts' count)")->check(CLI::PositiveNumber);
+  command->add_option("--max-new-tokens", max_new_tokens, "new tokens per sequence at most")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  command->add_option("--batch", batch, "sequences; one prompt is repeated to fill them (default: the prompts' count)")
+      ->check(CLI::PositiveNumber);
   command->add_option("--temperature", sampling.temperature, "0: greedy")->capture_default_str();
-  command->add_option("--top-k", sampling.top_k, "sample from the k most likely tokens (0: all)")->capture_default_str();
-  command->add_option("--top-p", sampling.top_p, "then from the fewest whose probability reaches p")->capture_default_str();
+  command->add_option("--top-k", sampling.top_k, "sample from the k most likely tokens (0: all)")
+      ->capture_default_str();
+  command->add_option("--top-p", sampling.top_p, "then from the fewest whose probability reaches p")
+      ->capture_default_str();
   command->add_option("--seed", sampling.seed, "seed of the sampling's random numbers")->capture_default_str();
-  command->add_option("--max-context", max_context, "KV cache positions per sequence (default: longest prompt + new tokens, rounded up to 128)")->check(CLI::PositiveNumber);
-  command->add_option("--memory-budget", memory_budget_gib, "GiB the generation may allocate (default: the machine's memory)")->check(CLI::PositiveNumber);
-  command->add_option("--eos", eos, "ids that end a sequence (default: generation_config.json's or config.json's eos_token_id)");
+  command
+      ->add_option("--max-context", max_context,
+                   "KV cache positions per sequence (default: longest prompt + new tokens, rounded up to 128)")
+      ->check(CLI::PositiveNumber);
+  command
+      ->add_option("--memory-budget", memory_budget_gib,
+                   "GiB the generation may allocate (default: the machine's memory)")
+      ->check(CLI::PositiveNumber);
+  command->add_option("--eos", eos,
+                      "ids that end a sequence (default: generation_config.json's or config.json's eos_token_id)");
   command->add_option("--output", output_path, "write the sequences as safetensors: tokens, lengths, prompt_lengths");
   command->add_option("--engine", engine, "auto (cpu-vm until the gpu can generate) | cpu-vm | reference | gpu")
-      ->capture_default_str()->check(CLI::IsMember({"auto", "gpu", "cpu-vm", "reference"}));
-  command->add_option("--sms", num_sms, "cpu-vm: SM count to schedule for")->capture_default_str()->check(CLI::Range(1, 4096));
-  command->add_option("--policy", policy, "cpu-vm: round-robin | cost-model")->capture_default_str()->check(CLI::IsMember({"round-robin", "cost-model"}));
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "gpu", "cpu-vm", "reference"}));
+  command->add_option("--sms", num_sms, "cpu-vm: SM count to schedule for")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
+  command->add_option("--policy", policy, "cpu-vm: round-robin | cost-model")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"round-robin", "cost-model"}));
   command->add_option("--weights-seed", weights_seed, "seed of a preset's random weights")->capture_default_str();
-  command->add_option("--bandwidth", bandwidth_gbs, "GB/s of the bandwidth floor (default: the H200's measured 4.2 TB/s)")->capture_default_str()->check(CLI::PositiveNumber);
+  command
+      ->add_option("--bandwidth", bandwidth_gbs, "GB/s of the bandwidth floor (default: the H200's measured 4.2 TB/s)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   return command;
 }
 
@@ -142,8 +166,9 @@ int GenerateCommand::run() const {
 
   GenerationOptions options;
   options.max_new_tokens = max_new_tokens;
-  options.eos_ids = !eos.empty() ? parse_token_ids(eos, "--eos") : !model_dir.empty() ? model_eos_ids(model_dir)
-                                                                                    : std::vector<int32_t>{};
+  options.eos_ids = !eos.empty()         ? parse_token_ids(eos, "--eos")
+                    : !model_dir.empty() ? model_eos_ids(model_dir)
+                                         : std::vector<int32_t>{};
   if (options.eos_ids.empty() && tokenizer) options.eos_ids = tokenizer->eos_ids();
   DecodeSetup setup;
   setup.batch = int64_t(prompts.size());
@@ -152,7 +177,8 @@ int GenerateCommand::run() const {
   setup.policy = parse_schedule_policy(policy);
   setup.num_sms = num_sms;
   const GenerationMemory memory = generation_memory(config, setup.batch, longest - 1, setup.max_context, true);
-  check_memory_budget(memory, memory_budget_gib > 0 ? memory_budget_gib * double(int64_t(1) << 30) : machine_memory_bytes(),
+  check_memory_budget(memory,
+                      memory_budget_gib > 0 ? memory_budget_gib * double(int64_t(1) << 30) : machine_memory_bytes(),
                       setup.batch, setup.max_context);
 
   const ModelWeights weights = model.weights(config);
@@ -163,9 +189,9 @@ int GenerateCommand::run() const {
                                        : fmt::format("temperature {} top-k {} top-p {} seed {}", sampling.temperature,
                                                      sampling.top_k, sampling.top_p, sampling.seed),
              options.eos_ids.empty() ? std::string("none") : ids_text(options.eos_ids));
-  const GenerationResult result = generate(*decoder, prompts, options, [&](int64_t step, const std::vector<int32_t>& made) {
-    stream_step(prompts.size(), step, made);
-  });
+  const GenerationResult result =
+      generate(*decoder, prompts, options,
+               [&](int64_t step, const std::vector<int32_t>& made) { stream_step(prompts.size(), step, made); });
   if (prompts.size() == 1 && !result.step_s.empty()) fmt::print("\n");
   report(result, config, setup, bandwidth_gbs);
   std::vector<std::vector<int32_t>> sequences;

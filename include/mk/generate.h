@@ -70,9 +70,9 @@ struct SequenceResult {
 
 struct GenerationResult {
   std::vector<SequenceResult> sequences;
-  double prefill_s = 0;               // the prefill pass (0 when every prompt is one token)
-  std::vector<double> step_s;         // each decode step
-  std::vector<ref::Matrix> logits;    // (steps) of (batch, vocab), with GenerationOptions::keep_logits
+  double prefill_s = 0;             // the prefill pass (0 when every prompt is one token)
+  std::vector<double> step_s;       // each decode step
+  std::vector<ref::Matrix> logits;  // (steps) of (batch, vocab), with GenerationOptions::keep_logits
 };
 
 // Called after each decode step with the step's new token of each sequence, -1 for sequences that had stopped.

@@ -46,7 +46,9 @@ const DecodeSetup& checked(const ModelConfig& config, const DecodeSetup& setup) 
 class ReferenceDecoder final : public DecodeEngine {
  public:
   ReferenceDecoder(const ModelWeights& weights, const DecodeSetup& setup)
-      : weights_(weights), setup_(checked(weights.config, setup)), operands_(weights, 1, setup.max_context),
+      : weights_(weights),
+        setup_(checked(weights.config, setup)),
+        operands_(weights, 1, setup.max_context),
         cache_(ref::make_kv_cache(weights.config, decode_shape(setup))) {}
 
   void prefill(const std::vector<int32_t>& tokens, int64_t seq_len) override {
@@ -73,8 +75,11 @@ class ReferenceDecoder final : public DecodeEngine {
 class CpuVmDecoder final : public DecodeEngine {
  public:
   CpuVmDecoder(const ModelWeights& weights, const DecodeSetup& setup)
-      : weights_(weights), setup_(checked(weights.config, setup)), decode_graph_(weights.config, decode_shape(setup)),
-        decode_schedule_(verified_schedule(decode_graph_)), cache_(ref::make_kv_cache(weights.config, decode_shape(setup))),
+      : weights_(weights),
+        setup_(checked(weights.config, setup)),
+        decode_graph_(weights.config, decode_shape(setup)),
+        decode_schedule_(verified_schedule(decode_graph_)),
+        cache_(ref::make_kv_cache(weights.config, decode_shape(setup))),
         session_(decode_graph_, decode_schedule_, weights, setup.vm, &cache_) {}
 
   void prefill(const std::vector<int32_t>& tokens, int64_t seq_len) override {
@@ -130,9 +135,10 @@ void check_decode_engine(const std::string& engine) {
     std::string ops;
     for (const OpDescriptor& op : op_descriptors())
       if (op.opcode >= Opcode::kKvAppend) ops += fmt::format("{}{}", ops.empty() ? "" : ", ", op.name);
-    throw Error(fmt::format("generation is not yet implemented on the GPU: the megakernel has no handlers for the "
-                            "prefill and decode ops ({}); use --engine cpu-vm or --engine reference",
-                            ops));
+    throw Error(
+        fmt::format("generation is not yet implemented on the GPU: the megakernel has no handlers for the "
+                    "prefill and decode ops ({}); use --engine cpu-vm or --engine reference",
+                    ops));
   }
   throw Error(fmt::format("unknown engine '{}' (available: reference, cpu-vm, gpu)", engine));
 }

@@ -1,15 +1,16 @@
 // The generation loop (prefill, then decode steps with per-sequence positions and stops), the default cache size
 // and the memory check.
+#include "mk/generate.h"
+
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "mk/buffers.h"
 #include "mk/check.h"
-#include "mk/generate.h"
 #include "mk/kv_cache.h"
 #include "mk/tiles.h"
 
@@ -46,9 +47,12 @@ std::vector<int32_t> prefill_tokens(const std::vector<std::vector<int32_t>>& pro
 
 const char* stop_reason_text(StopReason reason) {
   switch (reason) {
-    case StopReason::kEos: return "EOS";
-    case StopReason::kMaxNewTokens: return "max new tokens";
-    case StopReason::kCacheFull: return "the KV cache's end";
+    case StopReason::kEos:
+      return "EOS";
+    case StopReason::kMaxNewTokens:
+      return "max new tokens";
+    case StopReason::kCacheFull:
+      return "the KV cache's end";
   }
   return "?";
 }

@@ -33,9 +33,8 @@ void check_pass_shape(const ModelConfig& c, const RunShape& shape) {
   MK_CHECK(shape.batch > 0 && shape.seq_len > 0, "batch ({}) and sequence length ({}) must be positive", shape.batch,
            shape.seq_len);
   if (shape.pass == PassKind::kForward) return;
-  MK_CHECK(c.has_embedding && c.has_lm_head,
-           "model '{}' has no {}: generating needs token ids in and logits out", c.name,
-           c.has_embedding ? "LM head" : "embedding");
+  MK_CHECK(c.has_embedding && c.has_lm_head, "model '{}' has no {}: generating needs token ids in and logits out",
+           c.name, c.has_embedding ? "LM head" : "embedding");
   MK_CHECK(shape.max_context > 0, "the KV cache needs a positive max context, got {}", shape.max_context);
   MK_CHECK(c.rope.type == RopeType::kNone || shape.max_context <= c.max_position_embeddings,
            "max context {} exceeds the model's max_position_embeddings {}", shape.max_context,

@@ -39,7 +39,8 @@ struct DecodeAttentionOp {
     const uint32_t cache = ctx.buffers.id({BK::kKvCache, t.layer});
     r.read({ctx.buffers.id({BK::kDecodeQ, t.layer}), t.sequence, t.sequence + 1, int32_t(t.head * q_width),
             int32_t((t.head + 1) * q_width)});
-    r.read({cache, int32_t(t.sequence * C), int32_t((t.sequence + 1) * C), int32_t(t.head * hd), int32_t((t.head + 1) * hd)});
+    r.read({cache, int32_t(t.sequence * C), int32_t((t.sequence + 1) * C), int32_t(t.head * hd),
+            int32_t((t.head + 1) * hd)});
     r.read({cache, int32_t(t.sequence * C), int32_t((t.sequence + 1) * C), int32_t(c.kv_dim() + t.head * hd),
             int32_t(c.kv_dim() + (t.head + 1) * hd)});
     r.read(positions_of(ctx, t.sequence, t.sequence + 1));
@@ -84,7 +85,8 @@ struct DecodeCombineOp {
     for (int64_t b = 0; b < ctx.shape.batch; b += tiles::kDecodeCombineRows) {
       const int64_t end = std::min<int64_t>(ctx.shape.batch, b + tiles::kDecodeCombineRows);
       for (int64_t g = 0; g < c.n_kv_heads; ++g)
-        tasks.push_back({kOpcode, layer, int32_t(b), int32_t(end), int32_t(g * width), int32_t((g + 1) * width), -1, -1});
+        tasks.push_back(
+            {kOpcode, layer, int32_t(b), int32_t(end), int32_t(g * width), int32_t((g + 1) * width), -1, -1});
     }
   }
   static void reads(const OpContext& ctx, const Task& t, TaskRegions& r) {
@@ -119,7 +121,8 @@ struct SampleOp {
   static BufferRef output(uint16_t) { return {BK::kSampled}; }
   static void check(const OpContext&) {}
   static void tile(const OpContext& ctx, uint16_t layer, std::vector<Task>& tasks) {
-    for (int64_t b = 0; b < ctx.shape.batch; ++b) tasks.push_back({kOpcode, layer, int32_t(b), int32_t(b + 1), 0, 1, -1, -1});
+    for (int64_t b = 0; b < ctx.shape.batch; ++b)
+      tasks.push_back({kOpcode, layer, int32_t(b), int32_t(b + 1), 0, 1, -1, -1});
   }
   static void reads(const OpContext& ctx, const Task& t, TaskRegions& r) {
     r.read(full_rows(ctx, {BK::kLogits}, t));

@@ -34,8 +34,8 @@ struct KvAppendOp {
     for (int64_t b = 0; b < ctx.shape.batch; ++b) {
       for (int64_t s = 0; s < S; s += tiles::kBlockRows) {
         const int64_t end = std::min(S, s + tiles::kBlockRows);
-        tasks.push_back({kOpcode, layer, int32_t(b * C + s), int32_t(b * C + end), 0, int32_t(2 * ctx.config.kv_dim()),
-                         -1, -1});
+        tasks.push_back(
+            {kOpcode, layer, int32_t(b * C + s), int32_t(b * C + end), 0, int32_t(2 * ctx.config.kv_dim()), -1, -1});
       }
     }
   }
@@ -44,7 +44,8 @@ struct KvAppendOp {
     const int64_t S = ctx.shape.seq_len, C = ctx.shape.max_context, b = t.row_begin / C;
     const bool one_sequence = b == (t.row_end - 1) / C;
     const int64_t first = one_sequence ? b * S + t.row_begin % C : b * S;
-    const int64_t end = one_sequence ? b * S + std::min<int64_t>(S, (t.row_end - 1) % C + 1) : ((t.row_end - 1) / C + 1) * S;
+    const int64_t end =
+        one_sequence ? b * S + std::min<int64_t>(S, (t.row_end - 1) % C + 1) : ((t.row_end - 1) / C + 1) * S;
     r.read({ctx.buffers.id({BK::kQkv, t.layer}), int32_t(first), int32_t(end), int32_t(ctx.config.q_dim()),
             int32_t(ctx.config.qkv_dim())});
   }
@@ -135,8 +136,8 @@ struct DecodeKvOp : DecodeGemmOp<DecodeKvOp> {
   }
   static TaskWork work(const OpContext& ctx, const Task& t) {
     const ref::Range rows = batch_rows(ctx.shape.max_context, t);
-    return DecodeGemmOp::work(ctx, {t.opcode, t.layer, int32_t(rows.begin), int32_t(rows.end), t.col_begin, t.col_end,
-                                    -1, -1});
+    return DecodeGemmOp::work(
+        ctx, {t.opcode, t.layer, int32_t(rows.begin), int32_t(rows.end), t.col_begin, t.col_end, -1, -1});
   }
   static OpTraffic traffic(const OpContext& ctx) {
     OpTraffic traffic = GemmOp::traffic(ctx);
@@ -146,8 +147,8 @@ struct DecodeKvOp : DecodeGemmOp<DecodeKvOp> {
   static void run_cpu(const CpuTile& cpu, const Task& t, ref::Matrix& out) {
     const int64_t C = cpu.input.shape.max_context, q_dim = cpu.config.q_dim();
     const ref::Range rows = batch_rows(C, t);
-    const ref::Matrix normed = normalized(cpu.in(a(t.layer)), cpu.operands.weights.layers[t.layer].attn_norm,
-                                          cpu.config.rms_norm_eps, rows);
+    const ref::Matrix normed =
+        normalized(cpu.in(a(t.layer)), cpu.operands.weights.layers[t.layer].attn_norm, cpu.config.rms_norm_eps, rows);
     for (int64_t b = rows.begin; b < rows.end; ++b) {
       const int64_t position = cpu.input.positions[size_t(b)], row = b * C + position;
       if (row < t.row_begin || row >= t.row_end) continue;

@@ -34,7 +34,8 @@ void kv_append_row(const ModelConfig& config, const float* qkv_row, float* cache
   const int64_t head_dim = config.head_dim, kv_dim = config.kv_dim();
   const float* k = qkv_row + config.q_dim();
   for (int64_t head = 0; head < config.n_kv_heads; ++head)
-    for (int64_t j = 0; j < head_dim; ++j) cache_row[head * head_dim + j] = k[head * head_dim + natural_column(j, head_dim)];
+    for (int64_t j = 0; j < head_dim; ++j)
+      cache_row[head * head_dim + j] = k[head * head_dim + natural_column(j, head_dim)];
   std::copy(k + kv_dim, k + 2 * kv_dim, cache_row + kv_dim);
 }
 
@@ -76,7 +77,8 @@ void decode_attention_partial(const ModelConfig& config, const KvSplit& split, i
   const int64_t first_row = sequence * max_context + first_key;
   std::vector<float> k(static_cast<size_t>(keys * head_dim)), q_head(static_cast<size_t>(head_dim));
   std::vector<float> scores(static_cast<size_t>(keys));
-  for (int64_t j = 0; j < keys; ++j) to_natural(cache.row(first_row + j) + kv_head * head_dim, head_dim, &k[size_t(j * head_dim)]);
+  for (int64_t j = 0; j < keys; ++j)
+    to_natural(cache.row(first_row + j) + kv_head * head_dim, head_dim, &k[size_t(j * head_dim)]);
   const float* v = cache.row(first_row) + config.kv_dim() + kv_head * head_dim;
   for (int64_t h = kv_head * group; h < (kv_head + 1) * group; ++h, record += stride) {
     to_natural(q.row(sequence) + h * head_dim, head_dim, q_head.data());

@@ -18,7 +18,8 @@ inline std::string text(const Graph& graph, const Region& r) {
 }
 
 // The write and reads of the first task of `opcode` in `layer` whose rectangle starts at (row, col).
-inline std::vector<std::string> regions_of(const Graph& graph, Opcode opcode, uint16_t layer, int32_t row, int32_t col) {
+inline std::vector<std::string> regions_of(const Graph& graph, Opcode opcode, uint16_t layer, int32_t row,
+                                           int32_t col) {
   for (const Task& t : graph.tasks()) {
     if (t.opcode != opcode || t.layer != layer || t.row_begin != row || t.col_begin != col) continue;
     const TaskRegions regions = graph.regions(t);

@@ -14,7 +14,9 @@ namespace {
 
 using ::testing::HasSubstr;
 
-bool bitwise_equal(const float* a, const float* b, int64_t n) { return std::memcmp(a, b, size_t(n) * sizeof(float)) == 0; }
+bool bitwise_equal(const float* a, const float* b, int64_t n) {
+  return std::memcmp(a, b, size_t(n) * sizeof(float)) == 0;
+}
 
 std::vector<int32_t> random_prompt(const ModelConfig& config, int64_t length, uint64_t seed) {
   Random random(seed);
@@ -75,7 +77,8 @@ TEST(Decode, CpuVmEqualsTheReferenceBitForBitOnRaggedBatches) {
     const ModelWeights weights = random_weights(config, 40 + uint64_t(trial));
     const int64_t batch = 1 + trial % 3;
     std::vector<std::vector<int32_t>> prompts;
-    for (int64_t b = 0; b < batch; ++b) prompts.push_back(random_prompt(config, 1 + int64_t(random.next_u64() % 20), 7 * uint64_t(b)));
+    for (int64_t b = 0; b < batch; ++b)
+      prompts.push_back(random_prompt(config, 1 + int64_t(random.next_u64() % 20), 7 * uint64_t(b)));
     DecodeSetup setup = setup_for(batch, 128 + 64 * (trial % 2), int32_t(2 + trial));
     setup.vm.max_delay_us = 30;
     setup.sampling = trial % 2 ? ref::SamplingParams{0.8f, 20, 0.9f, 5} : ref::SamplingParams{};
@@ -87,27 +90,29 @@ TEST(Decode, CpuVmEqualsTheReferenceBitForBitOnRaggedBatches) {
       EXPECT_TRUE(bitwise_equal(vm.logits[step].data.data(), reference.logits[step].data.data(),
                                 int64_t(vm.logits[step].data.size())))
           << "step " << step;
-    for (int64_t b = 0; b < batch; ++b) EXPECT_EQ(vm.sequences[size_t(b)].tokens, reference.sequences[size_t(b)].tokens);
+    for (int64_t b = 0; b < batch; ++b)
+      EXPECT_EQ(vm.sequences[size_t(b)].tokens, reference.sequences[size_t(b)].tokens);
   }
 }
 
 TEST(Decode, EachSequenceOfARaggedBatchGetsTheTokensItGetsAlone) {
   const ModelWeights weights = random_weights(find_preset("tiny").config, 5);
-  const std::vector<std::vector<int32_t>> prompts = {random_prompt(weights.config, 3, 1),
-                                                     random_prompt(weights.config, 11, 2),
-                                                     random_prompt(weights.config, 1, 3)};
+  const std::vector<std::vector<int32_t>> prompts = {
+      random_prompt(weights.config, 3, 1), random_prompt(weights.config, 11, 2), random_prompt(weights.config, 1, 3)};
   const GenerationResult together = generate_with("cpu-vm", weights, setup_for(3, 64), prompts, 6);
   for (size_t b = 0; b < prompts.size(); ++b) {
     const GenerationResult alone = generate_with("reference", weights, setup_for(1, 64), {prompts[b]}, 6);
     EXPECT_EQ(together.sequences[b].tokens, alone.sequences[0].tokens) << "sequence " << b;
     for (size_t step = 0; step < alone.logits.size(); ++step)
-      EXPECT_TRUE(bitwise_equal(together.logits[step].row(int64_t(b)), alone.logits[step].row(0), alone.logits[step].cols));
+      EXPECT_TRUE(
+          bitwise_equal(together.logits[step].row(int64_t(b)), alone.logits[step].row(0), alone.logits[step].cols));
   }
 }
 
 TEST(Decode, SamplingIsReproducibleFromItsSeedAndTopKOneIsGreedy) {
   const ModelWeights weights = random_weights(find_preset("tiny").config, 6);
-  const std::vector<std::vector<int32_t>> prompts = {random_prompt(weights.config, 4, 1), random_prompt(weights.config, 4, 1)};
+  const std::vector<std::vector<int32_t>> prompts = {random_prompt(weights.config, 4, 1),
+                                                     random_prompt(weights.config, 4, 1)};
   auto tokens_with = [&](ref::SamplingParams sampling) {
     DecodeSetup setup = setup_for(2, 64);
     setup.sampling = sampling;
@@ -123,7 +128,8 @@ TEST(Decode, SamplingIsReproducibleFromItsSeedAndTopKOneIsGreedy) {
 }
 
 TEST(Sampling, DrawsFromTheTopKAndTopPCandidatesInOrder) {
-  const std::vector<float> logits = {0.0f, 3.0f, 1.0f, 3.0f, 2.0f};  // ids by logit: 1, 3 (tie, lower id first), 4, 2, 0
+  const std::vector<float> logits = {0.0f, 3.0f, 1.0f, 3.0f,
+                                     2.0f};  // ids by logit: 1, 3 (tie, lower id first), 4, 2, 0
   const float* l = logits.data();
   EXPECT_EQ(ref::sample_token(l, 5, {}, 0.99f), 1) << "greedy: the first largest";
   EXPECT_EQ(ref::sample_token(l, 5, {1.0f, 1, 1.0f, 0}, 0.99f), 1);
@@ -150,7 +156,8 @@ TEST(Sampling, DrawsFromTheTopKAndTopPCandidatesInOrder) {
 
 TEST(Generate, StopsAtEosAtTheTokenBudgetAndAtTheCachesEnd) {
   const ModelWeights weights = random_weights(find_preset("tiny").config, 7);
-  const std::vector<std::vector<int32_t>> prompts = {random_prompt(weights.config, 5, 1), random_prompt(weights.config, 9, 2)};
+  const std::vector<std::vector<int32_t>> prompts = {random_prompt(weights.config, 5, 1),
+                                                     random_prompt(weights.config, 9, 2)};
   GenerationOptions options;
   options.max_new_tokens = 4;
   const GenerationResult budget = generate(*make_reference_decoder(weights, setup_for(2, 16)), prompts, options);
@@ -169,8 +176,9 @@ TEST(Generate, StopsAtEosAtTheTokenBudgetAndAtTheCachesEnd) {
   // Sequence 0's first new token as EOS: it stops at once; sequence 1 runs on until it makes that token too.
   options.eos_ids = {full.sequences[0].tokens[5]};
   std::vector<std::vector<int32_t>> streamed;
-  const GenerationResult result = generate(*make_reference_decoder(weights, setup_for(2, 16)), prompts, options,
-                                           [&](int64_t, const std::vector<int32_t>& made) { streamed.push_back(made); });
+  const GenerationResult result =
+      generate(*make_reference_decoder(weights, setup_for(2, 16)), prompts, options,
+               [&](int64_t, const std::vector<int32_t>& made) { streamed.push_back(made); });
   EXPECT_EQ(result.sequences[0].stop, StopReason::kEos);
   EXPECT_EQ(result.sequences[0].tokens.size(), 6u);
   const std::vector<int32_t>& run_on = full.sequences[1].tokens;

@@ -6,11 +6,11 @@
 #include <filesystem>
 #include <map>
 
+#include "graph_text.h"
 #include "mk/cpu_vm.h"
 #include "mk/generate.h"
 #include "mk/program.h"
 #include "mk/random.h"
-#include "graph_text.h"
 #include "test_models.h"
 #include "test_util.h"
 
@@ -80,7 +80,8 @@ TEST(DecodeGraph, SchedulesVerifyAndFilesKeepThePass) {
     ModelConfig config = random_small_config(random);
     config.has_embedding = config.has_lm_head = true;
     const int64_t batch = 1 + int64_t(random.next_u64() % 9);
-    for (const RunShape& shape : {RunShape{batch, 1, PassKind::kDecode, 300}, RunShape{batch, 37, PassKind::kPrefill, 300}}) {
+    for (const RunShape& shape :
+         {RunShape{batch, 1, PassKind::kDecode, 300}, RunShape{batch, 37, PassKind::kPrefill, 300}}) {
       const Graph graph(config, shape);
       const Schedule schedule = make_schedule(graph, derive_dependencies(graph), SchedulePolicy(trial % 2), 3 + trial);
       EXPECT_NO_THROW(verify_schedule(graph, schedule)) << describe(config) << " " << describe(shape);
@@ -88,7 +89,8 @@ TEST(DecodeGraph, SchedulesVerifyAndFilesKeepThePass) {
   }
   testing_util::TempDir dir;
   const Graph graph(find_preset("tiny").config, kTinyDecode);
-  save_schedule(dir.path() / "decode.sched", graph, make_schedule(graph, derive_dependencies(graph), SchedulePolicy::kCostModel, 9));
+  save_schedule(dir.path() / "decode.sched", graph,
+                make_schedule(graph, derive_dependencies(graph), SchedulePolicy::kCostModel, 9));
   const LoadedSchedule loaded = load_schedule(dir.path() / "decode.sched");
   EXPECT_EQ(loaded.shape, kTinyDecode);
   EXPECT_NO_THROW(verify_schedule(graph, loaded.schedule));
@@ -108,7 +110,8 @@ class PlantedDecodeBug : public ::testing::Test {
       if (in.opcode != Opcode::kDecodeAttention || in.layer != 1) continue;
       std::vector<Wait> kept;
       for (uint32_t k = 0; k < in.num_waits; ++k)
-        if (schedule_.waits[in.wait_begin + k].counter != kv_counter) kept.push_back(schedule_.waits[in.wait_begin + k]);
+        if (schedule_.waits[in.wait_begin + k].counter != kv_counter)
+          kept.push_back(schedule_.waits[in.wait_begin + k]);
       ASSERT_EQ(kept.size() + 1, in.num_waits);
       in.wait_begin = uint32_t(schedule_.waits.size());
       in.num_waits = uint32_t(kept.size());
@@ -122,9 +125,10 @@ class PlantedDecodeBug : public ::testing::Test {
 };
 
 TEST_F(PlantedDecodeBug, VerifierRejectsIt) {
-  EXPECT_THAT([&] { verify_schedule(graph_, schedule_); },
-              testing::ThrowsMessage<Error>(testing::AllOf(HasSubstr("decode_attention L1"), HasSubstr("reads kv_cache[1]"),
-                                                           HasSubstr("written by"), HasSubstr("decode_kv L1"))));
+  EXPECT_THAT(
+      [&] { verify_schedule(graph_, schedule_); },
+      testing::ThrowsMessage<Error>(testing::AllOf(HasSubstr("decode_attention L1"), HasSubstr("reads kv_cache[1]"),
+                                                   HasSubstr("written by"), HasSubstr("decode_kv L1"))));
 }
 
 TEST_F(PlantedDecodeBug, RaceDetectorExposesIt) {
