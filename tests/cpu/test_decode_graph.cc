@@ -74,6 +74,34 @@ TEST(DecodeGraph, RegionsOfTheTinyDecodeStep) {
               ElementsAre("write kv_cache[0] rows [288,296) cols [0,256)", "read qkv[0] rows [72,80) cols [256,512)"));
 }
 
+TEST(DecodeGraph, TasksTileEachDecodeStepAndTheirWorkAddsUp) {
+  Random random(29);
+  for (int trial = 0; trial < 6; ++trial) {
+    ModelConfig config = random_small_config(random);
+    config.has_embedding = config.has_lm_head = true;
+    const RunShape shape{1 + int64_t(random.next_u64() % 12), 1, PassKind::kDecode,
+                         1 + int64_t(random.next_u64() % 700)};
+    const Graph graph(config, shape);
+    SCOPED_TRACE(describe(config) + " " + describe(shape));
+    size_t next = 0;
+    double flops = 0;
+    for_each_step(config, PassKind::kDecode, [&](const OpDescriptor& op, uint16_t layer) {
+      const Buffer& out = graph.buffers()[graph.buffer_table().id(op.output(layer))];
+      double area = 0;
+      for (;
+           next < graph.tasks().size() && graph.tasks()[next].opcode == op.opcode && graph.tasks()[next].layer == layer;
+           ++next) {
+        const Task& t = graph.tasks()[next];
+        area += double(t.row_end - t.row_begin) * double(t.col_end - t.col_begin);
+        flops += graph.work(t).flops;
+      }
+      EXPECT_EQ(area, double(out.rows) * double(out.cols)) << op.name << " L" << layer;
+    });
+    EXPECT_EQ(next, graph.tasks().size());
+    EXPECT_NEAR(flops, forward_cost(config, shape).flops, 1e-9 * flops);
+  }
+}
+
 TEST(DecodeGraph, SchedulesVerifyAndFilesKeepThePass) {
   Random random(23);
   for (int trial = 0; trial < 6; ++trial) {
