@@ -49,22 +49,35 @@ ref::Matrix forward_logits(const ModelWeights& weights, const std::vector<int32_
   return ref::forward(weights, input);
 }
 
-// Bit-equal, not merely close: decode computes every op through the forward's arithmetic (src/ref/arith.h), the
-// RMSNorm it fuses and the KV blocks of its split attention included, so the same tokens give the same bits.
-TEST(Decode, ReferenceIncrementalLogitsEqualTheForwardPassBitForBit) {
-  const ModelWeights weights = random_weights(find_preset("tiny").config, 3);
-  // 150 positions cross a KV block boundary (128), so the combine merges two blocks.
-  const std::vector<std::vector<int32_t>> prompts = {random_prompt(weights.config, 140, 1)};
-  const GenerationResult result = generate_with("reference", weights, setup_for(1, 256), prompts, 12);
+// Decodes `prompt` greedily and checks every step's logits against one forward pass over the same tokens.
+void expect_decode_equals_forward(const ModelWeights& weights, const std::vector<int32_t>& prompt, int64_t new_tokens,
+                                  int64_t max_context) {
+  const GenerationResult result = generate_with("reference", weights, setup_for(1, max_context), {prompt}, new_tokens);
   const std::vector<int32_t>& tokens = result.sequences[0].tokens;
-  ASSERT_EQ(tokens.size(), 152u);
+  ASSERT_EQ(tokens.size(), prompt.size() + size_t(new_tokens));
   const ref::Matrix full = forward_logits(weights, {tokens.begin(), tokens.end() - 1});
   for (size_t step = 0; step < result.logits.size(); ++step) {
-    const int64_t position = 139 + int64_t(step);
+    const int64_t position = int64_t(prompt.size()) - 1 + int64_t(step);
     EXPECT_TRUE(bitwise_equal(result.logits[step].row(0), full.row(position), full.cols)) << "step " << step;
     // Greedy: each new token is the argmax of the forward pass's logits at the position before it.
     const float* row = full.row(position);
     EXPECT_EQ(tokens[size_t(position + 1)], int32_t(std::max_element(row, row + full.cols) - row)) << "step " << step;
+  }
+}
+
+// Bit-equal, not merely close: decode computes every op through the forward's arithmetic (src/ref/arith.h), the
+// RMSNorm it fuses and the KV blocks of its split attention included, so the same tokens give the same bits.
+TEST(Decode, ReferenceIncrementalLogitsEqualTheForwardPassBitForBit) {
+  // 151 positions cross a KV block boundary (128), so the combine merges two blocks.
+  expect_decode_equals_forward(random_weights(find_preset("tiny").config, 3),
+                               random_prompt(find_preset("tiny").config, 140, 1), 12, 256);
+  Random random(31);
+  for (int trial = 0; trial < 4; ++trial) {  // GQA 1-8, head_dim 64 and 128, every RoPE, tied heads
+    ModelConfig config = random_small_config(random);
+    config.has_embedding = config.has_lm_head = true;
+    SCOPED_TRACE(describe(config));
+    expect_decode_equals_forward(random_weights(config, 50 + uint64_t(trial)), random_prompt(config, 9 + trial, 2), 6,
+                                 64);
   }
 }
 
