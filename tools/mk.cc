@@ -52,23 +52,11 @@ std::string human_bytes(double bytes) {
 int run_info(const ModelOptions& options, bool json) {
   const mk::ModelConfig config = options.config();
   const mk::RunShape shape = options.shape();
-  const mk::ForwardCost cost = mk::forward_cost(config, shape);
   if (json) {
-    const nlohmann::json info = {{"config", mk::model_config_to_json(config)},
-                                 {"batch", shape.batch},
-                                 {"seq_len", shape.seq_len},
-                                 {"tokens", shape.tokens()},
-                                 {"parameters", cost.parameters},
-                                 {"flops", cost.flops},
-                                 {"min_bytes", cost.min_bytes},
-                                 {"weight_bytes", cost.weight_bytes},
-                                 {"weights_read", cost.weights_read},
-                                 {"activation_bytes", cost.activation_bytes},
-                                 {"pass", mk::pass_kind_name(shape.pass)},
-                                 {"max_context", shape.max_context}};
-    fmt::print("{}\n", info.dump(1));
+    fmt::print("{}\n", mk::forward_info_json(config, shape).dump(1));
     return 0;
   }
+  const mk::ForwardCost cost = mk::forward_cost(config, shape);
   fmt::print("{}\n", mk::describe(config));
   if (shape.pass == mk::PassKind::kDecode) {
     // NOTE: 4.2 TB/s is the H200's measured HBM bandwidth; at small batch a decode step is weight streaming.

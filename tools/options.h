@@ -43,9 +43,7 @@ struct ModelOptions {
   int64_t batch = 0;  // 0: the preset's default (1 for --model)
   int64_t seq_len = 0;
   uint64_t seed = 1;
-  // Shape overrides for sweeps (0: keep the preset's); --d-model also sets heads = d_model / head_dim and
-  // d_ff = 4 d_model unless those are given.
-  int64_t layers = 0, d_model = 0, heads = 0, kv_heads = 0, d_ff = 0;
+  mk::ShapeOverrides overrides;  // for sweeps; see ShapeOverrides
   // A decode step of --batch sequences instead of a forward pass (`mk info`, `mk schedule`: add_pass_to).
   bool decode = false;
   int64_t max_context = 0;  // 0: --seq rounded up to whole KV blocks
@@ -67,12 +65,12 @@ struct ModelOptions {
     command.add_option("--batch", batch, "sequences per forward pass (default: the preset's)")->check(positive);
     command.add_option("--seq", seq_len, "tokens per sequence (default: the preset's)")->check(positive);
     command.add_option("--seed", seed, "seed of random weights and inputs")->capture_default_str();
-    command.add_option("--layers", layers, "override the preset's layer count")->check(positive);
-    command.add_option("--d-model", d_model, "override the preset's width (heads = d_model / head_dim, d_ff = 4 d_model)")
+    command.add_option("--layers", overrides.layers, "override the preset's layer count")->check(positive);
+    command.add_option("--d-model", overrides.d_model, "override the preset's width (heads = d_model / head_dim, d_ff = 4 d_model)")
         ->check(positive);
-    command.add_option("--heads", heads, "override the preset's query heads")->check(positive);
-    command.add_option("--kv-heads", kv_heads, "override the preset's kv heads")->check(positive);
-    command.add_option("--d-ff", d_ff, "override the preset's MLP width")->check(positive);
+    command.add_option("--heads", overrides.heads, "override the preset's query heads")->check(positive);
+    command.add_option("--kv-heads", overrides.kv_heads, "override the preset's kv heads")->check(positive);
+    command.add_option("--d-ff", overrides.d_ff, "override the preset's MLP width")->check(positive);
   }
 
   void add_pass_to(CLI::App& command) {
@@ -83,23 +81,10 @@ struct ModelOptions {
 
   mk::ModelConfig config() const {
     if (!model_dir.empty()) {
-      MK_CHECK(layers == 0 && d_model == 0 && heads == 0 && kv_heads == 0 && d_ff == 0,
-               "shape overrides apply to presets only, not to --model");
+      MK_CHECK(!overrides.any(), "shape overrides apply to presets only, not to --model");
       return mk::load_model_dir_config(model_dir);
     }
-    mk::ModelConfig config = mk::find_preset(preset.empty() ? "seed" : preset).config;
-    if (layers != 0) config.n_layers = layers;
-    if (d_model != 0) {
-      config.d_model = d_model;
-      config.n_heads = d_model / config.head_dim;
-      config.n_kv_heads = config.n_heads;
-      config.d_ff = 4 * d_model;
-    }
-    if (heads != 0) config.n_heads = heads;
-    if (kv_heads != 0) config.n_kv_heads = kv_heads;
-    if (d_ff != 0) config.d_ff = d_ff;
-    config.validate();
-    return config;
+    return mk::preset_config(preset.empty() ? "seed" : preset, overrides);
   }
 
   mk::RunShape shape() const {

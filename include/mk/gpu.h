@@ -40,6 +40,11 @@ class GpuEngine {
   GpuEngine& operator=(const GpuEngine&) = delete;
 
   void set_input(const ref::ModelInput& input);
+  // The input straight from device memory of the engine's GPU (device 0), for callers whose tensors live there (the
+  // Python package, through DLPack): no copy through the host. `data` holds the engine's input layout: int32 token
+  // ids (batch * seq_len) with an embedding, bf16 hidden states (batch * seq_len, d_model) without. Token ids are not
+  // range-checked (that would take them to the host): the caller checks them. Returns when the copy is done.
+  void set_input_device(const void* data);
   // One forward pass (one launch). Throws mk::Error naming SM, instruction, task and counter if the kernel reports a
   // stall; the engine is unusable after that.
   void run();
@@ -48,6 +53,9 @@ class GpuEngine {
   // One forward pass with per-instruction timestamps recorded (tracing costs nothing when this is not called).
   Trace run_traced();
   ref::Matrix output() const;                // logits or final hidden states, converted to fp32
+  // The output as it is on the device, bf16 (batch * seq_len, N) row-major, copied into `destination`, device memory
+  // of the engine's GPU. Returns when the copy is done.
+  void copy_output_to_device(void* destination) const;
   std::vector<ref::Matrix> buffers() const;  // every graph buffer (the host-written too), for bisecting
   size_t device_bytes() const;
 

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <span>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "mk/check.h"
 #include "mk/ops.h"
 
@@ -67,5 +69,7 @@ struct ForwardCost {
   double activation_bytes = 0;  // every buffer of the pass as the gpu engine allocates it (the KV cache included)
 };
 ForwardCost forward_cost(const ModelConfig& config, const RunShape& shape);
+// What `mk info --json` prints: the config (mk's JSON form), the shape and the forward cost as one object.
+nlohmann::json forward_info_json(const ModelConfig& config, const RunShape& shape);
 
 }  // namespace mk

@@ -34,6 +34,17 @@ void* DeviceArena::allocate_bytes(size_t bytes, const char* what) {
   return pointer;
 }
 
+void check_device_pointer(const void* pointer, const char* what) {
+  cudaPointerAttributes attributes{};
+  check_cuda(cudaPointerGetAttributes(&attributes, pointer), what);
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), what);
+  MK_CHECK(attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged,
+           "{}: {} is not device memory", what, pointer);
+  MK_CHECK(attributes.device == device, "{}: the buffer is on CUDA device {}, the engine runs on device {}", what,
+           attributes.device, device);
+}
+
 ref::Matrix download_bf16(const void* address, int64_t rows, int64_t cols) {
   std::vector<uint16_t> bits(size_t(rows * cols));
   check_cuda(cudaMemcpy(bits.data(), address, bits.size() * 2, cudaMemcpyDeviceToHost), "downloading a buffer");

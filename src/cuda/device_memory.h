@@ -53,6 +53,10 @@ class Event {
   cudaEvent_t event_ = nullptr;
 };
 
+// Throws mk::Error naming `what` unless `pointer` is device (or managed) memory of the current device: a caller's
+// buffer handed to the engine, which would otherwise fail as an illegal address inside a copy or the kernel.
+void check_device_pointer(const void* pointer, const char* what);
+
 // (rows, cols) bf16 on the device -> fp32 on the host.
 ref::Matrix download_bf16(const void* address, int64_t rows, int64_t cols);
 

@@ -110,6 +110,21 @@ void GpuEngine::set_input(const ref::ModelInput& input) {
   }
 }
 
+void GpuEngine::set_input_device(const void* data) {
+  Impl& impl = *impl_;
+  MK_CHECK(!impl.broken, "gpu engine: unusable after an earlier device error");
+  const ModelConfig& c = impl.graph.config();
+  gpu::check_device_pointer(data, "gpu engine: the input");
+  const size_t tokens = size_t(impl.graph.shape().tokens());
+  void* destination =
+      c.has_embedding ? static_cast<void*>(const_cast<int32_t*>(impl.params.tokens)) : impl.params.hidden;
+  const size_t bytes = c.has_embedding ? tokens * sizeof(int32_t) : tokens * size_t(c.d_model) * sizeof(bf16);
+  // NOTE: on the engine's stream, then synchronized: the launches that read it follow on that stream, and the
+  // caller may free or overwrite its buffer as soon as this returns.
+  check_cuda(cudaMemcpyAsync(destination, data, bytes, cudaMemcpyDeviceToDevice, impl.stream), "copying the input");
+  check_cuda(cudaStreamSynchronize(impl.stream), "copying the input");
+}
+
 void GpuEngine::run() { time_runs(1); }
 
 std::vector<float> GpuEngine::time_runs(int launches) {
@@ -229,6 +244,18 @@ Trace GpuEngine::run_traced() {
 ref::Matrix GpuEngine::output() const {
   const Buffer& buffer = impl_->graph.buffers()[impl_->graph.output_buffer()];
   return gpu::download_bf16(impl_->buffer_address[impl_->graph.output_buffer()], buffer.rows, buffer.cols);
+}
+
+void GpuEngine::copy_output_to_device(void* destination) const {
+  const Impl& impl = *impl_;
+  MK_CHECK(!impl.broken, "gpu engine: unusable after an earlier device error");
+  gpu::check_device_pointer(destination, "gpu engine: the output destination");
+  const Buffer& buffer = impl.graph.buffers()[impl.graph.output_buffer()];
+  const size_t bytes = size_t(buffer.rows * buffer.cols) * sizeof(bf16);
+  check_cuda(cudaMemcpyAsync(destination, impl.buffer_address[impl.graph.output_buffer()], bytes,
+                             cudaMemcpyDeviceToDevice, impl.stream),
+             "copying the output");
+  check_cuda(cudaStreamSynchronize(impl.stream), "copying the output");
 }
 
 std::vector<ref::Matrix> GpuEngine::buffers() const {

@@ -17,10 +17,12 @@ GpuEngine::GpuEngine(const Graph&, const Schedule&, const ModelWeights&, const G
 }
 GpuEngine::~GpuEngine() = default;
 void GpuEngine::set_input(const ref::ModelInput&) {}
+void GpuEngine::set_input_device(const void*) {}
 void GpuEngine::run() {}
 std::vector<float> GpuEngine::time_runs(int) { return {}; }
 Trace GpuEngine::run_traced() { return {}; }
 ref::Matrix GpuEngine::output() const { return {}; }
+void GpuEngine::copy_output_to_device(void*) const {}
 std::vector<ref::Matrix> GpuEngine::buffers() const { return {}; }
 size_t GpuEngine::device_bytes() const { return 0; }
 

@@ -252,6 +252,26 @@ const Preset& find_preset(std::string_view name) {
   throw Error(fmt::format("unknown preset '{}' (known: {})", name, known));
 }
 
+ModelConfig preset_config(std::string_view name, const ShapeOverrides& overrides) {
+  ModelConfig config = find_preset(name).config;
+  MK_CHECK(overrides.layers >= 0 && overrides.d_model >= 0 && overrides.heads >= 0 && overrides.kv_heads >= 0 &&
+               overrides.d_ff >= 0,
+           "shape overrides must be positive (layers {}, d_model {}, heads {}, kv_heads {}, d_ff {})", overrides.layers,
+           overrides.d_model, overrides.heads, overrides.kv_heads, overrides.d_ff);
+  if (overrides.layers != 0) config.n_layers = overrides.layers;
+  if (overrides.d_model != 0) {
+    config.d_model = overrides.d_model;
+    config.n_heads = overrides.d_model / config.head_dim;
+    config.n_kv_heads = config.n_heads;
+    config.d_ff = 4 * overrides.d_model;
+  }
+  if (overrides.heads != 0) config.n_heads = overrides.heads;
+  if (overrides.kv_heads != 0) config.n_kv_heads = overrides.kv_heads;
+  if (overrides.d_ff != 0) config.d_ff = overrides.d_ff;
+  config.validate();
+  return config;
+}
+
 ModelConfig model_config_from_hf_json(const nlohmann::json& json, const std::string& source) {
   MK_CHECK(json.is_object(), "{}: expected a JSON object", source);
   std::string model_type = optional<std::string>(json, "model_type", "llama", source);

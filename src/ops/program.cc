@@ -1,6 +1,8 @@
 // The layer program of a LLaMA-family forward pass, and what walking it costs.
 #include "mk/program.h"
 
+#include <nlohmann/json.hpp>
+
 #include "mk/parallel.h"
 #include "mk/weights.h"
 
@@ -90,6 +92,22 @@ ForwardCost forward_cost(const ModelConfig& config, const RunShape& shape) {
     if (buffer.host_written) cost.min_bytes += device_bytes(buffer);
   cost.min_bytes += device_bytes_of(buffers, output_of_pass(config, shape.pass));
   return cost;
+}
+
+nlohmann::json forward_info_json(const ModelConfig& config, const RunShape& shape) {
+  const ForwardCost cost = forward_cost(config, shape);
+  return {{"config", model_config_to_json(config)},
+          {"batch", shape.batch},
+          {"seq_len", shape.seq_len},
+          {"tokens", shape.tokens()},
+          {"parameters", cost.parameters},
+          {"flops", cost.flops},
+          {"min_bytes", cost.min_bytes},
+          {"weight_bytes", cost.weight_bytes},
+          {"weights_read", cost.weights_read},
+          {"activation_bytes", cost.activation_bytes},
+          {"pass", pass_kind_name(shape.pass)},
+          {"max_context", shape.max_context}};
 }
 
 }  // namespace mk

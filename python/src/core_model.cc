@@ -1,0 +1,170 @@
+// The model behind megakernel.Model: loading, input checks, the engine cache and the passes.
+#include "core_model.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <fstream>
+
+#include "mk/check.h"
+#include "mk/cpu_vm.h"
+#include "mk/trace.h"
+
+namespace mk::python {
+
+namespace {
+
+constexpr int32_t kCpuVmSms = 132;  // `mk run`'s default: the H100/H200 SM count
+
+}  // namespace
+
+EngineKind resolve_engine(const std::string& name) {
+  if (name == "auto") return query_gpu().usable ? EngineKind::kGpu : EngineKind::kReference;
+  if (name == "gpu") return EngineKind::kGpu;
+  if (name == "cpu-vm") return EngineKind::kCpuVm;
+  if (name == "reference") return EngineKind::kReference;
+  throw Error(fmt::format("unknown engine '{}' (available: auto, gpu, cpu-vm, reference)", name));
+}
+
+const char* engine_name(EngineKind kind) {
+  switch (kind) {
+    case EngineKind::kGpu:
+      return "gpu";
+    case EngineKind::kCpuVm:
+      return "cpu-vm";
+    case EngineKind::kReference:
+      break;
+  }
+  return "reference";
+}
+
+RunShape input_shape(const ModelConfig& config, const std::vector<int64_t>& dims) {
+  if (config.has_embedding) {
+    MK_CHECK(dims.size() == 2, "model '{}' takes token ids of shape (batch, seq_len), got shape ({})", config.name,
+             fmt::join(dims, ", "));
+  } else {
+    MK_CHECK(dims.size() == 3 && dims[2] == config.d_model,
+             "model '{}' has no embedding: it takes hidden states of shape (batch, seq_len, {}), got shape ({})",
+             config.name, config.d_model, fmt::join(dims, ", "));
+  }
+  MK_CHECK(dims[0] > 0 && dims[1] > 0, "batch ({}) and sequence length ({}) must be positive", dims[0], dims[1]);
+  return {dims[0], dims[1]};
+}
+
+template <typename Id>
+ref::ModelInput token_input(const ModelConfig& config, const RunShape& shape, const Id* ids) {
+  ref::ModelInput input;
+  input.shape = shape;
+  input.tokens.resize(size_t(shape.tokens()));
+  for (size_t i = 0; i < input.tokens.size(); ++i) {
+    // Checked before narrowing, so that an int64 id of 2^32 + 5 is not taken for 5.
+    MK_CHECK(ids[i] >= 0 && int64_t(ids[i]) < config.vocab_size,
+             "token id {} at position {} is outside the vocabulary [0, {})", int64_t(ids[i]), i, config.vocab_size);
+    input.tokens[i] = int32_t(ids[i]);
+  }
+  ref::validate_input(config, input);
+  return input;
+}
+template ref::ModelInput token_input<int32_t>(const ModelConfig&, const RunShape&, const int32_t*);
+template ref::ModelInput token_input<int64_t>(const ModelConfig&, const RunShape&, const int64_t*);
+
+ref::ModelInput hidden_input(const ModelConfig& config, const RunShape& shape, const float* hidden) {
+  ref::ModelInput input;
+  input.shape = shape;
+  input.hidden = ref::Matrix(shape.tokens(), config.d_model);
+  for (size_t i = 0; i < input.hidden.data.size(); ++i) input.hidden.data[i] = round_to_bf16(hidden[i]);
+  ref::validate_input(config, input);
+  return input;
+}
+
+int64_t output_cols(const ModelConfig& config) { return config.has_lm_head ? config.vocab_size : config.d_model; }
+
+CoreModel::CoreModel(ModelWeights weights, RunShape default_shape, std::string source)
+    : weights_(std::move(weights)), default_shape_(default_shape), source_(std::move(source)) {}
+
+std::unique_ptr<CoreModel> CoreModel::from_dir(const std::filesystem::path& dir) {
+  MK_CHECK(std::filesystem::is_directory(dir), "{}: no such model directory", dir.string());
+  const ModelConfig config = load_model_dir_config(dir);
+  std::unique_ptr<CoreModel> model(new CoreModel(load_weights(dir, config), {1, 128}, dir.string()));
+  if (std::filesystem::is_regular_file(dir / "tokenizer.json")) model->tokenizer_.emplace(Tokenizer::load(dir));
+  return model;
+}
+
+std::unique_ptr<CoreModel> CoreModel::from_preset(const std::string& name, uint64_t seed,
+                                                  const ShapeOverrides& overrides) {
+  const ModelConfig config = preset_config(name, overrides);
+  return std::unique_ptr<CoreModel>(
+      new CoreModel(random_weights(config, seed), find_preset(name).shape, fmt::format("preset {}", name)));
+}
+
+CoreModel::Engine& CoreModel::engine(EngineKind kind, const RunShape& shape) {
+  const auto key = std::make_tuple(kind, shape.batch, shape.seq_len);
+  if (auto found = engines_.find(key); found != engines_.end()) return *found->second;
+  if (kind == EngineKind::kGpu) std::erase_if(engines_, [](const auto& entry) { return entry.second->gpu != nullptr; });
+  auto engine = std::make_unique<Engine>();
+  engine->graph = std::make_unique<Graph>(config(), shape);
+  int32_t num_sms = kCpuVmSms;
+  if (kind == EngineKind::kGpu) {
+    const GpuInfo gpu = query_gpu();
+    MK_CHECK(gpu.usable, "gpu engine: {}", gpu.reason);
+    num_sms = gpu.sm_count;
+  }
+  const Graph& graph = *engine->graph;
+  engine->schedule = make_schedule(graph, derive_dependencies(graph), SchedulePolicy::kCostModel, num_sms);
+  verify_schedule(graph, engine->schedule);
+  if (kind == EngineKind::kGpu) {
+    engine->gpu = std::make_unique<GpuEngine>(graph, engine->schedule, weights_, GpuOptions{.verify = false});
+  }
+  return *engines_.emplace(key, std::move(engine)).first->second;
+}
+
+ref::Matrix CoreModel::forward(EngineKind kind, const ref::ModelInput& input) {
+  const std::lock_guard lock(mutex_);
+  ref::validate_input(config(), input);
+  if (kind == EngineKind::kReference) return ref::forward(weights_, input);
+  Engine& e = engine(kind, input.shape);
+  if (kind == EngineKind::kCpuVm) {
+    return std::move(run_cpu_vm_unverified(*e.graph, e.schedule, weights_, input, {}).buffers[e.graph->output_buffer()]);
+  }
+  e.gpu->set_input(input);
+  e.gpu->run();
+  return e.gpu->output();
+}
+
+void CoreModel::forward_device(const RunShape& shape, const void* input, void* output) {
+  const std::lock_guard lock(mutex_);
+  Engine& e = engine(EngineKind::kGpu, shape);
+  e.gpu->set_input_device(input);
+  e.gpu->run();
+  e.gpu->copy_output_to_device(output);
+}
+
+std::string CoreModel::trace(EngineKind kind, const ref::ModelInput& input, const std::filesystem::path& path) {
+  const std::lock_guard lock(mutex_);
+  MK_CHECK(kind != EngineKind::kReference, "trace: the reference engine runs no schedule; use gpu or cpu-vm");
+  ref::validate_input(config(), input);
+  Engine& e = engine(kind, input.shape);
+  Trace trace;
+  if (kind == EngineKind::kGpu) {
+    e.gpu->set_input(input);
+    e.gpu->run();  // warm-up: module load and first-touch costs stay out of the trace
+    trace = e.gpu->run_traced();
+  } else {
+    CpuVmOptions options;
+    options.record_trace = true;
+    options.detect_races = false;  // the detector's bookkeeping would dominate the timeline
+    trace = run_cpu_vm_unverified(*e.graph, e.schedule, weights_, input, options).trace;
+  }
+  std::ofstream file(path);
+  file << trace_to_chrome_json(*e.graph, trace);
+  file.close();
+  MK_CHECK(file.good(), "{}: cannot write", path.string());
+  return format_trace_summary(*e.graph, summarize_trace(*e.graph, e.schedule, trace), trace);
+}
+
+void CoreModel::clear_engines() {
+  const std::lock_guard lock(mutex_);
+  engines_.clear();
+}
+
+}  // namespace mk::python
