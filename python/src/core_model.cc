@@ -4,6 +4,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <fstream>
 
 #include "mk/check.h"
@@ -87,6 +90,8 @@ std::unique_ptr<CoreModel> CoreModel::from_dir(const std::filesystem::path& dir)
   const ModelConfig config = load_model_dir_config(dir);
   std::unique_ptr<CoreModel> model(new CoreModel(load_weights(dir, config), {1, 128}, dir.string()));
   if (std::filesystem::is_regular_file(dir / "tokenizer.json")) model->tokenizer_.emplace(Tokenizer::load(dir));
+  model->eos_ids_ = model_eos_ids(dir);
+  if (model->eos_ids_.empty() && model->tokenizer_) model->eos_ids_ = model->tokenizer_->eos_ids();
   return model;
 }
 
@@ -162,9 +167,46 @@ std::string CoreModel::trace(EngineKind kind, const ref::ModelInput& input, cons
   return format_trace_summary(*e.graph, summarize_trace(*e.graph, e.schedule, trace), trace);
 }
 
+GenerationResult CoreModel::generate(const GenerateRequest& request, const StepCallback& on_step) {
+  const std::lock_guard lock(mutex_);
+  const std::string engine = request.engine == "auto" ? "cpu-vm" : request.engine;
+  check_decode_engine(engine);
+  const ModelConfig& c = config();
+  MK_CHECK(c.has_embedding && c.has_lm_head, "model '{}' cannot generate: it has no {}", c.name,
+           c.has_embedding ? "LM head" : "embedding");
+  MK_CHECK(!request.prompts.empty(), "generate: no prompts");
+  int64_t longest = 0;
+  for (size_t b = 0; b < request.prompts.size(); ++b) {
+    for (size_t i = 0; i < request.prompts[b].size(); ++i) {
+      const int32_t id = request.prompts[b][i];
+      MK_CHECK(id >= 0 && id < c.vocab_size, "prompt {}: token id {} at position {} is outside the vocabulary [0, {})",
+               b, id, i, c.vocab_size);
+    }
+    longest = std::max<int64_t>(longest, int64_t(request.prompts[b].size()));
+  }
+  DecodeSetup setup;
+  setup.batch = int64_t(request.prompts.size());
+  setup.max_context = request.max_context > 0 ? request.max_context
+                                              : default_max_context(c, longest, request.options.max_new_tokens);
+  setup.sampling = request.sampling;
+  const std::string key = fmt::format("{} {} {} {} {} {} {}", engine, setup.batch, setup.max_context,
+                                      setup.sampling.temperature, setup.sampling.top_k, setup.sampling.top_p,
+                                      setup.sampling.seed);
+  if (decoder_ == nullptr || key != decoder_key_) {
+    decoder_.reset();  // its cache goes before the next one is allocated
+    const double machine_bytes = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+    check_memory_budget(generation_memory(c, setup.batch, longest - 1, setup.max_context, true), machine_bytes,
+                        setup.batch, setup.max_context);
+    decoder_ = make_decoder(engine, weights_, setup);
+    decoder_key_ = key;
+  }
+  return mk::generate(*decoder_, request.prompts, request.options, on_step);
+}
+
 void CoreModel::clear_engines() {
   const std::lock_guard lock(mutex_);
   engines_.clear();
+  decoder_.reset();
 }
 
 }  // namespace mk::python

@@ -12,6 +12,7 @@
 #include <tuple>
 #include <vector>
 
+#include "mk/generate.h"
 #include "mk/gpu.h"
 #include "mk/graph.h"
 #include "mk/model_config.h"
@@ -37,6 +38,15 @@ ref::ModelInput token_input(const ModelConfig& config, const RunShape& shape, co
 ref::ModelInput hidden_input(const ModelConfig& config, const RunShape& shape, const float* hidden);
 int64_t output_cols(const ModelConfig& config);  // vocab_size with an LM head, d_model without
 
+// One generation as megakernel.Model.generate asks for it.
+struct GenerateRequest {
+  std::string engine = "auto";  // auto: the cpu-vm until the gpu engine can generate (as `mk generate`)
+  std::vector<std::vector<int32_t>> prompts;
+  GenerationOptions options;
+  ref::SamplingParams sampling;
+  int64_t max_context = 0;  // 0: the longest prompt plus max_new_tokens, in whole KV blocks
+};
+
 class CoreModel {
  public:
   // config.json or mk_config.json and the safetensors of `dir`, and tokenizer.json when it is there.
@@ -49,6 +59,8 @@ class CoreModel {
   const RunShape& default_shape() const { return default_shape_; }  // the preset's, or 1 x 128 (as `mk info`)
   const Tokenizer* tokenizer() const { return tokenizer_ ? &*tokenizer_ : nullptr; }
   const std::string& source() const { return source_; }
+  // The ids that end generation: generation_config.json's or config.json's eos_token_id, else the tokenizer's.
+  const std::vector<int32_t>& eos_ids() const { return eos_ids_; }
 
   // One forward pass from host memory: (batch * seq_len, output_cols) fp32.
   ref::Matrix forward(EngineKind kind, const ref::ModelInput& input);
@@ -57,6 +69,9 @@ class CoreModel {
   void forward_device(const RunShape& shape, const void* input, void* output);
   // One traced pass of the gpu engine or the cpu-vm: writes the Chrome trace JSON to `path`, returns the summary.
   std::string trace(EngineKind kind, const ref::ModelInput& input, const std::filesystem::path& path);
+  // Prefill, then decode steps until EOS, the token budget or the cache's end; on_step after each step. The decoder
+  // of the last call is kept for the next one with the same engine, batch, cache size and sampling.
+  GenerationResult generate(const GenerateRequest& request, const StepCallback& on_step);
   // Drops every cached engine (and the gpu engine's device memory).
   void clear_engines();
 
@@ -77,6 +92,9 @@ class CoreModel {
   std::optional<Tokenizer> tokenizer_;
   std::mutex mutex_;  // one pass at a time: the engines are not reentrant, and the GIL is released while they run
   std::map<std::tuple<EngineKind, int64_t, int64_t>, std::unique_ptr<Engine>> engines_;
+  std::vector<int32_t> eos_ids_;
+  std::string decoder_key_;  // what the cached decoder was built for
+  std::unique_ptr<DecodeEngine> decoder_;
 };
 
 }  // namespace mk::python

@@ -85,6 +85,30 @@ void forward_device(CoreModel& model, const DeviceArray& input, DeviceArray& out
   model.forward_device(shape, in, out);
 }
 
+// Generation with the GIL released; on_step (step, new ids with -1 for stopped sequences) is called with it held,
+// and whatever it raises ends the generation and reaches the caller. Returns (new ids, stop reason) per sequence.
+std::vector<std::pair<std::vector<int32_t>, std::string>> generate(CoreModel& model, GenerateRequest request,
+                                                                   nb::object on_step) {
+  StepCallback callback;
+  if (!on_step.is_none()) {
+    callback = [&on_step](int64_t step, const std::vector<int32_t>& made) {
+      nb::gil_scoped_acquire acquire;
+      on_step(step, made);
+    };
+  }
+  GenerationResult result;
+  {
+    nb::gil_scoped_release release;
+    result = model.generate(request, callback);
+  }
+  std::vector<std::pair<std::vector<int32_t>, std::string>> out;
+  for (const SequenceResult& sequence : result.sequences) {
+    out.emplace_back(std::vector<int32_t>(sequence.tokens.begin() + sequence.prompt_length, sequence.tokens.end()),
+                     stop_reason_text(sequence.stop));
+  }
+  return out;
+}
+
 nb::dict gpu_info() {
   const GpuInfo info = query_gpu();
   nb::dict result;
@@ -111,6 +135,12 @@ nb::list preset_list() {
 }
 
 void bind_model(nb::module_& m) {
+  nb::class_<ref::SamplingParams>(m, "SamplingParams")
+      .def(nb::init<>())
+      .def_rw("temperature", &ref::SamplingParams::temperature)
+      .def_rw("top_k", &ref::SamplingParams::top_k)
+      .def_rw("top_p", &ref::SamplingParams::top_p)
+      .def_rw("seed", &ref::SamplingParams::seed);
   nb::class_<CoreModel>(m, "Model")
       .def_static("from_dir", &CoreModel::from_dir, nb::arg("dir"), nb::call_guard<nb::gil_scoped_release>())
       .def_static(
@@ -164,6 +194,21 @@ void bind_model(nb::module_& m) {
             return model.trace(kind, input, path);
           },
           nb::arg("engine"), nb::arg("input"), nb::arg("path"))
+      .def_prop_ro("eos_ids", &CoreModel::eos_ids)
+      .def(
+          "generate",
+          [](CoreModel& model, const std::string& engine, std::vector<std::vector<int32_t>> prompts,
+             int64_t max_new_tokens, const ref::SamplingParams& sampling, std::vector<int32_t> eos_ids,
+             int64_t max_context, nb::object on_step) {
+            GenerationOptions options;
+            options.max_new_tokens = max_new_tokens;
+            options.eos_ids = std::move(eos_ids);
+            GenerateRequest request{.engine = engine, .prompts = std::move(prompts), .options = std::move(options),
+                                    .sampling = sampling, .max_context = max_context};
+            return generate(model, std::move(request), std::move(on_step));
+          },
+          nb::arg("engine"), nb::arg("prompts"), nb::arg("max_new_tokens"), nb::arg("sampling"), nb::arg("eos_ids"),
+          nb::arg("max_context"), nb::arg("on_step").none())
       .def("clear_engines", &CoreModel::clear_engines);
 }
 

@@ -1,0 +1,125 @@
+"""Generation behind Model.generate and Model.stream: prompts (text or ids, one or a batch) to the core's generation
+loop, its new ids back as ids or text, and streaming through a worker thread (the core runs with the GIL released)."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Union
+
+import numpy as np
+
+from . import _core
+
+if TYPE_CHECKING:
+    from .model import Model
+    from .tokenizer import Tokenizer
+
+Prompt = Union[str, Sequence[int], Sequence[str], Sequence[Sequence[int]], Any]
+
+
+class _Cancelled(Exception):
+    """Raised from the step callback to end a generation whose stream was closed."""
+
+
+def _prompts(model: Model, prompt: Prompt) -> tuple[list[list[int]], bool, bool]:
+    """(prompts as ids, whether they were text, whether a batch was given)."""
+    if isinstance(prompt, str):
+        return [model.encode(prompt)], True, False
+    if hasattr(prompt, "tolist"):  # numpy arrays and torch tensors
+        prompt = prompt.tolist()
+    items = list(prompt)
+    if items and all(isinstance(p, str) for p in items):
+        return [model.encode(p) for p in items], True, True
+    if all(isinstance(p, (int, np.integer)) for p in items):
+        return [[int(i) for i in items]], False, False
+    return [[int(i) for i in p] for p in items], False, True
+
+
+def _generate(model: Model, prompts: list[list[int]], max_new_tokens: int, options: dict[str, Any],
+              on_step: Any = None) -> list[tuple[list[int], str]]:
+    """The core's generation: (new ids, stop reason) per prompt."""
+    sampling = _core.SamplingParams()
+    sampling.temperature = float(options["temperature"])
+    sampling.top_k = int(options["top_k"])
+    sampling.top_p = float(options["top_p"])
+    sampling.seed = int(options["seed"])
+    eos = options["eos_ids"]
+    eos_ids = model.eos_ids if eos is None else [int(i) for i in eos]
+    return model._core.generate(options["engine"], prompts, int(max_new_tokens), sampling, eos_ids,
+                                int(options["max_context"] or 0), on_step)
+
+
+def _primed_decoder(tokenizer: Tokenizer, prompt: list[int], skip_special_tokens: bool) -> Any:
+    """A stream decoder that has seen the prompt, so that the first new piece gets its leading space right."""
+    decoder = tokenizer.stream_decoder(skip_special_tokens)
+    for token_id in prompt:
+        decoder.push(token_id)
+    return decoder
+
+
+def _new_text(tokenizer: Tokenizer, prompt: list[int], new_ids: list[int], skip_special_tokens: bool) -> str:
+    decoder = _primed_decoder(tokenizer, prompt, skip_special_tokens)
+    return "".join(decoder.push(i) for i in new_ids) + decoder.finish()
+
+
+def generate_ids(model: Model, prompt: Prompt, max_new_tokens: int, options: dict[str, Any],
+                 skip_special_tokens: bool) -> Any:
+    """Model.generate: the new ids, or their text for text prompts; a list of them for a batch."""
+    prompts, is_text, is_batch = _prompts(model, prompt)
+    results = _generate(model, prompts, max_new_tokens, options)
+    if is_text:
+        tokenizer = model._require_tokenizer()
+        out: list[Any] = [_new_text(tokenizer, p, new, skip_special_tokens) for p, (new, _) in zip(prompts, results)]
+    else:
+        out = [new for new, _ in results]
+    return out if is_batch else out[0]
+
+
+def run_stream(model: Model, prompt: str | Sequence[int], max_new_tokens: int, options: dict[str, Any],
+               skip_special_tokens: bool) -> Iterator[Any]:
+    """Model.stream: checks the prompt now, generates when iterated."""
+    prompts, is_text, is_batch = _prompts(model, prompt)
+    if is_batch:
+        raise _core.MkError("stream() takes one prompt (text or ids); generate() takes a batch")
+    decoder = _primed_decoder(model._require_tokenizer(), prompts[0], skip_special_tokens) if is_text else None
+    return _stream(model, prompts, max_new_tokens, options, decoder)
+
+
+def _stream(model: Model, prompts: list[list[int]], max_new_tokens: int, options: dict[str, Any],
+            decoder: Any) -> Iterator[Any]:
+    items: queue.Queue[Any] = queue.Queue()
+    closed = threading.Event()
+    done = object()
+
+    def on_step(step: int, made: list[int]) -> None:
+        if closed.is_set():
+            raise _Cancelled()
+        if made[0] >= 0:
+            items.put(made[0])
+
+    def work() -> None:
+        try:
+            _generate(model, prompts, max_new_tokens, options, on_step)
+            items.put(done)
+        except _Cancelled:
+            items.put(done)
+        except BaseException as error:  # handed to the consumer, which raises it
+            items.put(error)
+
+    worker = threading.Thread(target=work, name="megakernel-generate", daemon=True)
+    worker.start()
+    try:
+        while (item := items.get()) is not done:
+            if isinstance(item, BaseException):
+                raise item
+            if decoder is None:
+                yield item
+            elif piece := decoder.push(item):
+                yield piece
+        if decoder is not None and (rest := decoder.finish()):
+            yield rest
+    finally:
+        closed.set()
+        worker.join()

@@ -1,0 +1,83 @@
+"""Bad input raises megakernel.MkError (a RuntimeError) carrying mk's message, never crashes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import megakernel
+from megakernel import MkError
+
+
+@pytest.fixture(scope="module")
+def tiny() -> megakernel.Model:
+    return megakernel.Model.preset("tiny")
+
+
+def test_mk_error_is_a_runtime_error():
+    assert issubclass(MkError, RuntimeError)
+
+
+@pytest.mark.parametrize(
+    ("tokens", "message"),
+    [
+        (np.zeros(5, np.int32), r"model 'tiny' takes token ids of shape \(batch, seq_len\), got shape \(5\)"),
+        (np.zeros((1, 2, 3), np.int32), r"takes token ids of shape \(batch, seq_len\), got shape \(1, 2, 3\)"),
+        (np.zeros((0, 4), np.int32), r"batch \(0\) and sequence length \(4\) must be positive"),
+        (np.zeros((1, 4), np.float32), r"token ids must be int32 or int64, got float32"),
+        (np.array([[1, 2, 384]]), r"token id 384 at position 2 is outside the vocabulary \[0, 384\)"),
+        (np.array([[-1, 2]], np.int32), r"token id -1 at position 0 is outside the vocabulary \[0, 384\)"),
+        (np.array([[7, 2**32 + 5]]), r"token id 4294967301 at position 1 is outside the vocabulary"),
+        (np.zeros((1, 1025), np.int32), r"sequence length 1025 exceeds the model's max_position_embeddings 1024"),
+    ],
+)
+def test_bad_tokens(tiny, tokens, message):
+    for engine in ("reference", "cpu-vm"):
+        with pytest.raises(MkError, match=message):
+            tiny.forward(tokens, engine=engine)
+
+
+def test_hidden_states_of_the_wrong_width():
+    model = megakernel.Model.preset("seed", layers=1, d_model=256)
+    with pytest.raises(MkError, match=r"it takes hidden states of shape \(batch, seq_len, 256\), got shape \(1, 4, 8\)"):
+        model.forward(np.zeros((1, 4, 8), np.float32), engine="reference")
+
+
+def test_unknown_engine_and_preset(tiny):
+    with pytest.raises(MkError, match=r"unknown engine 'fast' \(available: auto, gpu, cpu-vm, reference\)"):
+        tiny.forward(np.zeros((1, 4), np.int32), engine="fast")
+    with pytest.raises(MkError, match=r"unknown preset 'huge' \(known: seed, tiny"):
+        megakernel.Model.preset("huge")
+    with pytest.raises(MkError, match=r"n_heads"):
+        megakernel.Model.preset("tiny", heads=3)
+
+
+def test_missing_or_broken_model_directory(tmp_path):
+    with pytest.raises(MkError, match=r"no such model directory"):
+        megakernel.Model.from_pretrained(tmp_path / "nowhere")
+    with pytest.raises(MkError, match=r"config.json"):
+        megakernel.Model.from_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(MkError, match=r"config.json"):
+        megakernel.Model.from_pretrained(tmp_path)
+
+
+def test_gpu_engine_without_a_gpu_says_why(tiny):
+    info = megakernel.gpu_info()
+    if info["usable"]:
+        pytest.skip("a usable GPU is here")
+    with pytest.raises(MkError, match="gpu engine: " + info["reason"].split(" (")[0]):
+        tiny.forward(np.zeros((1, 4), np.int32), engine="gpu")
+
+
+def test_text_without_a_tokenizer(tiny):
+    assert tiny.tokenizer is None
+    with pytest.raises(MkError, match=r"model 'tiny' \(preset tiny\) has no tokenizer.json"):
+        tiny.encode("hi")
+    with pytest.raises(MkError, match=r"has no tokenizer.json"):
+        tiny.generate("hi")
+
+
+def test_trace_needs_a_schedule(tiny, tmp_path):
+    with pytest.raises(MkError, match=r"the reference engine runs no schedule"):
+        tiny.trace(np.zeros((1, 4), np.int32), tmp_path / "t.json", engine="reference")

@@ -1,0 +1,90 @@
+"""Generation from Python: the same tokens as `mk generate`, batches, sampling, streaming, text prompts."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+import megakernel
+from megakernel import MkError
+
+from conftest import TOKENIZER_FIXTURES
+
+
+@pytest.fixture(scope="module")
+def tiny() -> megakernel.Model:
+    return megakernel.Model.preset("tiny")
+
+
+def mk_generate_tokens(run_mk, *args) -> list[list[int]]:
+    """The `tokens:` lines of `mk generate` (prompt, then the new ids), one per sequence."""
+    lines = re.findall(r"^tokens: (.*)$", run_mk("generate", *args), re.MULTILINE)
+    return [[int(i) for i in line.split()] for line in lines]
+
+
+@pytest.mark.parametrize("engine", ["cpu-vm", "reference"])
+def test_greedy_equals_mk_generate(tiny, run_mk, engine):
+    new = tiny.generate([1, 2, 3], max_new_tokens=8, engine=engine)
+    assert len(new) == 8
+    (expected,) = mk_generate_tokens(run_mk, "--preset", "tiny", "--prompt-ids", "1,2,3", "--max-new-tokens", 8,
+                                     "--engine", engine)
+    assert [1, 2, 3] + new == expected
+
+
+def test_sampled_batch_equals_mk_generate(tiny, run_mk):
+    prompts = [[5, 6, 7, 8], [9]]
+    new = tiny.generate(prompts, 6, temperature=0.8, top_k=40, top_p=0.9, seed=11, eos_ids=[])
+    expected = mk_generate_tokens(run_mk, "--preset", "tiny", "--prompt-ids", "5,6,7,8;9", "--max-new-tokens", 6,
+                                  "--temperature", 0.8, "--top-k", 40, "--top-p", 0.9, "--seed", 11)
+    assert [p + n for p, n in zip(prompts, new)] == expected
+
+
+def test_eos_stops_and_is_kept(tiny):
+    free = tiny.generate([1, 2, 3], 8)
+    stopped = tiny.generate([1, 2, 3], 8, eos_ids=[free[2]])
+    assert stopped == free[: free.index(free[2]) + 1]
+
+
+def test_stream_yields_what_generate_returns(tiny):
+    assert list(tiny.stream([1, 2, 3], 8)) == tiny.generate([1, 2, 3], 8)
+    stream = tiny.stream([4, 5], 50)
+    assert next(stream) == tiny.generate([4, 5], 1)[0]
+    stream.close()  # ends the generation at its next step
+    with pytest.raises(MkError, match=r"stream\(\) takes one prompt"):
+        tiny.stream([[1], [2]])
+
+
+def test_text_prompts(tmp_path, run_mk):
+    run_mk("export", "--preset", "tiny", "--out", tmp_path)
+    # Llama 3's fixture without its BOS (2500, past the tiny model's 384 ids): byte-level ids of short ASCII fit.
+    tokenizer = json.loads((TOKENIZER_FIXTURES / "llama3" / "tokenizer.json").read_text(encoding="utf-8"))
+    tokenizer["post_processor"] = None
+    (tmp_path / "tokenizer.json").write_text(json.dumps(tokenizer), encoding="utf-8")
+    model = megakernel.Model.from_pretrained(tmp_path)
+    prompt = "hi"
+    ids = model.encode(prompt)
+    assert ids == [71, 72]
+    (expected,) = mk_generate_tokens(run_mk, "--model", tmp_path, "--prompt", prompt, "--max-new-tokens", 6)
+    new_ids = model.generate(ids, 6)
+    assert ids + new_ids == expected
+    text = model.generate(prompt, 6)
+    assert text == model.decode(new_ids, skip_special_tokens=True)
+    assert "".join(model.stream(prompt, 6)) == text
+    assert model.generate([prompt, prompt], 6) == [text, text]
+
+
+def test_errors(tiny):
+    with pytest.raises(MkError, match=r"generation is not yet implemented on the GPU"):
+        tiny.generate([1], 2, engine="gpu")
+    with pytest.raises(MkError, match=r"prompt 0: token id 999 at position 1 is outside the vocabulary \[0, 384\)"):
+        tiny.generate([1, 999], 2)
+    with pytest.raises(MkError, match=r"prompt 0 is empty"):
+        tiny.generate([], 2)
+    with pytest.raises(MkError, match=r"top-p must be in \(0, 1\], got 2"):
+        tiny.generate([1], 2, temperature=1.0, top_p=2.0)
+    with pytest.raises(MkError, match=r"cannot generate: it has no embedding"):
+        megakernel.Model.preset("seed", layers=1, d_model=256).generate([1], 2)
+    with pytest.raises(MkError, match=r"stream\(\) takes one prompt|outside"):
+        list(tiny.stream([1, 500], 2))

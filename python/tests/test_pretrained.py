@@ -1,0 +1,52 @@
+"""Model.from_pretrained on directories `mk export` writes: config.json (Hugging Face) or mk_config.json (the seed's),
+with a tokenizer.json beside the weights or without."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import megakernel
+
+from conftest import TOKENIZER_FIXTURES, read_safetensors
+
+
+@pytest.fixture(scope="module")
+def exported_tiny(tmp_path_factory, run_mk) -> tuple[Path, np.ndarray]:
+    """A tiny model written by `mk export` with its random input, and the llama2 fixture tokenizer beside it."""
+    directory = tmp_path_factory.mktemp("tiny")
+    run_mk("export", "--preset", "tiny", "--seed", 3, "--out", directory, "--input", directory / "in.safetensors")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(TOKENIZER_FIXTURES / "llama2" / name, directory / name)
+    return directory, read_safetensors(directory / "in.safetensors")["tokens"]
+
+
+def test_forward_equals_mk_run_on_the_directory(exported_tiny, mk_forward):
+    directory, tokens = exported_tiny
+    model = megakernel.Model.from_pretrained(directory)
+    assert (directory / "config.json").exists() and model.config["vocab_size"] == 384
+    expected = mk_forward(["--model", directory], tokens)
+    for engine in ("reference", "cpu-vm"):
+        np.testing.assert_array_equal(model.forward(tokens, engine=engine), expected)
+    # the preset with the same seed is the same model
+    np.testing.assert_array_equal(megakernel.Model.preset("tiny", seed=3).forward(tokens, "reference"), expected)
+    assert model.info()["batch"] == 1 and model.info()["seq_len"] == 128  # `mk info --model`'s default shape
+
+
+def test_tokenizer_beside_the_weights(exported_tiny):
+    model = megakernel.Model.from_pretrained(exported_tiny[0])
+    assert model.tokenizer is not None and model.tokenizer.bos_id == 1
+    assert model.encode("the kernel") == [1, 485, 1007]
+    assert model.decode([1, 485, 1007], skip_special_tokens=True) == "the kernel"
+
+
+def test_seed_model_with_mk_config_json(tmp_path, run_mk, mk_forward):
+    run_mk("export", "--preset", "seed", "--layers", 1, "--d-model", 256, "--out", tmp_path)
+    assert (tmp_path / "mk_config.json").exists()
+    model = megakernel.Model.from_pretrained(tmp_path)
+    assert not model.has_embedding and model.tokenizer is None
+    hidden = np.random.default_rng(0).standard_normal((2, 16, 256)).astype(np.float32)
+    np.testing.assert_array_equal(model.forward(hidden, "reference"), mk_forward(["--model", tmp_path], hidden))
