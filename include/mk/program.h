@@ -2,10 +2,10 @@
 // model, bisect and the whole-pass accounting all walk this one program.
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <cstdint>
 #include <span>
-
-#include <nlohmann/json_fwd.hpp>
 
 #include "mk/check.h"
 #include "mk/ops.h"

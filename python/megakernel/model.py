@@ -6,7 +6,7 @@ import json
 import os
 import sys
 from collections.abc import Iterator, Sequence
-from typing import Any, Union, overload
+from typing import Any, Union
 
 import numpy as np
 
@@ -18,7 +18,8 @@ from .tokenizer import Tokenizer
 # without an embedding; a numpy array (or anything np.asarray takes) or a torch tensor.
 ArrayLike = Any
 Engine = str  # "auto" | "gpu" | "cpu-vm" | "reference"
-TextOrIds = Union[str, list[int]]
+# What generate() returns: the new text or ids of one prompt, or a list of them for a batch of prompts.
+Generated = Union[str, list[int], list[str], list[list[int]]]
 
 
 def _torch_tensor(value: Any) -> Any:
@@ -203,17 +204,6 @@ class Model:
 
     # ---- generation ----
 
-    @overload
-    def generate(self, prompt: str, max_new_tokens: int = ..., **options: Any) -> str: ...
-    @overload
-    def generate(self, prompt: Sequence[int], max_new_tokens: int = ..., **options: Any) -> list[int]: ...
-    @overload
-    def generate(self, prompt: Sequence[str], max_new_tokens: int = ..., **options: Any) -> list[str]: ...
-    @overload
-    def generate(
-        self, prompt: Sequence[Sequence[int]], max_new_tokens: int = ..., **options: Any
-    ) -> list[list[int]]: ...
-
     def generate(
         self,
         prompt: Prompt,
@@ -227,7 +217,7 @@ class Model:
         engine: Engine = "auto",
         max_context: int | None = None,
         skip_special_tokens: bool = True,
-    ) -> Any:
+    ) -> Generated:
         """Generates up to max_new_tokens tokens after each prompt: a prefill pass over the prompt, then one decode step
         per token, until an EOS id, the budget or the KV cache's end. Returns only the new part: text for a text
         prompt (decoded with skip_special_tokens, so the EOS does not show), ids for ids; a list of prompts (texts, or
@@ -254,7 +244,7 @@ class Model:
         engine: Engine = "auto",
         max_context: int | None = None,
         skip_special_tokens: bool = True,
-    ) -> Iterator[Any]:
+    ) -> Iterator[str | int]:
         """generate() for one prompt, as an iterator over what each decode step makes as it makes it: pieces of text
         (whole UTF-8 characters; a token that ends inside a character shows with the one that completes it) for a
         text prompt, ids for an ids prompt. Stopping the iteration early stops the generation at the next step."""

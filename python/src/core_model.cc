@@ -3,7 +3,6 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-
 #include <unistd.h>
 
 #include <algorithm>
@@ -129,7 +128,8 @@ ref::Matrix CoreModel::forward(EngineKind kind, const ref::ModelInput& input) {
   if (kind == EngineKind::kReference) return ref::forward(weights_, input);
   Engine& e = engine(kind, input.shape);
   if (kind == EngineKind::kCpuVm) {
-    return std::move(run_cpu_vm_unverified(*e.graph, e.schedule, weights_, input, {}).buffers[e.graph->output_buffer()]);
+    return std::move(
+        run_cpu_vm_unverified(*e.graph, e.schedule, weights_, input, {}).buffers[e.graph->output_buffer()]);
   }
   e.gpu->set_input(input);
   e.gpu->run();
@@ -186,12 +186,12 @@ GenerationResult CoreModel::generate(const GenerateRequest& request, const StepC
   }
   DecodeSetup setup;
   setup.batch = int64_t(request.prompts.size());
-  setup.max_context = request.max_context > 0 ? request.max_context
-                                              : default_max_context(c, longest, request.options.max_new_tokens);
+  setup.max_context =
+      request.max_context > 0 ? request.max_context : default_max_context(c, longest, request.options.max_new_tokens);
   setup.sampling = request.sampling;
-  const std::string key = fmt::format("{} {} {} {} {} {} {}", engine, setup.batch, setup.max_context,
-                                      setup.sampling.temperature, setup.sampling.top_k, setup.sampling.top_p,
-                                      setup.sampling.seed);
+  const std::string key =
+      fmt::format("{} {} {} {} {} {} {}", engine, setup.batch, setup.max_context, setup.sampling.temperature,
+                  setup.sampling.top_k, setup.sampling.top_p, setup.sampling.seed);
   if (decoder_ == nullptr || key != decoder_key_) {
     decoder_.reset();  // its cache goes before the next one is allocated
     const double machine_bytes = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));

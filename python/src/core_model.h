@@ -32,8 +32,9 @@ const char* engine_name(EngineKind kind);
 // The model's input, checked against the model: token ids (batch, seq_len) with an embedding, hidden states
 // (batch, seq_len, d_model) without. Every problem is an mk::Error in mk's words.
 RunShape input_shape(const ModelConfig& config, const std::vector<int64_t>& dims);
-template <typename Id>  // int32_t or int64_t
-ref::ModelInput token_input(const ModelConfig& config, const RunShape& shape, const Id* ids);  // ids (batch * seq)
+// ids (batch * seq_len) of type Id, int32_t or int64_t, checked against the vocabulary before narrowing.
+template <typename Id>
+ref::ModelInput token_input(const ModelConfig& config, const RunShape& shape, const Id* ids);
 // hidden (batch * seq, d_model) fp32, rounded to bf16 as `mk run --input` does.
 ref::ModelInput hidden_input(const ModelConfig& config, const RunShape& shape, const float* hidden);
 int64_t output_cols(const ModelConfig& config);  // vocab_size with an LM head, d_model without

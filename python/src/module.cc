@@ -8,8 +8,8 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
-#include <nlohmann/json.hpp>
 
+#include <nlohmann/json.hpp>
 #include <utility>
 
 #include "bindings.h"
@@ -146,7 +146,9 @@ void bind_model(nb::module_& m) {
       .def_static(
           "from_preset",
           [](const std::string& name, uint64_t seed, int64_t layers, int64_t d_model, int64_t heads, int64_t kv_heads,
-             int64_t d_ff) { return CoreModel::from_preset(name, seed, {layers, d_model, heads, kv_heads, d_ff}); },
+             int64_t d_ff) {
+            return CoreModel::from_preset(name, seed, {layers, d_model, heads, kv_heads, d_ff});
+          },
           nb::arg("name"), nb::arg("seed"), nb::arg("layers"), nb::arg("d_model"), nb::arg("heads"),
           nb::arg("kv_heads"), nb::arg("d_ff"), nb::call_guard<nb::gil_scoped_release>())
       .def_prop_ro("source", &CoreModel::source)
@@ -203,8 +205,11 @@ void bind_model(nb::module_& m) {
             GenerationOptions options;
             options.max_new_tokens = max_new_tokens;
             options.eos_ids = std::move(eos_ids);
-            GenerateRequest request{.engine = engine, .prompts = std::move(prompts), .options = std::move(options),
-                                    .sampling = sampling, .max_context = max_context};
+            GenerateRequest request{.engine = engine,
+                                    .prompts = std::move(prompts),
+                                    .options = std::move(options),
+                                    .sampling = sampling,
+                                    .max_context = max_context};
             return generate(model, std::move(request), std::move(on_step));
           },
           nb::arg("engine"), nb::arg("prompts"), nb::arg("max_new_tokens"), nb::arg("sampling"), nb::arg("eos_ids"),
@@ -220,8 +225,9 @@ NB_MODULE(_core, m) {
   using namespace mk::python;
   m.doc() = "megakernel's C++ core; use the megakernel package, not this module";
   nb::exception<mk::Error>(m, "MkError", PyExc_RuntimeError);
-  m.def("resolve_engine", [](const std::string& name) { return std::string(engine_name(resolve_engine(name))); },
-        nb::arg("name"));
+  m.def(
+      "resolve_engine", [](const std::string& name) { return std::string(engine_name(resolve_engine(name))); },
+      nb::arg("name"));
   m.def("gpu_info", &gpu_info);
   m.def("presets", &preset_list);
   bind_tokenizer(m);

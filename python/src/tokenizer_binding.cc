@@ -25,8 +25,8 @@ void bind_tokenizer(nb::module_& m) {
           "encode",
           [](const Tokenizer& tokenizer, std::string_view text, bool add_special_tokens, bool split_special_tokens) {
             nb::gil_scoped_release release;
-            return tokenizer.encode(text, {.add_special_tokens = add_special_tokens,
-                                           .split_special_tokens = split_special_tokens});
+            return tokenizer.encode(
+                text, {.add_special_tokens = add_special_tokens, .split_special_tokens = split_special_tokens});
           },
           nb::arg("text"), nb::arg("add_special_tokens"), nb::arg("split_special_tokens"))
       .def(
