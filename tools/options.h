@@ -66,7 +66,9 @@ struct ModelOptions {
     command.add_option("--seq", seq_len, "tokens per sequence (default: the preset's)")->check(positive);
     command.add_option("--seed", seed, "seed of random weights and inputs")->capture_default_str();
     command.add_option("--layers", overrides.layers, "override the preset's layer count")->check(positive);
-    command.add_option("--d-model", overrides.d_model, "override the preset's width (heads = d_model / head_dim, d_ff = 4 d_model)")
+    command
+        .add_option("--d-model", overrides.d_model,
+                    "override the preset's width (heads = d_model / head_dim, d_ff = 4 d_model)")
         ->check(positive);
     command.add_option("--heads", overrides.heads, "override the preset's query heads")->check(positive);
     command.add_option("--kv-heads", overrides.kv_heads, "override the preset's kv heads")->check(positive);

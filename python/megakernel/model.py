@@ -104,7 +104,9 @@ class Model:
         """What `mk info --json` prints for this model and a forward pass of batch x seq_len tokens (default: the
         preset's shape, or 1 x 128): config, shape, parameters, FLOPs, minimum bytes, weight and activation bytes."""
         default_batch, default_seq = self._core.default_shape
-        return json.loads(self._core.info_json(batch or default_batch, seq_len or default_seq))
+        batch = default_batch if batch is None else batch
+        seq_len = default_seq if seq_len is None else seq_len
+        return json.loads(self._core.info_json(batch, seq_len))
 
     def __repr__(self) -> str:
         return f"Model({self.name!r}, source={self._core.source!r})"
@@ -220,7 +222,8 @@ class Model:
     ) -> Generated:
         """Generates up to max_new_tokens tokens after each prompt: a prefill pass over the prompt, then one decode step
         per token, until an EOS id, the budget or the KV cache's end. Returns only the new part: text for a text
-        prompt (decoded with skip_special_tokens, so the EOS does not show), ids for ids; a list of prompts (texts, or
+        prompt (decoded with skip_special_tokens, so the EOS does not show), ids for ids (the EOS that ended the
+        sequence included, as `mk generate` prints it); a list of prompts (texts, or
         lists or a 2-D array of ids) gives a list of results, generated as one batch.
 
         temperature 0 is greedy; else tokens are drawn from softmax(logits / temperature) cut to top_k (0: all) and

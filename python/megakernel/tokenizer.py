@@ -1,4 +1,4 @@
-"""Text <-> token ids with a Hugging Face tokenizer.json, through mk's C++ tokenizer (ids as `tokenizers` gives them)."""
+"""Text <-> token ids with a Hugging Face tokenizer.json through mk's C++ tokenizer (ids as `tokenizers` gives)."""
 
 from __future__ import annotations
 

@@ -122,6 +122,15 @@ CoreModel::Engine& CoreModel::engine(EngineKind kind, const RunShape& shape) {
   return *engines_.emplace(key, std::move(engine)).first->second;
 }
 
+void CoreModel::on_gpu(Engine& engine, const std::function<void(GpuEngine&)>& body) {
+  try {
+    body(*engine.gpu);
+  } catch (...) {
+    std::erase_if(engines_, [&](const auto& entry) { return entry.second.get() == &engine; });
+    throw;
+  }
+}
+
 ref::Matrix CoreModel::forward(EngineKind kind, const ref::ModelInput& input) {
   const std::lock_guard lock(mutex_);
   ref::validate_input(config(), input);
@@ -131,17 +140,22 @@ ref::Matrix CoreModel::forward(EngineKind kind, const ref::ModelInput& input) {
     return std::move(
         run_cpu_vm_unverified(*e.graph, e.schedule, weights_, input, {}).buffers[e.graph->output_buffer()]);
   }
-  e.gpu->set_input(input);
-  e.gpu->run();
-  return e.gpu->output();
+  ref::Matrix output;
+  on_gpu(e, [&](GpuEngine& gpu) {
+    gpu.set_input(input);
+    gpu.run();
+    output = gpu.output();
+  });
+  return output;
 }
 
 void CoreModel::forward_device(const RunShape& shape, const void* input, void* output) {
   const std::lock_guard lock(mutex_);
-  Engine& e = engine(EngineKind::kGpu, shape);
-  e.gpu->set_input_device(input);
-  e.gpu->run();
-  e.gpu->copy_output_to_device(output);
+  on_gpu(engine(EngineKind::kGpu, shape), [&](GpuEngine& gpu) {
+    gpu.set_input_device(input);
+    gpu.run();
+    gpu.copy_output_to_device(output);
+  });
 }
 
 std::string CoreModel::trace(EngineKind kind, const ref::ModelInput& input, const std::filesystem::path& path) {
@@ -151,9 +165,11 @@ std::string CoreModel::trace(EngineKind kind, const ref::ModelInput& input, cons
   Engine& e = engine(kind, input.shape);
   Trace trace;
   if (kind == EngineKind::kGpu) {
-    e.gpu->set_input(input);
-    e.gpu->run();  // warm-up: module load and first-touch costs stay out of the trace
-    trace = e.gpu->run_traced();
+    on_gpu(e, [&](GpuEngine& gpu) {
+      gpu.set_input(input);
+      gpu.run();  // warm-up: module load and first-touch costs stay out of the trace
+      trace = gpu.run_traced();
+    });
   } else {
     CpuVmOptions options;
     options.record_trace = true;

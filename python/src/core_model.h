@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -86,6 +87,9 @@ class CoreModel {
   // The engine of kind and shape, built on first use. Only one gpu engine is kept: each holds its own copy of the
   // weights on the device, so a new shape replaces the last one instead of doubling the memory.
   Engine& engine(EngineKind kind, const RunShape& shape);
+  // body on the engine's GpuEngine; an engine that fails is dropped (a stall leaves it unusable), so that the next
+  // call builds a new one.
+  void on_gpu(Engine& engine, const std::function<void(GpuEngine&)>& body);
 
   ModelWeights weights_;
   RunShape default_shape_;

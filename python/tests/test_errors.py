@@ -39,7 +39,8 @@ def test_bad_tokens(tiny, tokens, message):
 
 def test_hidden_states_of_the_wrong_width():
     model = megakernel.Model.preset("seed", layers=1, d_model=256)
-    with pytest.raises(MkError, match=r"it takes hidden states of shape \(batch, seq_len, 256\), got shape \(1, 4, 8\)"):
+    message = r"it takes hidden states of shape \(batch, seq_len, 256\), got shape \(1, 4, 8\)"
+    with pytest.raises(MkError, match=message):
         model.forward(np.zeros((1, 4, 8), np.float32), engine="reference")
 
 

@@ -254,10 +254,10 @@ const Preset& find_preset(std::string_view name) {
 
 ModelConfig preset_config(std::string_view name, const ShapeOverrides& overrides) {
   ModelConfig config = find_preset(name).config;
-  MK_CHECK(overrides.layers >= 0 && overrides.d_model >= 0 && overrides.heads >= 0 && overrides.kv_heads >= 0 &&
-               overrides.d_ff >= 0,
-           "shape overrides must be positive (layers {}, d_model {}, heads {}, kv_heads {}, d_ff {})", overrides.layers,
-           overrides.d_model, overrides.heads, overrides.kv_heads, overrides.d_ff);
+  const ShapeOverrides& o = overrides;
+  MK_CHECK(o.layers >= 0 && o.d_model >= 0 && o.heads >= 0 && o.kv_heads >= 0 && o.d_ff >= 0,
+           "shape overrides must not be negative (layers {}, d_model {}, heads {}, kv_heads {}, d_ff {})", o.layers,
+           o.d_model, o.heads, o.kv_heads, o.d_ff);
   if (overrides.layers != 0) config.n_layers = overrides.layers;
   if (overrides.d_model != 0) {
     config.d_model = overrides.d_model;
