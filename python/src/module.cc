@@ -214,7 +214,8 @@ void bind_model(nb::module_& m) {
           },
           nb::arg("engine"), nb::arg("prompts"), nb::arg("max_new_tokens"), nb::arg("sampling"), nb::arg("eos_ids"),
           nb::arg("max_context"), nb::arg("on_step").none())
-      .def("clear_engines", &CoreModel::clear_engines);
+      // Without the GIL: it waits for the model's mutex, which a generation holds while its callback takes the GIL.
+      .def("clear_engines", &CoreModel::clear_engines, nb::call_guard<nb::gil_scoped_release>());
 }
 
 }  // namespace
