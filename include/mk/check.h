@@ -5,6 +5,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace mk {
 
@@ -12,6 +13,11 @@ class Error : public std::runtime_error {
  public:
   explicit Error(const std::string& message) : std::runtime_error(message) {}
 };
+
+// `text` with every byte that could steer a terminal written as \xNN: C0 and C1 control characters, DEL, bidi
+// overrides and bytes that are not UTF-8. Strings read from files (tensor names, JSON values) go into messages
+// through this, so that a hostile name cannot clear the screen or hide text. Idempotent: the escapes are printable.
+std::string printable(std::string_view text);
 
 }  // namespace mk
 

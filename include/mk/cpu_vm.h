@@ -14,8 +14,11 @@
 
 namespace mk {
 
+// The longest random delay before an instruction: a shake, not a stop (2^31 us per instruction was a hang).
+constexpr int kMaxCpuVmDelayUs = 100'000;
+
 struct CpuVmOptions {
-  int max_delay_us = 0;  // sleep a random 0..max_delay_us before each instruction, to shake out ordering bugs
+  int max_delay_us = 0;  // sleep a random 0..max_delay_us (<= kMaxCpuVmDelayUs) before each instruction
   uint64_t delay_seed = 1;
   // Happens-before race detector: each read must be ordered after its writers by counter waits and program order
   // (vector clocks); otherwise the run fails naming both tasks. Timing-independent, so a missing wait is caught

@@ -13,9 +13,15 @@
 
 namespace mk {
 
+// The tasks of one pass, counted without tiling (each op's num_tasks summed over the program).
+int64_t count_tasks(const ModelConfig& config, const RunShape& shape);
+// Host memory that building, scheduling and verifying a graph of `num_tasks` tasks takes at its peak (measured).
+double schedule_host_bytes(int64_t num_tasks);
+
 class Graph {
  public:
-  // Throws mk::Error naming the constraint when the tiles of include/mk/tiles.h cannot serve the model or shape.
+  // Throws mk::Error naming the constraint when the tiles of include/mk/tiles.h cannot serve the model or shape, when
+  // the pass has more tasks than instructions address, or when scheduling it would not fit in this host's memory.
   Graph(const ModelConfig& config, const RunShape& shape);
 
   const ModelConfig& config() const { return config_; }

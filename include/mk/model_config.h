@@ -9,6 +9,8 @@
 #include <string_view>
 #include <vector>
 
+#include "mk/limits.h"
+
 namespace mk {
 
 enum class RopeType {
@@ -43,14 +45,23 @@ struct ModelConfig {
   bool has_lm_head = true;    // false: hidden states out, no final norm (the seed model)
   bool tie_word_embeddings = false;
 
+  // Plain products: validate() proved that they fit.
   int64_t q_dim() const { return n_heads * head_dim; }
   int64_t kv_dim() const { return n_kv_heads * head_dim; }
   int64_t qkv_dim() const { return q_dim() + 2 * kv_dim(); }
   int64_t group_size() const { return n_heads / n_kv_heads; }  // query heads per kv head (GQA)
 
-  // Throws mk::Error naming the first bad field.
+  // Throws mk::Error naming the first bad field: sizes must be positive and within what the engines address
+  // (include/mk/limits.h), products of sizes are computed with overflow checks, and the numbers must be sane.
   void validate() const;
 };
+
+// Sane bounds of the float fields: an eps of 1e308 zeroes every activation, a theta of 1e-308 makes RoPE all NaN.
+constexpr double kMaxRmsNormEps = 1e-2;
+constexpr double kMinRopeTheta = 1.0;  // exclusive
+
+// The largest config.json read: real ones are a few KB, and a DOM of a hostile one costs many times its size.
+constexpr uint64_t kMaxConfigJsonBytes = uint64_t(4) << 20;
 
 // "" when the two describe the same model (names aside), else the first differing field, e.g. "d_ff 512 vs 1024".
 std::string first_difference(const ModelConfig& a, const ModelConfig& b);
@@ -70,7 +81,11 @@ struct RunShape {
   int64_t seq_len = 1;
   PassKind pass = PassKind::kForward;
   int64_t max_context = 0;  // prefill and decode: cache rows per sequence; 0 for a forward pass, which has no cache
-  int64_t tokens() const { return batch * seq_len; }
+  // Overflow-checked: a shape from flags or a file may not have been validated yet.
+  int64_t tokens() const { return checked_mul(batch, seq_len, "batch x seq_len"); }
+  // Throws mk::Error unless batch and seq_len are positive, the pass has at most kMaxTokens tokens, and max_context
+  // is in [0, kMaxTokens] (what the pass kind needs of it is check_pass_shape's).
+  void validate() const;
   bool operator==(const RunShape&) const = default;
 };
 std::string describe(const RunShape& shape);  // "batch 2 x seq 40", "decode: batch 2, max context 256"

@@ -84,6 +84,9 @@ struct OpDescriptor {
   void (*check)(const OpContext& ctx);
   // Appends the op's tasks for `layer`, in the order they should run.
   void (*tile)(const OpContext& ctx, uint16_t layer, std::vector<Task>& tasks);
+  // How many tasks `tile` appends for one layer, computed without tiling: the graph sizes itself (and refuses a pass
+  // too large to hold) before it allocates anything.
+  int64_t (*num_tasks)(const OpContext& ctx);
   // Adds the regions a task of the graph reads to `regions`.
   void (*reads)(const OpContext& ctx, const Task& task, TaskRegions& regions);
   // Work of a task; additive: the work of any rectangle of the output is the sum over the tiles that cover it.

@@ -67,6 +67,13 @@ struct ForwardCost {
   double weight_bytes = 0;      // every weight, bf16
   double weights_read = 0;      // the weights the pass's steps read (the embedding: only the tokens' rows)
   double activation_bytes = 0;  // every buffer of the pass as the gpu engine allocates it (the KV cache included)
+  int64_t tasks = 0;            // of the graph
+  // What each engine holds at its peak, from the shapes alone (computing it allocates nothing): what mk compares with
+  // the host's or the device's memory before it starts a run.
+  double reference_host_bytes = 0;  // weights, the input and one fp32 matrix per buffer kind
+  double cpu_vm_host_bytes = 0;     // weights, the input, the schedule and every buffer in fp32
+  double gpu_host_bytes = 0;        // weights, the input, the schedule and the fp32 output
+  double gpu_device_bytes = 0;      // weights and every buffer as the gpu engine allocates them
 };
 ForwardCost forward_cost(const ModelConfig& config, const RunShape& shape);
 // What `mk info --json` prints: the config (mk's JSON form), the shape and the forward cost as one object.

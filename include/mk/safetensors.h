@@ -31,8 +31,9 @@ struct TensorInfo {
 inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
 
 // Parses and validates the header of a whole safetensors file given as bytes. Throws mk::Error naming `source`
-// and the problem: truncated or oversized header, bad JSON, unknown dtype, shape/offset mismatch, offsets outside
-// the file, overlapping tensors. Returns the tensors sorted by data offset.
+// and the problem: truncated or oversized header, bad JSON, nesting deeper than 16 levels, unknown dtype, a tensor
+// name or field given twice, shape/offset mismatch, offsets outside the file, overlapping tensors. Memory grows
+// with the tensors, not with the header's size. Returns the tensors sorted by data offset.
 std::vector<TensorInfo> parse_safetensors(std::span<const uint8_t> file_bytes, const std::string& source,
                                           uint64_t* data_section_offset = nullptr);
 
@@ -56,6 +57,7 @@ class SafetensorsFile {
   size_t mapping_size_ = 0;
   uint64_t data_offset_ = 0;
   std::vector<TensorInfo> tensors_;
+  std::vector<uint32_t> by_name_;  // indices into tensors_, sorted by name
 };
 
 struct TensorToWrite {

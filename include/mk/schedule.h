@@ -64,7 +64,11 @@ struct LoadedSchedule {
   Schedule schedule;
 };
 // Refuses a file built with other tile sizes than include/mk/tiles.h's; checks structure only: verify against the
-// Graph of `config` and `shape` next.
+// Graph of `config` and `shape` next. Reads nothing but a regular file, and allocates only after the header's counts
+// agree with the file's size (and counters number no more than instructions).
 LoadedSchedule load_schedule(const std::filesystem::path& path);
+// The same, for `graph`: a file built for another shape or model, or with another task count, is refused before its
+// arrays are read.
+LoadedSchedule load_schedule(const std::filesystem::path& path, const Graph& graph);
 
 }  // namespace mk

@@ -50,6 +50,8 @@ ModelWeights random_weights(const ModelConfig& config, uint64_t seed);
 
 // Loads `dir`/model.safetensors, or the shards listed in `dir`/model.safetensors.index.json.
 ModelWeights load_weights(const std::filesystem::path& dir, const ModelConfig& config);
+// The files load_weights reads (the index included): what no output may overwrite.
+std::vector<std::filesystem::path> weight_files(const std::filesystem::path& dir);
 
 // Writes config.json and model.safetensors, loadable by transformers' LlamaForCausalLM.from_pretrained.
 void save_hf_model(const std::filesystem::path& dir, const ModelWeights& weights);

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "mk/kv_cache.h"
+#include "mk/limits.h"
 #include "mk/tiles.h"
 
 namespace mk {
@@ -100,11 +101,14 @@ BufferTable::BufferTable(const ModelConfig& config, const RunShape& shape) {
     const int64_t count = buffers_of(info.multiplicity, config.n_layers);
     const int64_t rows = info.rows(config, shape);
     const int64_t cols = info.cols(config);
+    // Every offset below the kind's total, so checking the total checks them all.
+    const int64_t buffer_elements = checked_mul(rows, cols, fmt::format("elements of a {} buffer", info.name));
+    checked_mul(count, buffer_elements, fmt::format("elements of the {} buffers", info.name));
     first_[k] = uint32_t(buffers_.size());
     count_[k] = uint32_t(count);
     for (int64_t i = 0; i < count; ++i) {
       const int32_t layer = info.multiplicity == Multiplicity::kOne ? -1 : int32_t(i);
-      buffers_.push_back({info.kind, layer, rows, cols, info.host_written(config, layer), i * rows * cols});
+      buffers_.push_back({info.kind, layer, rows, cols, info.host_written(config, layer), i * buffer_elements});
     }
   }
 }
@@ -113,7 +117,7 @@ int64_t BufferTable::kind_elements(BufferKind kind) const {
   const size_t k = size_t(kind);
   if (count_[k] == 0) return 0;
   const Buffer& first = buffers_[first_[k]];
-  return int64_t(count_[k]) * first.rows * first.cols;
+  return int64_t(count_[k]) * first.rows * first.cols;  // checked when the table was built
 }
 
 double device_bytes(const Buffer& buffer) {

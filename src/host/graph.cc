@@ -9,29 +9,37 @@
 
 #include "mk/check.h"
 #include "mk/kv_cache.h"
+#include "mk/limits.h"
 #include "mk/program.h"
 
 namespace mk {
 
 namespace {
 
-// Checks what the instruction format can address; throws mk::Error naming the limit. Returns the config, so that the
-// graph's members are built only from a config that passed.
+// The config and shape, once they are known to be within what the engines address (ModelConfig::validate bounds
+// every width and layer count); returns the config, so that the graph's members are built only from one that passed.
 const ModelConfig& addressable(const ModelConfig& c, const RunShape& shape) {
   c.validate();
-  check_pass_shape(c, shape);
-  MK_CHECK(shape.tokens() < (int64_t(1) << 30), "{} tokens are more than the 2^30 one schedule addresses",
-           shape.tokens());
-  // Columns and rows are 32-bit in instructions; layers are 16-bit, which for_each_step checks.
-  for (auto [value, field] : {std::pair{c.d_model, "hidden_size"}, std::pair{c.qkv_dim(), "(heads + 2 kv heads) * head_dim"},
-                              std::pair{c.d_ff, "intermediate_size"}, std::pair{c.vocab_size, "vocab_size"}}) {
-    MK_CHECK(value < (int64_t(1) << 30), "model '{}': {} {} is more than the 2^30 columns one schedule addresses",
-             c.name, field, value);
-  }
+  check_pass_shape(c, shape);  // validates the shape too
   return c;
 }
 
 }  // namespace
+
+// NOTE: measured with `mk schedule` on large shapes: peak RSS over tasks; a bound, not a budget to fill.
+constexpr double kScheduleBytesPerTask = 400.0;
+
+double schedule_host_bytes(int64_t num_tasks) { return kScheduleBytesPerTask * double(num_tasks); }
+
+int64_t count_tasks(const ModelConfig& config, const RunShape& shape) {
+  const BufferTable buffers(addressable(config, shape), shape);
+  const OpContext ctx{config, shape, buffers};
+  int64_t count = 0;
+  for_each_step(config, shape.pass, [&](const OpDescriptor& op, uint16_t) {
+    count = checked_add(count, op.num_tasks(ctx), "the task count");
+  });
+  return count;
+}
 
 Graph::Graph(const ModelConfig& config, const RunShape& shape)
     : config_(addressable(config, shape)), shape_(shape), buffers_(config_, shape_) {
@@ -41,6 +49,14 @@ Graph::Graph(const ModelConfig& config, const RunShape& shape)
     if (!checked[size_t(op.opcode)]) op.check(ctx);
     checked[size_t(op.opcode)] = true;
   });
+  // Sized before anything is tiled: instructions name tasks with 32 bits, and a pass this host cannot schedule and
+  // verify is refused here rather than at some allocation along the way.
+  const int64_t num_tasks = count_tasks(config_, shape_);
+  MK_CHECK(num_tasks < (int64_t(1) << 32), "model '{}' at {}: {} tasks are more than the 2^32 one schedule addresses",
+           config_.name, mk::describe(shape_), num_tasks);
+  check_memory(schedule_host_bytes(num_tasks), double(host_memory_bytes()),
+               fmt::format("scheduling {} tasks ({})", num_tasks, mk::describe(shape_)), "host memory");
+  tasks_.reserve(size_t(num_tasks));
   // Tasks in a topological order: step after step, layer after layer.
   for_each_step(config_, shape_.pass, [&](const OpDescriptor& op, uint16_t layer) { op.tile(ctx, layer, tasks_); });
   output_buffer_ = buffers_.id(output_of_pass(config_, shape_.pass));

@@ -30,8 +30,7 @@ int32_t decode_block_n(int64_t n) {
 }
 
 void check_pass_shape(const ModelConfig& c, const RunShape& shape) {
-  MK_CHECK(shape.batch > 0 && shape.seq_len > 0, "batch ({}) and sequence length ({}) must be positive", shape.batch,
-           shape.seq_len);
+  shape.validate();  // bounds every factor below, so their products cannot overflow
   if (shape.pass == PassKind::kForward) return;
   MK_CHECK(c.has_embedding && c.has_lm_head, "model '{}' has no {}: generating needs token ids in and logits out",
            c.name, c.has_embedding ? "LM head" : "embedding");

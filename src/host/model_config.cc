@@ -6,10 +6,13 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
+#include <limits>
+#include <optional>
 #include <type_traits>
+#include <utility>
 
 #include "mk/check.h"
+#include "mk/files.h"
 
 namespace mk {
 
@@ -17,31 +20,53 @@ void ModelConfig::validate() const {
   auto positive = [&](int64_t value, const char* field) {
     MK_CHECK(value > 0, "model '{}': {} must be positive, got {}", name, field, value);
   };
-  positive(d_model, "hidden_size");
-  positive(d_ff, "intermediate_size");
-  positive(n_layers, "num_hidden_layers");
-  positive(n_heads, "num_attention_heads");
-  positive(n_kv_heads, "num_key_value_heads");
-  positive(head_dim, "head_dim");
+  auto addressable = [&](int64_t value, int64_t limit, const char* field) {
+    positive(value, field);
+    MK_CHECK(value <= limit, "model '{}': {} {} is more than the {} the engines address", name, field, value, limit);
+  };
+  addressable(d_model, kMaxColumns, "hidden_size");
+  addressable(d_ff, kMaxColumns, "intermediate_size");
+  addressable(n_layers, kMaxLayers, "num_hidden_layers");
+  addressable(n_heads, kMaxColumns, "num_attention_heads");
+  addressable(n_kv_heads, kMaxColumns, "num_key_value_heads");
+  addressable(head_dim, kMaxColumns, "head_dim");
   MK_CHECK(n_heads % n_kv_heads == 0,
            "model '{}': num_key_value_heads ({}) must divide num_attention_heads ({})", name, n_kv_heads,
            n_heads);
-  MK_CHECK(rms_norm_eps > 0, "model '{}': rms_norm_eps must be positive, got {}", name, rms_norm_eps);
-  if (has_embedding || has_lm_head) positive(vocab_size, "vocab_size");
+  // The widths q_dim(), kv_dim() and qkv_dim() compute without checks.
+  const int64_t q = checked_mul(n_heads, head_dim, "num_attention_heads x head_dim");
+  const int64_t kv = checked_mul(n_kv_heads, head_dim, "num_key_value_heads x head_dim");
+  const int64_t qkv = checked_add(q, checked_mul(2, kv, "2 x num_key_value_heads x head_dim"), "q, k and v widths");
+  addressable(qkv, kMaxColumns, "(num_attention_heads + 2 num_key_value_heads) x head_dim");
+  MK_CHECK(std::isfinite(rms_norm_eps) && rms_norm_eps > 0 && rms_norm_eps <= kMaxRmsNormEps,
+           "model '{}': rms_norm_eps must be positive and at most {}, got {}", name, kMaxRmsNormEps, rms_norm_eps);
+  if (has_embedding || has_lm_head) addressable(vocab_size, kMaxColumns, "vocab_size");
   MK_CHECK(!tie_word_embeddings || (has_embedding && has_lm_head),
            "model '{}': tie_word_embeddings needs both an embedding and an LM head", name);
   if (rope.type != RopeType::kNone) {
     MK_CHECK(head_dim % 2 == 0, "model '{}': RoPE needs an even head_dim, got {}", name, head_dim);
-    MK_CHECK(rope.theta > 0, "model '{}': rope_theta must be positive, got {}", name, rope.theta);
+    MK_CHECK(std::isfinite(rope.theta) && rope.theta > kMinRopeTheta,
+             "model '{}': rope_theta must be a finite number above {}, got {}", name, kMinRopeTheta, rope.theta);
     positive(max_position_embeddings, "max_position_embeddings");
   }
   if (rope.type == RopeType::kLlama3) {
-    MK_CHECK(rope.factor > 0, "model '{}': rope_scaling.factor must be positive, got {}", name, rope.factor);
-    MK_CHECK(rope.low_freq_factor > 0 && rope.high_freq_factor > rope.low_freq_factor,
+    MK_CHECK(std::isfinite(rope.factor) && rope.factor > 0,
+             "model '{}': rope_scaling.factor must be positive, got {}", name, rope.factor);
+    MK_CHECK(std::isfinite(rope.high_freq_factor) && rope.low_freq_factor > 0 &&
+                 rope.high_freq_factor > rope.low_freq_factor,
              "model '{}': rope_scaling needs 0 < low_freq_factor < high_freq_factor, got {} and {}", name,
              rope.low_freq_factor, rope.high_freq_factor);
     positive(rope.original_max_position_embeddings, "rope_scaling.original_max_position_embeddings");
   }
+}
+
+void RunShape::validate() const {
+  MK_CHECK(batch > 0 && seq_len > 0, "batch ({}) and sequence length ({}) must be positive", batch, seq_len);
+  int64_t count = 0;
+  MK_CHECK(!__builtin_mul_overflow(batch, seq_len, &count) && count <= kMaxTokens,
+           "batch {} x sequence length {} is more than the {} tokens one pass addresses", batch, seq_len, kMaxTokens);
+  MK_CHECK(max_context >= 0 && max_context <= kMaxTokens, "max context {} is outside [0, {}]", max_context,
+           kMaxTokens);
 }
 
 namespace {
@@ -113,26 +138,29 @@ std::vector<Preset> make_presets() {
   return list;
 }
 
-// Reads a field that must be present; errors name the file and the field.
+// Reads a field that must be present; errors name the file and the field. Numbers go through json_to_int64 and
+// json_to_double: nlohmann would convert true to 1, truncate 2.5 to 2 and cast 1e24 or 1e308 with undefined
+// behaviour, while a size must be a whole number and a float must fit.
 template <typename T>
 T required(const nlohmann::json& json, const char* field, const std::string& source) {
   MK_CHECK(json.contains(field) && !json.at(field).is_null(), "{}: missing field '{}'", source, field);
   const nlohmann::json& value = json.at(field);
-  // nlohmann converts true to 1 and truncates 2.5 to 2; a size field must hold a whole number.
-  bool right_type = true;
+  const char* problem = "has the wrong type";
   if constexpr (std::is_same_v<T, bool>) {
-    right_type = value.is_boolean();
+    if (value.is_boolean()) return value.get<bool>();
   } else if constexpr (std::is_integral_v<T>) {
-    const double number = value.is_number_float() ? value.get<double>() : 0.5;
-    right_type = value.is_number_integer() || (std::trunc(number) == number && std::fabs(number) < 0x1p62);
+    const std::optional<int64_t> number = json_to_int64(value);
+    if (number && std::in_range<T>(*number)) return T(*number);
+    if (value.is_number_integer() || (value.is_number_float() && std::trunc(value.get<double>()) == value.get<double>()))
+      problem = "is out of range";
   } else if constexpr (std::is_floating_point_v<T>) {
-    right_type = value.is_number();
+    const std::optional<double> number = json_to_double(value);
+    if (number && std::fabs(*number) <= std::numeric_limits<T>::max()) return T(*number);
+    if (value.is_number()) problem = "is out of range";
+  } else {
+    if (value.is_string()) return value.get<std::string>();
   }
-  try {
-    if (right_type) return value.get<T>();
-  } catch (const nlohmann::json::exception&) {
-  }
-  throw Error(fmt::format("{}: field '{}' has the wrong type ({})", source, field, value.dump()));
+  throw Error(fmt::format("{}: field '{}' {} ({})", source, field, problem, json_excerpt(value)));
 }
 
 template <typename T>
@@ -142,12 +170,14 @@ T optional(const nlohmann::json& json, const char* field, T fallback, const std:
 }
 
 RopeConfig parse_rope(const nlohmann::json& json, const std::string& source) {
-  // transformers < 5 writes rope_theta + rope_scaling; transformers >= 5 writes one rope_parameters object.
+  // transformers < 5 writes rope_theta + rope_scaling; transformers >= 5 writes one rope_parameters object. Either,
+  // when present, must be an object: a scaling given as anything else would otherwise be silently ignored.
   const nlohmann::json* scaling = nullptr;
-  if (json.contains("rope_parameters") && json.at("rope_parameters").is_object()) {
-    scaling = &json.at("rope_parameters");
-  } else if (json.contains("rope_scaling") && json.at("rope_scaling").is_object()) {
-    scaling = &json.at("rope_scaling");
+  for (const char* field : {"rope_parameters", "rope_scaling"}) {
+    if (!json.contains(field) || json.at(field).is_null()) continue;
+    MK_CHECK(json.at(field).is_object(), "{}: field '{}' must be an object with a rope_type, got {}", source, field,
+             json_excerpt(json.at(field)));
+    if (scaling == nullptr) scaling = &json.at(field);
   }
   RopeConfig rope;
   rope.type = RopeType::kDefault;
@@ -158,7 +188,8 @@ RopeConfig parse_rope(const nlohmann::json& json, const std::string& source) {
   std::string type = optional<std::string>(*scaling, "rope_type", "", scaling_source);
   if (type.empty()) type = optional<std::string>(*scaling, "type", "default", scaling_source);
   if (type == "default") return rope;
-  MK_CHECK(type == "llama3", "{}: rope type '{}' is not supported (only 'default' and 'llama3')", source, type);
+  MK_CHECK(type == "llama3", "{}: rope type '{}' is not supported (only 'default' and 'llama3')", source,
+           printable(type));
   rope.type = RopeType::kLlama3;
   rope.factor = required<double>(*scaling, "factor", scaling_source);
   rope.low_freq_factor = required<double>(*scaling, "low_freq_factor", scaling_source);
@@ -218,7 +249,7 @@ ModelConfig model_config_from_json(const nlohmann::json& json, const std::string
     if constexpr (std::is_same_v<T, RopeType>) {
       const std::string name = required<std::string>(json, key, source);
       const auto* known = std::find(std::begin(kRopeTypeNames), std::end(kRopeTypeNames), name);
-      MK_CHECK(known != std::end(kRopeTypeNames), "{}: unknown rope_type '{}'", source, name);
+      MK_CHECK(known != std::end(kRopeTypeNames), "{}: unknown rope_type '{}'", source, printable(name));
       value = RopeType(known - std::begin(kRopeTypeNames));
     } else {
       value = required<T>(json, key, source);
@@ -275,9 +306,11 @@ ModelConfig preset_config(std::string_view name, const ShapeOverrides& overrides
 ModelConfig model_config_from_hf_json(const nlohmann::json& json, const std::string& source) {
   MK_CHECK(json.is_object(), "{}: expected a JSON object", source);
   std::string model_type = optional<std::string>(json, "model_type", "llama", source);
-  MK_CHECK(model_type == "llama", "{}: model_type '{}' is not supported (only 'llama')", source, model_type);
+  MK_CHECK(model_type == "llama", "{}: model_type '{}' is not supported (only 'llama')", source,
+           printable(model_type));
   std::string activation = optional<std::string>(json, "hidden_act", "silu", source);
-  MK_CHECK(activation == "silu", "{}: hidden_act '{}' is not supported (only 'silu')", source, activation);
+  MK_CHECK(activation == "silu", "{}: hidden_act '{}' is not supported (only 'silu')", source,
+           printable(activation));
   MK_CHECK(!optional<bool>(json, "attention_bias", false, source), "{}: attention_bias is not supported", source);
   MK_CHECK(!optional<bool>(json, "mlp_bias", false, source), "{}: mlp_bias is not supported", source);
 
@@ -299,34 +332,21 @@ ModelConfig model_config_from_hf_json(const nlohmann::json& json, const std::str
   }
   config.vocab_size = required<int64_t>(json, "vocab_size", source);
   config.max_position_embeddings = required<int64_t>(json, "max_position_embeddings", source);
-  config.rms_norm_eps = float(optional<double>(json, "rms_norm_eps", 1e-6, source));
+  config.rms_norm_eps = optional<float>(json, "rms_norm_eps", 1e-6f, source);
   config.rope = parse_rope(json, source);
   config.tie_word_embeddings = optional<bool>(json, "tie_word_embeddings", false, source);
   config.validate();  // its messages name the model, which is `source` here
   return config;
 }
 
-namespace {
-
-nlohmann::json read_json_file(const std::filesystem::path& path) {
-  std::ifstream file(path);
-  MK_CHECK(file.good(), "{}: cannot open", path.string());
-  try {
-    return nlohmann::json::parse(file);
-  } catch (const nlohmann::json::exception& error) {
-    throw Error(fmt::format("{}: not valid JSON: {}", path.string(), error.what()));
-  }
-}
-
-}  // namespace
-
 ModelConfig load_model_config(const std::filesystem::path& config_json_path) {
-  return model_config_from_hf_json(read_json_file(config_json_path), config_json_path.string());
+  return model_config_from_hf_json(read_json_file(config_json_path, kMaxConfigJsonBytes), config_json_path.string());
 }
 
 ModelConfig load_model_dir_config(const std::filesystem::path& dir) {
   const std::filesystem::path mk_config = dir / "mk_config.json";
-  if (std::filesystem::exists(mk_config)) return model_config_from_json(read_json_file(mk_config), mk_config.string());
+  if (std::filesystem::exists(mk_config))
+    return model_config_from_json(read_json_file(mk_config, kMaxConfigJsonBytes), mk_config.string());
   return load_model_config(dir / "config.json");
 }
 

@@ -47,6 +47,7 @@ ref::ModelInput load_model_input(const std::filesystem::path& path, const ModelC
     MK_CHECK(tokens->shape.size() == 2, "{}: 'tokens' must have shape (batch, seq_len), got [{}]", path.string(),
              fmt::join(tokens->shape, ", "));
     input.shape = {tokens->shape[0], tokens->shape[1]};
+    input.shape.validate();
     const std::vector<int64_t> ids = integers(file, *tokens);
     for (size_t i = 0; i < ids.size(); ++i) {
       MK_CHECK(ids[i] >= 0 && ids[i] < config.vocab_size, "{}: token id {} at index {} is outside the vocabulary [0, {})",
@@ -60,6 +61,7 @@ ref::ModelInput load_model_input(const std::filesystem::path& path, const ModelC
              "{}: 'hidden' must have shape (batch, seq_len, {}), got [{}]", path.string(), config.d_model,
              fmt::join(hidden->shape, ", "));
     input.shape = {hidden->shape[0], hidden->shape[1]};
+    input.shape.validate();
     std::vector<bf16> values = file.read_bf16(*hidden);
     input.hidden = ref::Matrix(input.shape.tokens(), config.d_model);
     for (size_t i = 0; i < values.size(); ++i) input.hidden.data[i] = to_float(values[i]);

@@ -7,12 +7,14 @@
 
 #include <algorithm>
 #include <cstring>
-#include <fstream>
 #include <map>
+#include <optional>
 #include <queue>
 
 #include "in_order.h"
 #include "mk/check.h"
+#include "mk/files.h"
+#include "mk/limits.h"
 #include "mk/tiles.h"
 
 namespace mk {
@@ -300,8 +302,71 @@ nlohmann::json tiles_json() {
 }
 
 template <typename T>
-void write_array(std::ofstream& file, const std::vector<T>& values) {
+void write_array(std::ostream& file, const std::vector<T>& values) {
   file.write(reinterpret_cast<const char*>(values.data()), std::streamsize(values.size() * sizeof(T)));
+}
+
+// The largest JSON header read: the model config and a few counts take about 1 KB.
+constexpr uint64_t kMaxScheduleHeaderBytes = uint64_t(1) << 20;
+
+// A count from the header, as a whole number in [0, limit]: a float, a negative or a 1e24 is refused by name.
+int64_t header_count(const nlohmann::json& header, const char* field, int64_t limit) {
+  const std::optional<int64_t> value = header.contains(field) ? json_to_int64(header.at(field)) : std::nullopt;
+  MK_CHECK(value && *value >= 0 && *value <= limit, "'{}' must be a whole number in [0, {}], got {}", field, limit,
+           header.contains(field) ? json_excerpt(header.at(field)) : "nothing");
+  return *value;
+}
+
+// What the header says; counts checked against their limits, not yet against the file's size.
+struct ScheduleHeader {
+  LoadedSchedule loaded;
+  int64_t num_instructions = 0, num_waits = 0;
+};
+
+ScheduleHeader parse_schedule_header(const std::string& text, const std::string& source) {
+  const nlohmann::json header = parse_json(text, source + " (header)");
+  MK_CHECK(header.is_object(), "expected a JSON object");
+  MK_CHECK(header.contains("tiles") && header.at("tiles").is_object(), "missing object 'tiles'");
+  const nlohmann::json& tiles = header.at("tiles");
+  const nlohmann::json expected_tiles = tiles_json();
+  for (const auto& [name, value] : expected_tiles.items()) {
+    MK_CHECK(tiles.contains(name) && tiles.at(name) == value,
+             "built with other tile sizes: {} {} in the file, {} in this build", name,
+             tiles.contains(name) ? json_excerpt(tiles.at(name)) : "missing", value.dump());
+  }
+  MK_CHECK(header.contains("config"), "missing field 'config'");
+  ScheduleHeader result;
+  LoadedSchedule& loaded = result.loaded;
+  loaded.config = model_config_from_json(header.at("config"), "its model config");
+  loaded.shape = {header_count(header, "batch", kMaxTokens), header_count(header, "seq_len", kMaxTokens)};
+  // Files from before prefill and decode hold forward passes.
+  const nlohmann::json pass = header.value("pass", nlohmann::json(pass_kind_name(PassKind::kForward)));
+  MK_CHECK(pass.is_string(), "'pass' must be a string, got {}", json_excerpt(pass));
+  for (PassKind kind : {PassKind::kForward, PassKind::kPrefill, PassKind::kDecode})
+    if (pass == pass_kind_name(kind)) loaded.shape.pass = kind;
+  MK_CHECK(pass == pass_kind_name(loaded.shape.pass), "unknown pass {}", json_excerpt(pass));
+  loaded.shape.max_context = header.contains("max_context") ? header_count(header, "max_context", kMaxTokens) : 0;
+  loaded.shape.validate();
+  loaded.schedule.num_sms = int32_t(header_count(header, "num_sms", 4096));
+  MK_CHECK(loaded.schedule.num_sms > 0, "bad SM count 0");
+  MK_CHECK(header.contains("policy") && header.at("policy").is_string(), "missing string field 'policy'");
+  loaded.schedule.policy = parse_schedule_policy(printable(header.at("policy").get<std::string>()));
+  constexpr int64_t kMax32 = int64_t(UINT32_MAX);
+  loaded.schedule.num_counters = uint32_t(header_count(header, "num_counters", kMax32));
+  result.num_instructions = header_count(header, "num_instructions", kMax32);
+  result.num_waits = header_count(header, "num_waits", kMax32);
+  return result;
+}
+
+// A schedule for another shape, model or task count is refused before its arrays are read.
+void check_schedule_fits(const std::string& source, const LoadedSchedule& loaded, uint64_t num_instructions,
+                         const Graph& graph) {
+  MK_CHECK(loaded.shape == graph.shape(), "{}: built for {}, not {}", source, describe(loaded.shape),
+           describe(graph.shape()));
+  const std::string difference = first_difference(loaded.config, graph.config());
+  MK_CHECK(difference.empty(), "{}: built for another model: {} (file vs model)", source, printable(difference));
+  MK_CHECK(num_instructions == graph.tasks().size(), "{}: holds {} instructions, the graph has {} tasks", source,
+           num_instructions, graph.tasks().size());
 }
 
 }  // namespace
@@ -321,75 +386,72 @@ void save_schedule(const std::filesystem::path& path, const Graph& graph, const 
       {"num_waits", schedule.waits.size()},
   };
   const std::string text = header.dump();
-  std::ofstream file(path, std::ios::binary);
-  MK_CHECK(file.good(), "{}: cannot create", path.string());
-  file.write(kScheduleMagic, sizeof(kScheduleMagic));
-  const uint64_t length = text.size();
-  file.write(reinterpret_cast<const char*>(&length), sizeof(length));
-  file.write(text.data(), std::streamsize(text.size()));
-  write_array(file, schedule.sm_begin);
-  write_array(file, schedule.instructions);
-  write_array(file, schedule.waits);
-  MK_CHECK(file.good(), "{}: write failed", path.string());
+  write_file(path, [&](std::ostream& file) {
+    file.write(kScheduleMagic, sizeof(kScheduleMagic));
+    const uint64_t length = text.size();
+    file.write(reinterpret_cast<const char*>(&length), sizeof(length));
+    file.write(text.data(), std::streamsize(text.size()));
+    write_array(file, schedule.sm_begin);
+    write_array(file, schedule.instructions);
+    write_array(file, schedule.waits);
+  });
 }
 
-LoadedSchedule load_schedule(const std::filesystem::path& path) {
-  std::ifstream file(path, std::ios::binary);
-  MK_CHECK(file.good(), "{}: cannot open", path.string());
-  std::vector<char> bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+namespace {
+
+LoadedSchedule load_schedule_file(const std::filesystem::path& path, const Graph* graph) {
+  const InputFile file(path);  // refuses a FIFO or /dev/zero instead of reading it forever
   const std::string source = path.string();
-  MK_CHECK(bytes.size() >= 16 && std::memcmp(bytes.data(), kScheduleMagic, 8) == 0,
-           "{}: not a schedule file of this version (bad magic)", source);
+  char prefix[16] = {};
+  MK_CHECK(file.size() >= 16, "{}: not a schedule file of this version (bad magic)", source);
+  file.read_at(0, {reinterpret_cast<uint8_t*>(prefix), sizeof(prefix)});
+  MK_CHECK(std::memcmp(prefix, kScheduleMagic, 8) == 0, "{}: not a schedule file of this version (bad magic)", source);
   uint64_t length;
-  std::memcpy(&length, bytes.data() + 8, 8);
-  MK_CHECK(length <= bytes.size() - 16, "{}: truncated schedule header", source);
-  LoadedSchedule loaded;
-  size_t num_instructions = 0, num_waits = 0;
+  std::memcpy(&length, prefix + 8, 8);
+  MK_CHECK(length <= file.size() - 16, "{}: truncated schedule header", source);
+  MK_CHECK(length <= kMaxScheduleHeaderBytes, "{}: schedule header of {} bytes is larger than the {} allowed", source,
+           length, kMaxScheduleHeaderBytes);
+  std::string text(length, '\0');
+  file.read_at(16, {reinterpret_cast<uint8_t*>(text.data()), text.size()});
+  ScheduleHeader header;
   try {
-    const nlohmann::json header = nlohmann::json::parse(bytes.begin() + 16, bytes.begin() + 16 + int64_t(length));
-    const nlohmann::json& tiles = header.at("tiles");
-    const nlohmann::json expected_tiles = tiles_json();
-    for (const auto& [name, value] : expected_tiles.items()) {
-      MK_CHECK(tiles.contains(name) && tiles.at(name) == value,
-               "built with other tile sizes: {} {} in the file, {} in this build", name,
-               tiles.contains(name) ? tiles.at(name).dump() : "missing", value.dump());
-    }
-    loaded.config = model_config_from_json(header.at("config"), "its model config");
-    loaded.shape = {header.at("batch"), header.at("seq_len")};
-    // Files from before prefill and decode hold forward passes.
-    const std::string pass = header.value("pass", std::string(pass_kind_name(PassKind::kForward)));
-    for (PassKind kind : {PassKind::kForward, PassKind::kPrefill, PassKind::kDecode})
-      if (pass == pass_kind_name(kind)) loaded.shape.pass = kind;
-    MK_CHECK(pass == pass_kind_name(loaded.shape.pass), "unknown pass '{}'", pass);
-    loaded.shape.max_context = header.value("max_context", int64_t(0));
-    const int64_t num_sms = header.at("num_sms").get<int64_t>();  // read wide: a narrowing read would wrap
-    MK_CHECK(num_sms > 0 && num_sms <= 4096, "bad SM count {}", num_sms);
-    loaded.schedule.num_sms = int32_t(num_sms);
-    loaded.schedule.policy = parse_schedule_policy(header.at("policy"));
-    loaded.schedule.num_counters = header.at("num_counters");
-    num_instructions = header.at("num_instructions");
-    num_waits = header.at("num_waits");
+    header = parse_schedule_header(text, source);
   } catch (const nlohmann::json::exception& error) {
-    throw Error(fmt::format("{}: bad schedule header: {}", source, error.what()));
+    throw Error(fmt::format("{}: bad schedule header: {}", source, printable(error.what())));
   } catch (const Error& error) {
     throw Error(fmt::format("{}: bad schedule header: {}", source, error.what()));
   }
+  LoadedSchedule& loaded = header.loaded;
   Schedule& s = loaded.schedule;
-  MK_CHECK(s.num_sms > 0 && s.num_sms <= 4096, "{}: bad SM count {}", source, s.num_sms);
-  const size_t expected = 16 + length + (size_t(s.num_sms) + 1) * sizeof(uint32_t) +
-                          num_instructions * sizeof(Instruction) + num_waits * sizeof(Wait);
-  MK_CHECK(num_instructions < (size_t(1) << 32) && num_waits < (size_t(1) << 32) && bytes.size() == expected,
-           "{}: file has {} bytes, its header promises {}", source, bytes.size(), expected);
-  const char* cursor = bytes.data() + 16 + length;
+  // Every count is below 2^32, so none of these products overflows; the file's size bounds what is allocated.
+  const uint64_t expected = 16 + length + (uint64_t(s.num_sms) + 1) * sizeof(uint32_t) +
+                            uint64_t(header.num_instructions) * sizeof(Instruction) +
+                            uint64_t(header.num_waits) * sizeof(Wait);
+  MK_CHECK(file.size() == expected, "{}: file has {} bytes, its header promises {}", source, file.size(), expected);
+  // Each counter is signalled by some task: more counters than instructions would only make the verifier and the
+  // engines allocate for nothing (a 5 KB file could ask for 16 GB).
+  MK_CHECK(s.num_counters <= uint64_t(header.num_instructions), "{}: {} counters for {} instructions", source,
+           s.num_counters, header.num_instructions);
+  if (graph != nullptr) check_schedule_fits(source, loaded, uint64_t(header.num_instructions), *graph);
+  uint64_t offset = 16 + length;
   auto read_into = [&](auto& values, size_t count) {
     values.resize(count);
-    std::memcpy(values.data(), cursor, count * sizeof(values[0]));
-    cursor += count * sizeof(values[0]);
+    const size_t bytes = count * sizeof(values[0]);
+    file.read_at(offset, {reinterpret_cast<uint8_t*>(values.data()), bytes});
+    offset += bytes;
   };
   read_into(s.sm_begin, size_t(s.num_sms) + 1);
-  read_into(s.instructions, num_instructions);
-  read_into(s.waits, num_waits);
+  read_into(s.instructions, size_t(header.num_instructions));
+  read_into(s.waits, size_t(header.num_waits));
   return loaded;
+}
+
+}  // namespace
+
+LoadedSchedule load_schedule(const std::filesystem::path& path) { return load_schedule_file(path, nullptr); }
+
+LoadedSchedule load_schedule(const std::filesystem::path& path, const Graph& graph) {
+  return load_schedule_file(path, &graph);
 }
 
 }  // namespace mk

@@ -158,6 +158,8 @@ void Verifier::check_sm_ranges() const {
            "schedule: SM offsets do not span the {} instructions", s.instructions.size());
   MK_CHECK(s.instructions.size() == num_tasks_, "schedule has {} instructions, the graph {} tasks",
            s.instructions.size(), num_tasks_);
+  // Every counter needs a task to signal it; checked before the per-counter tables are sized by the count.
+  MK_CHECK(s.num_counters <= num_tasks_, "schedule: {} counters for {} tasks", s.num_counters, num_tasks_);
   for (uint32_t sm = 0; sm < uint32_t(s.num_sms); ++sm) {
     MK_CHECK(s.sm_begin[sm] <= s.sm_begin[sm + 1] && s.sm_begin[sm + 1] <= num_tasks_,
              "schedule: SM {}'s instructions [{}, {}) are not a range of the {} instructions", sm, s.sm_begin[sm],

@@ -5,11 +5,13 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
-#include <fstream>
 #include <map>
 #include <memory>
+#include <set>
 
 #include "mk/check.h"
+#include "mk/files.h"
+#include "mk/limits.h"
 #include "mk/random.h"
 #include "mk/safetensors.h"
 
@@ -41,7 +43,7 @@ namespace {
 
 int64_t product(const std::vector<int64_t>& shape) {
   int64_t count = 1;
-  for (int64_t dim : shape) count *= dim;
+  for (int64_t dim : shape) count = checked_mul(count, dim, "a weight's element count");
   return count;
 }
 
@@ -59,7 +61,7 @@ int64_t parameter_count(const ModelConfig& config) {
   ModelWeights shapes = empty_weights(config);  // no data: only the shapes are visited
   int64_t count = 0;
   for_each_weight(shapes, [&](const std::string&, const std::vector<int64_t>& shape, std::vector<bf16>&) {
-    count += product(shape);
+    count = checked_add(count, product(shape), "the parameter count");
   });
   return count;
 }
@@ -76,41 +78,64 @@ ModelWeights random_weights(const ModelConfig& config, uint64_t seed) {
   return weights;
 }
 
+namespace {
+
+constexpr uint64_t kMaxIndexJsonBytes = uint64_t(16) << 20;  // real ones list a few thousand tensors
+
+// Where each tensor of a model directory lives: one model.safetensors, or the shards of the index.
+struct WeightLayout {
+  std::filesystem::path index_path;                 // empty for a single file
+  std::map<std::string, std::string> shard_of;      // tensor name -> shard file name, for an index
+  std::vector<std::filesystem::path> files;         // every file the weights are read from
+};
+
+WeightLayout weight_layout(const std::filesystem::path& dir) {
+  WeightLayout layout;
+  const std::filesystem::path single = dir / "model.safetensors";
+  if (std::filesystem::exists(single)) {
+    layout.files.push_back(single);
+    return layout;
+  }
+  layout.index_path = dir / "model.safetensors.index.json";
+  const std::string index_name = layout.index_path.string();
+  MK_CHECK(std::filesystem::exists(layout.index_path),
+           "{}: neither model.safetensors nor model.safetensors.index.json exists", dir.string());
+  const nlohmann::json index = read_json_file(layout.index_path, kMaxIndexJsonBytes);
+  MK_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(),
+           "{}: missing object 'weight_map'", index_name);
+  std::set<std::string> shards;
+  for (const auto& [name, shard] : index["weight_map"].items()) {
+    MK_CHECK(shard.is_string(), "{}: weight_map entry '{}' is not a file name", index_name, printable(name));
+    const std::string shard_name = shard.get<std::string>();
+    MK_CHECK(!shard_name.empty() && shard_name.find('/') == std::string::npos && shard_name != "." &&
+                 shard_name != "..",
+             "{}: weight_map entry '{}' points outside the model directory: '{}'", index_name, printable(name),
+             printable(shard_name));
+    layout.shard_of[name] = shard_name;
+    if (shards.insert(shard_name).second) layout.files.push_back(dir / shard_name);
+  }
+  return layout;
+}
+
+}  // namespace
+
+std::vector<std::filesystem::path> weight_files(const std::filesystem::path& dir) {
+  std::vector<std::filesystem::path> files = weight_layout(dir).files;
+  const std::filesystem::path index_path = dir / "model.safetensors.index.json";
+  if (std::filesystem::exists(index_path)) files.push_back(index_path);
+  return files;
+}
+
 ModelWeights load_weights(const std::filesystem::path& dir, const ModelConfig& config) {
   ModelWeights weights = empty_weights(config);
-  const std::filesystem::path single = dir / "model.safetensors";
-  const std::filesystem::path index_path = dir / "model.safetensors.index.json";
-
-  // tensor name -> shard file name; empty when the model is one file
-  std::map<std::string, std::string> shard_of;
-  if (!std::filesystem::exists(single)) {
-    MK_CHECK(std::filesystem::exists(index_path), "{}: neither model.safetensors nor model.safetensors.index.json exists",
-             dir.string());
-    std::ifstream file(index_path);
-    nlohmann::json index;
-    try {
-      index = nlohmann::json::parse(file);
-    } catch (const nlohmann::json::exception& error) {
-      throw Error(fmt::format("{}: not valid JSON: {}", index_path.string(), error.what()));
-    }
-    MK_CHECK(index.contains("weight_map") && index["weight_map"].is_object(), "{}: missing object 'weight_map'",
-             index_path.string());
-    for (const auto& [name, shard] : index["weight_map"].items()) {
-      MK_CHECK(shard.is_string(), "{}: weight_map entry '{}' is not a file name", index_path.string(), name);
-      const std::string shard_name = shard.get<std::string>();
-      MK_CHECK(shard_name.find('/') == std::string::npos && shard_name != "..",
-               "{}: weight_map entry '{}' points outside the model directory: '{}'", index_path.string(), name,
-               shard_name);
-      shard_of[name] = shard_name;
-    }
-  }
-
+  const WeightLayout layout = weight_layout(dir);
   std::map<std::string, std::unique_ptr<SafetensorsFile>> open_files;
   auto file_for = [&](const std::string& name) -> const SafetensorsFile& {
     std::string file_name = "model.safetensors";
-    if (!shard_of.empty()) {
-      auto found = shard_of.find(name);
-      MK_CHECK(found != shard_of.end(), "{}: tensor '{}' is missing from the weight_map", index_path.string(), name);
+    if (!layout.index_path.empty()) {
+      auto found = layout.shard_of.find(name);
+      MK_CHECK(found != layout.shard_of.end(), "{}: tensor '{}' is missing from the weight_map",
+               layout.index_path.string(), name);
       file_name = found->second;
     }
     auto& file = open_files[file_name];
@@ -135,12 +160,14 @@ bool hf_can_describe(const ModelConfig& config) {
   return config.has_embedding && config.has_lm_head && config.rope.type != RopeType::kNone;
 }
 
-void write_json(const std::filesystem::path& path, const nlohmann::json& json) {
-  std::ofstream file(path);
-  MK_CHECK(file.good(), "{}: cannot create", path.string());
-  file << json.dump(2) << "\n";
-  MK_CHECK(file.good(), "{}: write failed", path.string());
+void create_directory(const std::filesystem::path& dir) {
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  MK_CHECK(!error && std::filesystem::is_directory(dir), "{}: cannot create the directory: {}", dir.string(),
+           error ? error.message() : "a file of that name exists");
 }
+
+void write_json(const std::filesystem::path& path, const nlohmann::json& json) { write_file(path, json.dump(2) + "\n"); }
 
 void write_weights(const std::filesystem::path& dir, const ModelWeights& weights) {
   std::vector<TensorToWrite> tensors;
@@ -157,7 +184,7 @@ void write_weights(const std::filesystem::path& dir, const ModelWeights& weights
 
 void save_hf_model(const std::filesystem::path& dir, const ModelWeights& weights) {
   const nlohmann::json config_json = model_config_to_hf_json(weights.config);
-  std::filesystem::create_directories(dir);
+  create_directory(dir);
   write_json(dir / "config.json", config_json);
   write_weights(dir, weights);
 }
@@ -167,7 +194,7 @@ std::string save_model(const std::filesystem::path& dir, const ModelWeights& wei
     save_hf_model(dir, weights);
     return "config.json";
   }
-  std::filesystem::create_directories(dir);
+  create_directory(dir);
   write_json(dir / "mk_config.json", model_config_to_json(weights.config));
   write_weights(dir, weights);
   return "mk_config.json";

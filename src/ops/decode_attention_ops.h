@@ -31,6 +31,9 @@ struct DecodeAttentionOp {
       }
     }
   }
+  static int64_t num_tasks(const OpContext& ctx) {
+    return ctx.shape.batch * kv_split(ctx.config, ctx.shape).splits * ctx.config.n_kv_heads;
+  }
   // q of the kv head's query heads, and the sequence's whole cache of the kv head: which rows a split reads depends
   // on the positions, known only when the step runs.
   static void reads(const OpContext& ctx, const Task& t, TaskRegions& r) {
@@ -89,6 +92,9 @@ struct DecodeCombineOp {
             {kOpcode, layer, int32_t(b), int32_t(end), int32_t(g * width), int32_t((g + 1) * width), -1, -1});
     }
   }
+  static int64_t num_tasks(const OpContext& ctx) {
+    return blocks(ctx.shape.batch, tiles::kDecodeCombineRows) * ctx.config.n_kv_heads;
+  }
   static void reads(const OpContext& ctx, const Task& t, TaskRegions& r) {
     const int64_t per_sequence = kv_split(ctx.config, ctx.shape).rows_per_sequence();
     const int64_t stride = partial_stride(ctx.config), hd = ctx.config.head_dim;
@@ -124,6 +130,7 @@ struct SampleOp {
     for (int64_t b = 0; b < ctx.shape.batch; ++b)
       tasks.push_back({kOpcode, layer, int32_t(b), int32_t(b + 1), 0, 1, -1, -1});
   }
+  static int64_t num_tasks(const OpContext& ctx) { return ctx.shape.batch; }
   static void reads(const OpContext& ctx, const Task& t, TaskRegions& r) {
     r.read(full_rows(ctx, {BK::kLogits}, t));
     r.read(positions_of(ctx, t.row_begin, t.row_end));

@@ -39,6 +39,7 @@ struct KvAppendOp {
       }
     }
   }
+  static int64_t num_tasks(const OpContext& ctx) { return ctx.shape.batch * blocks(ctx.shape.seq_len, tiles::kBlockRows); }
   // The qkv rows of the task's cache rows (of the sequences they span, for a rectangle across sequences).
   static void reads(const OpContext& ctx, const Task& t, TaskRegions& r) {
     const int64_t S = ctx.shape.seq_len, C = ctx.shape.max_context, b = t.row_begin / C;
@@ -83,6 +84,11 @@ struct DecodeGemmOp : Base {
   static void tile(const OpContext& ctx, uint16_t layer, std::vector<Task>& tasks) {
     decode_gemm_tiles(Op::kOpcode, layer, ctx.shape.batch, Op::gemm(ctx.config).n, Op::spread_columns(ctx.config), 1,
                       tasks);
+  }
+  // kDecodeKv tiles its own rows, but as many of them: only their scale differs.
+  static int64_t num_tasks(const OpContext& ctx) {
+    return blocks(Op::gemm(ctx.config).n, decode_block_n(Op::spread_columns(ctx.config))) *
+           blocks(ctx.shape.batch, tiles::kBlockM);
   }
   // Every weight row is read by this task alone: the weight bytes are streamed from HBM.
   static TaskWork work(const OpContext& ctx, const Task& t) {

@@ -149,6 +149,9 @@ struct AttentionOp {
       }
     }
   }
+  static int64_t num_tasks(const OpContext& ctx) {
+    return ctx.shape.batch * blocks(ctx.shape.seq_len, tiles::kBlockQ) * ctx.config.n_heads;
+  }
   static void reads(const OpContext& ctx, const Task& t, TaskRegions& r) {
     const ModelConfig& c = ctx.config;
     const uint32_t id = ctx.buffers.id(qkv(t.layer));

@@ -16,6 +16,7 @@ using BK = BufferKind;
 inline ref::Range rows_of(const Task& t) { return {t.row_begin, t.row_end}; }
 inline ref::Range cols_of(const Task& t) { return {t.col_begin, t.col_end}; }
 inline double area(const Task& t) { return double(t.row_end - t.row_begin) * double(t.col_end - t.col_begin); }
+inline int64_t blocks(int64_t extent, int64_t block) { return (extent + block - 1) / block; }
 
 // The task's rows of buffer `ref`, columns [col_begin, col_end).
 inline Region rows_of(const OpContext& ctx, BufferRef ref, const Task& t, int64_t col_begin, int64_t col_end) {
@@ -39,6 +40,7 @@ struct RowwiseOp {
       tasks.push_back({Op::kOpcode, layer, int32_t(row), row_end, 0, width, -1, -1});
     }
   }
+  static int64_t num_tasks(const OpContext& ctx) { return blocks(ctx.shape.tokens(), tiles::kBlockRows); }
   static TaskWork work(const OpContext&, const Task& t) { return {0.0, 4.0 * area(t)}; }  // bf16 rows in and out
 };
 
@@ -96,6 +98,9 @@ struct GemmOp {
   static void tile(const OpContext& ctx, uint16_t layer, std::vector<Task>& tasks) {
     gemm_tiles(ctx, Op::kOpcode, layer, Op::gemm(ctx.config), tasks);
   }
+  static int64_t num_tasks(const OpContext& ctx) {
+    return blocks(ctx.shape.tokens(), tiles::kBlockM) * blocks(Op::gemm(ctx.config).n, tiles::kBlockN);
+  }
   static void reads(const OpContext& ctx, const Task& t, TaskRegions& r) {
     r.read(full_rows(ctx, Op::a(t.layer), t));
     if constexpr (has_residual()) r.read(own_columns(ctx, Op::residual(t.layer), t));
@@ -120,6 +125,7 @@ concept HostOp = requires {
 } && std::convertible_to<decltype(&Op::output), decltype(OpDescriptor::output)> &&
     std::convertible_to<decltype(&Op::check), decltype(OpDescriptor::check)> &&
     std::convertible_to<decltype(&Op::tile), decltype(OpDescriptor::tile)> &&
+    std::convertible_to<decltype(&Op::num_tasks), decltype(OpDescriptor::num_tasks)> &&
     std::convertible_to<decltype(&Op::reads), decltype(OpDescriptor::reads)> &&
     std::convertible_to<decltype(&Op::work), decltype(OpDescriptor::work)> &&
     std::convertible_to<decltype(&Op::traffic), decltype(OpDescriptor::traffic)> &&
@@ -127,7 +133,8 @@ concept HostOp = requires {
 
 template <HostOp Op>
 constexpr OpDescriptor descriptor() {
-  return {Op::kOpcode, Op::kName, &Op::output, &Op::check, &Op::tile, &Op::reads, &Op::work, &Op::traffic, &Op::run_cpu};
+  return {Op::kOpcode, Op::kName,  &Op::output, &Op::check,   &Op::tile,
+          &Op::num_tasks, &Op::reads, &Op::work,  &Op::traffic, &Op::run_cpu};
 }
 
 }  // namespace mk::ops

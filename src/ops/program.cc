@@ -3,6 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "mk/graph.h"
 #include "mk/parallel.h"
 #include "mk/weights.h"
 
@@ -75,13 +76,38 @@ void run_whole_step(const OpDescriptor& op, const OpContext& ctx, const CpuTile&
   });
 }
 
+namespace {
+
+// Host memory figures of the engines (see ForwardCost).
+void add_memory(const ModelConfig& config, PassKind pass, const BufferTable& buffers, ForwardCost& cost) {
+  double all_fp32 = 0, one_per_kind_fp32 = 0, input = 0;
+  std::vector<bool> kind_seen(kNumBufferKinds, false);
+  for (const Buffer& buffer : buffers.buffers()) {
+    const double bytes = 4.0 * double(buffer.rows) * double(buffer.cols);
+    all_fp32 += bytes;
+    if (buffer.host_written) input += bytes;
+    if (!kind_seen[size_t(buffer.kind)] && buffer.kind != BufferKind::kTokens) one_per_kind_fp32 += bytes;
+    kind_seen[size_t(buffer.kind)] = true;
+  }
+  const Buffer& output = buffers.buffers()[buffers.id(output_of_pass(config, pass))];
+  const double schedule = schedule_host_bytes(cost.tasks);
+  cost.reference_host_bytes = cost.weight_bytes + input + one_per_kind_fp32;
+  cost.cpu_vm_host_bytes = cost.weight_bytes + input + schedule + all_fp32;
+  cost.gpu_host_bytes = cost.weight_bytes + input + schedule + 4.0 * double(output.rows) * double(output.cols);
+  cost.gpu_device_bytes = cost.weight_bytes + cost.activation_bytes;
+}
+
+}  // namespace
+
 ForwardCost forward_cost(const ModelConfig& config, const RunShape& shape) {
+  ForwardCost cost;
+  cost.tasks = count_tasks(config, shape);  // validates config and shape
   const BufferTable buffers(config, shape);
   const OpContext ctx{config, shape, buffers};
-  ForwardCost cost;
   cost.parameters = parameter_count(config);
   cost.weight_bytes = 2.0 * double(cost.parameters);
   cost.activation_bytes = buffers.device_bytes();
+  add_memory(config, shape.pass, buffers, cost);
   for_each_step(config, shape.pass, [&](const OpDescriptor& op, uint16_t layer) {
     cost.flops += op.work(ctx, whole_output(op, ctx, layer)).flops;
     const OpTraffic traffic = op.traffic(ctx);

@@ -10,8 +10,7 @@
 namespace mk::ref {
 
 ModelInput random_input(const ModelConfig& config, const RunShape& shape, uint64_t seed) {
-  MK_CHECK(shape.batch > 0 && shape.seq_len > 0, "batch ({}) and sequence length ({}) must be positive", shape.batch,
-           shape.seq_len);
+  shape.validate();
   ModelInput input;
   input.shape = shape;
   Random random(seed);
@@ -27,8 +26,8 @@ ModelInput random_input(const ModelConfig& config, const RunShape& shape, uint64
 
 void validate_input(const ModelConfig& config, const ModelInput& input) {
   const RunShape& shape = input.shape;
+  check_pass_shape(config, shape);  // validates the shape before tokens() multiplies it
   const int64_t tokens = shape.tokens();
-  check_pass_shape(config, shape);
   if (config.rope.type != RopeType::kNone) {
     MK_CHECK(shape.seq_len <= config.max_position_embeddings,
              "sequence length {} exceeds the model's max_position_embeddings {}", shape.seq_len,

@@ -37,6 +37,11 @@ class CpuVmSession::Impl {
         counters_(schedule.num_counters),
         operands_(weights_for(weights, graph.config()), graph.shape().seq_len, graph.shape().max_context),
         cpu_{config_, operands_, input_, graph.buffer_table(), {}} {
+    MK_CHECK(options.max_delay_us >= 0 && options.max_delay_us <= kMaxCpuVmDelayUs,
+             "cpu-vm: max_delay_us must be in [0, {}], got {}", kMaxCpuVmDelayUs, options.max_delay_us);
+    MK_CHECK(options.launches >= 1 && std::isfinite(options.stall_timeout_s) && options.stall_timeout_s > 0,
+             "cpu-vm: launches ({}) and stall_timeout_s ({}) must be positive", options.launches,
+             options.stall_timeout_s);
     const std::vector<Buffer>& buffers = graph.buffers();
     for (const Buffer& b : buffers) {
       const bool external = b.kind == BufferKind::kKvCache && cache != nullptr;
