@@ -7,13 +7,13 @@
 #include <charconv>
 #include <chrono>
 #include <cmath>
-#include <fstream>
 #include <functional>
 #include <sstream>
 
 #include "mk/check.h"
 #include "mk/compare.h"
 #include "mk/cpu_vm.h"
+#include "mk/files.h"
 #include "mk/gpu.h"
 #include "mk/graph.h"
 #include "mk/model_config.h"
@@ -32,24 +32,12 @@ namespace {
 using mk::cli::ModelOptions;
 using mk::cli::ScheduleOptions;
 
-void write_text_file(const std::string& path, const std::string& text) {
-  std::ofstream file(path);
-  file << text;
-  file.close();
-  MK_CHECK(file.good(), "{}: cannot write", path);
-}
+using mk::cli::CommandFiles;
+using mk::cli::UsageError;
+using mk::human_bytes;
 
-std::string human_bytes(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int unit = 0;
-  while (bytes >= 1024 && unit < 4) {
-    bytes /= 1024;
-    ++unit;
-  }
-  return fmt::format("{:.2f} {}", bytes, units[unit]);
-}
-
-int run_info(const ModelOptions& options, bool json) {
+int run_info(const CLI::App& command, const ModelOptions& options, bool json) {
+  mk::cli::check_seed_used(command, false, "mk info makes no weights or inputs");
   const mk::ModelConfig config = options.config();
   const mk::RunShape shape = options.shape();
   if (json) {
@@ -73,6 +61,9 @@ int run_info(const ModelOptions& options, bool json) {
   fmt::print("arithmetic intensity: {:.1f} FLOP/byte\n", cost.flops / cost.min_bytes);
   fmt::print("memory needed:      {} weights (bf16) + {} activations (one buffer per layer and op, any KV cache)\n",
              human_bytes(cost.weight_bytes), human_bytes(cost.activation_bytes));
+  fmt::print("engines need:       reference {}, cpu-vm {} of host memory; gpu {} of device memory ({} tasks)\n",
+             human_bytes(cost.reference_host_bytes), human_bytes(cost.cpu_vm_host_bytes),
+             human_bytes(cost.gpu_device_bytes), cost.tasks);
   return 0;
 }
 
@@ -98,15 +89,30 @@ void print_checksum(const mk::ModelConfig& config, const mk::ref::Matrix& output
              nans ? fmt::format(", {} NaN", nans) : "");
 }
 
-int run_forward(const ModelOptions& options, ScheduleOptions schedule_options, const std::string& requested_engine,
-                const mk::CpuVmOptions& vm_options, const std::string& input_path, const std::string& output_path,
-                int iterations, const std::string& json_path) {
+int run_forward(const CLI::App& command, const ModelOptions& options, ScheduleOptions schedule_options,
+                const std::string& requested_engine, const mk::CpuVmOptions& vm_options, const std::string& input_path,
+                const std::string& output_path, int iterations, const std::string& json_path) {
+  mk::cli::check_seed_used(command, options.model_dir.empty() || input_path.empty(),
+                           "--model gives the weights and --input the tokens");
   const mk::ModelConfig config = options.config();
   const std::string engine = resolve_engine(requested_engine);
-  MK_CHECK(engine == "reference" || engine == "cpu-vm" || engine == "gpu",
-           "unknown engine '{}' (available: auto, gpu, cpu-vm, reference)", engine);
+  mk::cli::check_engine_flags(command, engine, requested_engine == "auto",
+                              {{"--schedule", {"cpu-vm", "gpu"}},
+                               {"--sms", {"cpu-vm", "gpu"}},
+                               {"--policy", {"cpu-vm", "gpu"}},
+                               {"--max-delay-us", {"cpu-vm"}},
+                               {"--no-race-check", {"cpu-vm"}},
+                               {"--iterations", {"gpu"}}});
+  CommandFiles files;
+  options.add_inputs(files);
+  schedule_options.add_inputs(files);
+  files.input("--input", input_path);
+  files.output("--output", output_path);
+  files.output("--json", json_path);
+  files.check();
   mk::ref::ModelInput input = input_path.empty() ? mk::ref::random_input(config, options.shape(), options.seed + 1)
                                                  : mk::load_model_input(input_path, config);
+  mk::cli::check_engine_memory(engine, mk::forward_cost(config, input.shape), input.shape);
   const mk::ModelWeights weights = options.weights(config);
   fmt::print("{}\n", mk::describe(config));
   fmt::print("engine {}: batch {} x seq {}\n", engine, input.shape.batch, input.shape.seq_len);
@@ -163,7 +169,7 @@ int run_forward(const ModelOptions& options, ScheduleOptions schedule_options, c
                                    {"ms", seconds * 1e3},
                                    {"flops", cost.flops},
                                    {"tflops", cost.flops / seconds / 1e12}};
-    write_text_file(json_path, result.dump() + "\n");
+    mk::write_file(json_path, result.dump() + "\n");
   }
   return 0;
 }
@@ -171,6 +177,8 @@ int run_forward(const ModelOptions& options, ScheduleOptions schedule_options, c
 int run_bisect(const ModelOptions& options, ScheduleOptions schedule_options, int until_layer) {
   const mk::ModelConfig config = options.config();
   const mk::RunShape shape = options.shape();
+  const mk::ForwardCost cost = mk::forward_cost(config, shape);
+  for (const char* engine : {"gpu", "cpu-vm"}) mk::cli::check_engine_memory(engine, cost, shape);
   const mk::ModelWeights weights = options.weights(config);
   const mk::ref::ModelInput input = mk::ref::random_input(config, shape, options.seed + 1);
   const mk::Graph graph(config, shape);
@@ -194,8 +202,8 @@ int run_bisect(const ModelOptions& options, ScheduleOptions schedule_options, in
   return 0;
 }
 
-int run_trace(const ModelOptions& options, ScheduleOptions schedule_options, const std::string& requested_engine,
-              const std::string& out_path, int overhead_launches) {
+int run_trace(const CLI::App& command, const ModelOptions& options, ScheduleOptions schedule_options,
+              const std::string& requested_engine, const std::string& out_path, int overhead_launches) {
   const mk::ModelConfig config = options.config();
   const mk::RunShape shape = options.shape();
   std::string engine = requested_engine;
@@ -204,6 +212,13 @@ int run_trace(const ModelOptions& options, ScheduleOptions schedule_options, con
     engine = gpu.usable ? "gpu" : "cpu-vm";
     if (!gpu.usable) fmt::print("gpu engine unavailable: {}; tracing the cpu-vm\n", gpu.reason);
   }
+  mk::cli::check_engine_flags(command, engine, requested_engine == "auto", {{"--overhead", {"gpu"}}});
+  CommandFiles files;
+  options.add_inputs(files);
+  schedule_options.add_inputs(files);
+  files.output("--out", out_path);
+  files.check();
+  mk::cli::check_engine_memory(engine, mk::forward_cost(config, shape), shape);
   const mk::ModelWeights weights = options.weights(config);
   const mk::ref::ModelInput input = mk::ref::random_input(config, shape, options.seed + 1);
   const mk::Graph graph(config, shape);
@@ -236,16 +251,22 @@ int run_trace(const ModelOptions& options, ScheduleOptions schedule_options, con
     vm_options.detect_races = false;
     trace = mk::run_cpu_vm_unverified(graph, schedule, weights, input, vm_options).trace;
   }
-  write_text_file(out_path, mk::trace_to_chrome_json(graph, trace));
+  mk::write_file(out_path, mk::trace_to_chrome_json(graph, trace));
   fmt::print("wrote {} (open it in ui.perfetto.dev)\n", out_path);
   fmt::print("{}", mk::format_trace_summary(graph, mk::summarize_trace(graph, schedule, trace), trace));
   return 0;
 }
 
-int run_schedule(const ModelOptions& options, const ScheduleOptions& schedule_options, bool explain,
-                 const std::string& out_path) {
+int run_schedule(const CLI::App& command, const ModelOptions& options, const ScheduleOptions& schedule_options,
+                 bool explain, const std::string& out_path) {
+  mk::cli::check_seed_used(command, false, "mk schedule makes no weights or inputs");
   const mk::ModelConfig config = options.config();
   const mk::RunShape shape = options.shape();
+  CommandFiles files;
+  options.add_inputs(files);
+  schedule_options.add_inputs(files);
+  files.output("--out", out_path);
+  files.check();
   const auto start = std::chrono::steady_clock::now();
   const mk::Graph graph(config, shape);
   const mk::Schedule schedule = schedule_options.make(graph);
@@ -267,8 +288,27 @@ int run_schedule(const ModelOptions& options, const ScheduleOptions& schedule_op
   return 0;
 }
 
-int run_export(const ModelOptions& options, const std::string& out_dir, const std::string& input_path) {
+int run_export(const CLI::App& command, const ModelOptions& options, const std::string& out_dir,
+               const std::string& input_path) {
+  mk::cli::check_seed_used(command, options.model_dir.empty() || !input_path.empty(),
+                           "--model gives the weights and no --input is written");
   const mk::ModelConfig config = options.config();
+  CommandFiles files;
+  options.add_inputs(files);
+  // The directory is created if need be; its files must not be inputs, nor --input one of them.
+  for (const char* name : {"config.json", "mk_config.json", "model.safetensors"})
+    files.output(fmt::format("--out ({})", name), (std::filesystem::path(out_dir) / name).string());
+  files.output("--input", input_path);
+  mk::check_distinct(files.outputs, files.inputs);
+  if (!input_path.empty()) {
+    // --input may go into a directory the export creates (--out r/m --input r/in.safetensors).
+    const std::filesystem::path out = std::filesystem::weakly_canonical(out_dir);
+    const std::filesystem::path parent = std::filesystem::weakly_canonical(std::filesystem::path(input_path)).parent_path();
+    const bool created = std::mismatch(parent.begin(), parent.end(), out.begin(), out.end()).first == parent.end();
+    if (!created || std::filesystem::is_directory(input_path)) mk::check_output_path(files.outputs.back());
+  }
+  mk::check_memory(2.0 * double(mk::parameter_count(config)), double(mk::host_memory_bytes()), "the model's weights",
+                   "host memory");
   const std::string config_file = mk::save_model(out_dir, options.weights(config));
   fmt::print("wrote {}/{} and model.safetensors ({})\n", out_dir, config_file, mk::describe(config));
   if (!input_path.empty()) {
@@ -283,8 +323,9 @@ int run_export(const ModelOptions& options, const std::string& out_dir, const st
 struct InfoCommand {
   ModelOptions model;
   bool json = false;
+  CLI::App* command = nullptr;
   CLI::App* add(CLI::App& app) {
-    CLI::App* command = app.add_subcommand("info", "print a model's shape, parameter count, FLOPs and memory");
+    command = app.add_subcommand("info", "print a model's shape, parameter count, FLOPs and memory");
     model.add_to(*command);
     model.add_pass_to(*command);
     command->add_flag("--json", json, "print one JSON object: config, shape, parameters, FLOPs and bytes");
@@ -298,22 +339,30 @@ struct RunCommand {
   mk::CpuVmOptions vm;
   std::string engine = "auto", input_path, output_path, json_path;
   int iterations = 20;
+  CLI::App* command = nullptr;
   CLI::App* add(CLI::App& app) {
-    CLI::App* command = app.add_subcommand("run", "run one forward pass and print its time and an output checksum");
+    command = app.add_subcommand("run", "run one forward pass and print its time and an output checksum");
     model.add_to(*command);
     schedule.add_to(*command);
     command->add_option("--engine", engine, "auto (gpu where possible) | gpu | cpu-vm | reference")
         ->capture_default_str()
         ->check(CLI::IsMember({"auto", "gpu", "cpu-vm", "reference"}));
     command->add_option("--max-delay-us", vm.max_delay_us, "cpu-vm: random delay before each instruction")
-        ->capture_default_str();
+        ->capture_default_str()
+        ->check(CLI::Range(0, mk::kMaxCpuVmDelayUs));
     command->add_flag("!--no-race-check", vm.detect_races, "cpu-vm: skip the happens-before race detector");
-    command->add_option("--input", input_path, "safetensors with 'tokens' (batch, seq) or 'hidden' (batch, seq, d_model)");
-    command->add_option("--output", output_path, "write the output (logits or hidden states, F32) as safetensors");
+    // The input fixes batch and seq: --batch and --seq would be ignored.
+    command->add_option("--input", input_path, "safetensors with 'tokens' (batch, seq) or 'hidden' (batch, seq, d_model)")
+        ->check(mk::cli::kNonEmpty)
+        ->excludes(command->get_option("--batch"))
+        ->excludes(command->get_option("--seq"));
+    command->add_option("--output", output_path, "write the output (logits or hidden states, F32) as safetensors")
+        ->check(mk::cli::kNonEmpty);
     command->add_option("--iterations", iterations, "gpu: timed launches after one warm-up (the median is reported)")
         ->capture_default_str()
         ->check(CLI::Range(1, 1000000));
-    command->add_option("--json", json_path, "write the timing and shape as one JSON object to this file");
+    command->add_option("--json", json_path, "write the timing and shape as one JSON object to this file")
+        ->check(mk::cli::kNonEmpty);
     return command;
   }
 };
@@ -323,14 +372,15 @@ struct ScheduleCommand {
   ScheduleOptions schedule;
   bool explain = false;
   std::string out;
+  CLI::App* command = nullptr;
   CLI::App* add(CLI::App& app) {
-    CLI::App* command =
+    command =
         app.add_subcommand("schedule", "build, verify and explain the per-SM instruction lists of a forward pass");
     model.add_to(*command);
     model.add_pass_to(*command);
     schedule.add_to(*command);
     command->add_flag("--explain", explain, "per-SM load and instruction count, makespan, idle, critical path");
-    command->add_option("--out", out, "write the schedule to this file");
+    command->add_option("--out", out, "write the schedule to this file")->check(mk::cli::kNonEmpty);
     return command;
   }
 };
@@ -339,8 +389,9 @@ struct BisectCommand {
   ModelOptions model;
   ScheduleOptions schedule;
   int until_layer = -1;
+  CLI::App* command = nullptr;
   CLI::App* add(CLI::App& app) {
-    CLI::App* command = app.add_subcommand(
+    command = app.add_subcommand(
         "bisect", "run gpu and cpu-vm on one input and compare every intermediate buffer, each op also alone");
     model.add_to(*command);
     schedule.add_to(*command);
@@ -355,17 +406,19 @@ struct TraceCommand {
   ScheduleOptions schedule;
   std::string engine = "auto", out = "trace.json";
   int overhead_launches = 0;
+  CLI::App* command = nullptr;
   CLI::App* add(CLI::App& app) {
-    CLI::App* command =
+    command =
         app.add_subcommand("trace", "record a per-SM timeline of one forward pass (Chrome trace JSON) and summarize it");
     model.add_to(*command);
     schedule.add_to(*command);
     command->add_option("--engine", engine, "auto (gpu where possible, else cpu-vm) | gpu | cpu-vm")
         ->capture_default_str()
         ->check(CLI::IsMember({"auto", "gpu", "cpu-vm"}));
-    command->add_option("--out", out, "trace file to write")->capture_default_str();
+    command->add_option("--out", out, "trace file to write")->capture_default_str()->check(mk::cli::kNonEmpty);
     command->add_option("--overhead", overhead_launches, "gpu: also measure tracing overhead over N launch pairs")
-        ->capture_default_str();
+        ->capture_default_str()
+        ->check(CLI::Range(0, 100000));
     return command;
   }
 };
@@ -373,15 +426,22 @@ struct TraceCommand {
 struct ExportCommand {
   ModelOptions model;
   std::string dir, input_path;
+  CLI::App* command = nullptr;
   CLI::App* add(CLI::App& app) {
-    CLI::App* command =
+    command =
         app.add_subcommand("export", "write a model (random weights for a preset) as a Hugging Face directory");
     model.add_to(*command);
-    command->add_option("--out", dir, "directory to write config.json and model.safetensors to")->required();
-    command->add_option("--input", input_path, "also write a random input of the run shape to this file");
+    command->add_option("--out", dir, "directory to write config.json and model.safetensors to")
+        ->required()
+        ->check(mk::cli::kNonEmpty);
+    command->add_option("--input", input_path, "also write a random input of the run shape to this file")
+        ->check(mk::cli::kNonEmpty);
     return command;
   }
 };
+
+// The largest text `mk tokenize --file` reads; refused, not read, beyond it.
+constexpr uint64_t kMaxTextFileBytes = uint64_t(1) << 30;
 
 // `mk tokenize` and `mk detokenize`: text to token ids and back with a model's tokenizer.json.
 struct TextCommands {
@@ -414,11 +474,7 @@ struct TextCommands {
   int run_tokenize() const {
     const mk::Tokenizer tokenizer = mk::Tokenizer::load(tokenizer_path);
     std::string input = text;
-    if (!file.empty()) {
-      std::ifstream in(file, std::ios::binary);
-      MK_CHECK(in.good(), "cannot open {}", file);
-      input.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-    }
+    if (!file.empty()) input = mk::read_file(file, kMaxTextFileBytes);
     std::vector<int32_t> token_ids;
     try {
       token_ids = tokenizer.encode(input, {.add_special_tokens = !no_special, .split_special_tokens = split_special});
@@ -452,17 +508,24 @@ int main(int argc, char** argv) {
   ExportCommand export_model;
   mk::cli::GenerateCommand generate;
   const std::pair<CLI::App*, std::function<int()>> commands[] = {
-      {info.add(app), [&] { return run_info(info.model, info.json); }},
+      {info.add(app), [&] { return run_info(*info.command, info.model, info.json); }},
       {run.add(app),
        [&] {
-         return run_forward(run.model, run.schedule, run.engine, run.vm, run.input_path, run.output_path,
+         return run_forward(*run.command, run.model, run.schedule, run.engine, run.vm, run.input_path, run.output_path,
                             run.iterations, run.json_path);
        }},
-      {schedule.add(app), [&] { return run_schedule(schedule.model, schedule.schedule, schedule.explain, schedule.out); }},
+      {schedule.add(app),
+       [&] {
+         return run_schedule(*schedule.command, schedule.model, schedule.schedule, schedule.explain, schedule.out);
+       }},
       {bisect.add(app), [&] { return run_bisect(bisect.model, bisect.schedule, bisect.until_layer); }},
       {trace.add(app),
-       [&] { return run_trace(trace.model, trace.schedule, trace.engine, trace.out, trace.overhead_launches); }},
-      {export_model.add(app), [&] { return run_export(export_model.model, export_model.dir, export_model.input_path); }},
+       [&] {
+         return run_trace(*trace.command, trace.model, trace.schedule, trace.engine, trace.out,
+                          trace.overhead_launches);
+       }},
+      {export_model.add(app),
+       [&] { return run_export(*export_model.command, export_model.model, export_model.dir, export_model.input_path); }},
       {generate.add(app), [&] { return generate.run(); }},
   };
   TextCommands text_commands;
@@ -477,11 +540,18 @@ int main(int argc, char** argv) {
     for (const auto& [command, body] : commands)
       if (*command) return body();
     if (text_commands.given()) return text_commands.run();
+  } catch (const mk::cli::UsageError& error) {
+    fmt::print(stderr, "mk: error: {}\nRun with --help for more information.\n", mk::printable(error.what()));
+    return 2;
   } catch (const mk::Error& error) {
-    fmt::print(stderr, "mk: error: {}\n", error.what());
+    // Escaped: messages quote names and values read from files, which must not reach the terminal raw.
+    fmt::print(stderr, "mk: error: {}\n", mk::printable(error.what()));
+    return 1;
+  } catch (const std::bad_alloc&) {
+    fmt::print(stderr, "mk: error: out of memory (the figures of `mk info` say what a run needs)\n");
     return 1;
   } catch (const std::exception& error) {
-    fmt::print(stderr, "mk: unexpected error: {}\n", error.what());
+    fmt::print(stderr, "mk: unexpected error: {}\n", mk::printable(error.what()));
     return 1;
   }
   return 0;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <charconv>
@@ -11,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "guards.h"
 #include "mk/check.h"
 #include "mk/gpu.h"
 #include "mk/graph.h"
@@ -36,6 +38,25 @@ inline std::vector<int32_t> parse_token_ids(const std::string& text, const std::
   return ids;
 }
 
+// A validator refusing "": an empty path or name would otherwise read as "not given" and fall back to a default.
+inline const CLI::Validator kNonEmpty(
+    [](std::string& text) { return text.empty() ? std::string("must not be empty") : std::string(); }, "NONEMPTY");
+
+// A size flag: a whole number in [1, max]. 0 stands for "not given" internally, so a given size must be positive.
+inline CLI::Validator size_in_range(int64_t max) {
+  return CLI::Validator(
+      [max](std::string& text) {
+        int64_t value = 0;
+        const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+        if (error == std::errc::result_out_of_range) return fmt::format("out of range: {}", text);
+        if (error != std::errc() || end != text.data() + text.size()) return fmt::format("not a number: {}", text);
+        if (value <= 0) return fmt::format("must be positive, got {}", text);
+        if (value > max) return fmt::format("must be at most {}, got {}", max, text);
+        return std::string();
+      },
+      fmt::format("1..{}", max));
+}
+
 // Which model and which token batch a subcommand works on.
 struct ModelOptions {
   std::string preset;
@@ -49,36 +70,44 @@ struct ModelOptions {
   int64_t max_context = 0;  // 0: --seq rounded up to whole KV blocks
 
   void add_to(CLI::App& command) {
-    auto* preset_option = command.add_option("--preset", preset, "built-in model: seed, tiny, llama-3.2-1b, llama-3.1-8b");
-    auto* model_option = command.add_option("--model", model_dir, "Hugging Face model directory (config.json + safetensors)");
+    auto* preset_option = command.add_option("--preset", preset, "built-in model: seed, tiny, llama-3.2-1b, llama-3.1-8b")
+                              ->check(kNonEmpty);
+    auto* model_option =
+        command.add_option("--model", model_dir, "Hugging Face model directory (config.json + safetensors)")
+            ->check(kNonEmpty);
     preset_option->excludes(model_option);
-    // 0 stands for "not given" internally, so every size given on the command line must be positive.
-    const CLI::Validator positive(
-        [](std::string& text) {
-          try {
-            return std::stoll(text) > 0 ? std::string() : std::string("must be positive, got ") + text;
-          } catch (const std::exception&) {
-            return std::string("not a number: ") + text;
-          }
-        },
-        "POSITIVE");
-    command.add_option("--batch", batch, "sequences per forward pass (default: the preset's)")->check(positive);
-    command.add_option("--seq", seq_len, "tokens per sequence (default: the preset's)")->check(positive);
+    const CLI::Validator tokens = size_in_range(mk::kMaxTokens), columns = size_in_range(mk::kMaxColumns);
+    command.add_option("--batch", batch, "sequences per forward pass (default: the preset's)")->check(tokens);
+    command.add_option("--seq", seq_len, "tokens per sequence (default: the preset's)")->check(tokens);
     command.add_option("--seed", seed, "seed of random weights and inputs")->capture_default_str();
-    command.add_option("--layers", overrides.layers, "override the preset's layer count")->check(positive);
-    command
-        .add_option("--d-model", overrides.d_model,
-                    "override the preset's width (heads = d_model / head_dim, d_ff = 4 d_model)")
-        ->check(positive);
-    command.add_option("--heads", overrides.heads, "override the preset's query heads")->check(positive);
-    command.add_option("--kv-heads", overrides.kv_heads, "override the preset's kv heads")->check(positive);
-    command.add_option("--d-ff", overrides.d_ff, "override the preset's MLP width")->check(positive);
+    // Shape overrides change a preset: with --model they would be ignored.
+    model_option->excludes(command.add_option("--layers", overrides.layers, "override the preset's layer count")
+                               ->check(size_in_range(mk::kMaxLayers)));
+    model_option->excludes(command
+                               .add_option("--d-model", overrides.d_model,
+                                           "override the preset's width (heads = d_model / head_dim, d_ff = 4 d_model)")
+                               ->check(columns));
+    model_option->excludes(
+        command.add_option("--heads", overrides.heads, "override the preset's query heads")->check(columns));
+    model_option->excludes(
+        command.add_option("--kv-heads", overrides.kv_heads, "override the preset's kv heads")->check(columns));
+    model_option->excludes(command.add_option("--d-ff", overrides.d_ff, "override the preset's MLP width")->check(columns));
+  }
+
+  // The files of --model, which no output may overwrite.
+  void add_inputs(CommandFiles& files) const {
+    if (model_dir.empty()) return;
+    const std::filesystem::path dir(model_dir);
+    for (const char* config : {"config.json", "mk_config.json"})
+      files.input(fmt::format("--model {} ({})", model_dir, config), (dir / config).string());
+    for (const std::filesystem::path& file : mk::weight_files(dir))
+      files.input(fmt::format("--model {} ({})", model_dir, file.filename().string()), file.string());
   }
 
   void add_pass_to(CLI::App& command) {
     command.add_flag("--decode", decode, "a decode step of --batch sequences (one token each) instead of a forward pass");
     command.add_option("--max-context", max_context, "--decode: KV cache positions (default: --seq rounded up to 128)")
-        ->check(CLI::PositiveNumber);
+        ->check(size_in_range(mk::kMaxTokens));
   }
 
   mk::ModelConfig config() const {
@@ -94,14 +123,13 @@ struct ModelOptions {
     if (model_dir.empty()) result = mk::find_preset(preset.empty() ? "seed" : preset).shape;
     if (batch != 0) result.batch = batch;
     if (seq_len != 0) result.seq_len = seq_len;
-    MK_CHECK(result.batch > 0 && result.seq_len > 0, "--batch ({}) and --seq ({}) must be positive", result.batch,
-             result.seq_len);
     MK_CHECK(decode || max_context == 0, "--max-context describes the KV cache of a --decode step");
     if (decode) {
       const int64_t block = mk::tiles::kDecodeKvBlock;
       const int64_t context = max_context > 0 ? max_context : (result.seq_len + block - 1) / block * block;
       result = {result.batch, 1, mk::PassKind::kDecode, context};
     }
+    result.validate();
     return result;
   }
 
@@ -128,11 +156,17 @@ struct ScheduleOptions {
             },
             "SM count to schedule for (default 132; gpu: the device's)")
         ->check(CLI::Range(1, 4096));
-    command.add_option("--policy", policy, "round-robin | cost-model")
-        ->capture_default_str()
-        ->check(CLI::IsMember({"round-robin", "cost-model"}));
-    command.add_option("--schedule", schedule_file, "use a schedule file written by `mk schedule --out`");
+    auto* policy_option = command.add_option("--policy", policy, "round-robin | cost-model")
+                              ->capture_default_str()
+                              ->check(CLI::IsMember({"round-robin", "cost-model"}));
+    // A schedule file fixes its SM count and policy: --sms and --policy would be ignored.
+    command.add_option("--schedule", schedule_file, "use a schedule file written by `mk schedule --out`")
+        ->check(kNonEmpty)
+        ->excludes(command.get_option("--sms"))
+        ->excludes(policy_option);
   }
+
+  void add_inputs(CommandFiles& files) const { files.input("--schedule", schedule_file); }
 
   // The gpu engine schedules for the device's SMs unless --sms says otherwise.
   void use_device_sm_count() {
@@ -145,12 +179,7 @@ struct ScheduleOptions {
   mk::Schedule make(const mk::Graph& graph) const {
     mk::Schedule schedule;
     if (!schedule_file.empty()) {
-      mk::LoadedSchedule loaded = mk::load_schedule(schedule_file);
-      MK_CHECK(loaded.shape == graph.shape(), "{}: built for {}, not {}", schedule_file, describe(loaded.shape),
-               describe(graph.shape()));
-      const std::string difference = mk::first_difference(loaded.config, graph.config());
-      MK_CHECK(difference.empty(), "{}: built for another model: {} (file vs model)", schedule_file, difference);
-      schedule = std::move(loaded.schedule);
+      schedule = mk::load_schedule(schedule_file, graph).schedule;  // refuses another shape, model or task count
     } else {
       schedule = mk::make_schedule(graph, mk::derive_dependencies(graph), mk::parse_schedule_policy(policy), num_sms);
     }

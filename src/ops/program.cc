@@ -133,7 +133,12 @@ nlohmann::json forward_info_json(const ModelConfig& config, const RunShape& shap
           {"weights_read", cost.weights_read},
           {"activation_bytes", cost.activation_bytes},
           {"pass", pass_kind_name(shape.pass)},
-          {"max_context", shape.max_context}};
+          {"max_context", shape.max_context},
+          {"tasks", cost.tasks},
+          {"reference_host_bytes", cost.reference_host_bytes},
+          {"cpu_vm_host_bytes", cost.cpu_vm_host_bytes},
+          {"gpu_host_bytes", cost.gpu_host_bytes},
+          {"gpu_device_bytes", cost.gpu_device_bytes}};
 }
 
 }  // namespace mk
