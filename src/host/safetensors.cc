@@ -76,7 +76,7 @@ class HeaderReader final : public nlohmann::json_sax<nlohmann::json> {
       seen_ |= Field::kDtype;
       return true;
     }
-    return scalar("\"" + printable(value) + "\"");
+    return scalar(fmt::format("\"{}\"", printable(value)));
   }
   bool binary(binary_t&) override { return scalar("binary data"); }
   bool start_object(std::size_t) override { return start_container(true); }

@@ -160,7 +160,7 @@ bool hf_can_describe(const ModelConfig& config) {
   return config.has_embedding && config.has_lm_head && config.rope.type != RopeType::kNone;
 }
 
-void create_directory(const std::filesystem::path& dir) {
+void make_directory(const std::filesystem::path& dir) {
   std::error_code error;
   std::filesystem::create_directories(dir, error);
   MK_CHECK(!error && std::filesystem::is_directory(dir), "{}: cannot create the directory: {}", dir.string(),
@@ -184,7 +184,7 @@ void write_weights(const std::filesystem::path& dir, const ModelWeights& weights
 
 void save_hf_model(const std::filesystem::path& dir, const ModelWeights& weights) {
   const nlohmann::json config_json = model_config_to_hf_json(weights.config);
-  create_directory(dir);
+  make_directory(dir);
   write_json(dir / "config.json", config_json);
   write_weights(dir, weights);
 }
@@ -194,7 +194,7 @@ std::string save_model(const std::filesystem::path& dir, const ModelWeights& wei
     save_hf_model(dir, weights);
     return "config.json";
   }
-  create_directory(dir);
+  make_directory(dir);
   write_json(dir / "mk_config.json", model_config_to_json(weights.config));
   write_weights(dir, weights);
   return "mk_config.json";
