@@ -52,14 +52,20 @@ inline void check_seed_used(const CLI::App& command, bool used, const char* why_
 struct CommandFiles {
   std::vector<mk::NamedPath> inputs;
   std::vector<mk::NamedPath> outputs;
+  std::vector<std::string> opened;  // inputs given by flag: opened up front, so that a FIFO or loop fails first
 
   void input(std::string role, const std::string& path) {
     if (!path.empty()) inputs.push_back({std::move(role), path});
+  }
+  void given_input(std::string role, const std::string& path) {
+    input(std::move(role), path);
+    if (!path.empty()) opened.push_back(path);
   }
   void output(std::string role, const std::string& path) {
     if (!path.empty()) outputs.push_back({std::move(role), path});
   }
   void check() const {
+    for (const std::string& path : opened) mk::InputFile file(path);
     for (const mk::NamedPath& out : outputs) mk::check_output_path(out);
     mk::check_distinct(outputs, inputs);
   }

@@ -106,13 +106,16 @@ int run_forward(const CLI::App& command, const ModelOptions& options, ScheduleOp
   CommandFiles files;
   options.add_inputs(files);
   schedule_options.add_inputs(files);
-  files.input("--input", input_path);
+  files.given_input("--input", input_path);
   files.output("--output", output_path);
   files.output("--json", json_path);
   files.check();
+  // Memory is checked before a random input is made (its tokens alone can take gigabytes); a file's input is no
+  // larger than the file, and its shape is known only once it is read.
+  if (input_path.empty()) mk::cli::check_engine_memory(engine, mk::forward_cost(config, options.shape()), options.shape());
   mk::ref::ModelInput input = input_path.empty() ? mk::ref::random_input(config, options.shape(), options.seed + 1)
                                                  : mk::load_model_input(input_path, config);
-  mk::cli::check_engine_memory(engine, mk::forward_cost(config, input.shape), input.shape);
+  if (!input_path.empty()) mk::cli::check_engine_memory(engine, mk::forward_cost(config, input.shape), input.shape);
   const mk::ModelWeights weights = options.weights(config);
   fmt::print("{}\n", mk::describe(config));
   fmt::print("engine {}: batch {} x seq {}\n", engine, input.shape.batch, input.shape.seq_len);
@@ -307,8 +310,10 @@ int run_export(const CLI::App& command, const ModelOptions& options, const std::
     const bool created = std::mismatch(parent.begin(), parent.end(), out.begin(), out.end()).first == parent.end();
     if (!created || std::filesystem::is_directory(input_path)) mk::check_output_path(files.outputs.back());
   }
-  mk::check_memory(2.0 * double(mk::parameter_count(config)), double(mk::host_memory_bytes()), "the model's weights",
-                   "host memory");
+  const double input_bytes =
+      input_path.empty() ? 0.0 : 4.0 * double(options.shape().tokens()) * double(config.has_embedding ? 1 : config.d_model);
+  mk::check_memory(2.0 * double(mk::parameter_count(config)) + input_bytes, double(mk::host_memory_bytes()),
+                   "the model's weights and input", "host memory");
   const std::string config_file = mk::save_model(out_dir, options.weights(config));
   fmt::print("wrote {}/{} and model.safetensors ({})\n", out_dir, config_file, mk::describe(config));
   if (!input_path.empty()) {

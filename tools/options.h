@@ -99,9 +99,9 @@ struct ModelOptions {
     if (model_dir.empty()) return;
     const std::filesystem::path dir(model_dir);
     for (const char* config : {"config.json", "mk_config.json"})
-      files.input(fmt::format("--model {} ({})", model_dir, config), (dir / config).string());
+      files.input(fmt::format("--model {}'s {}", model_dir, config), (dir / config).string());
     for (const std::filesystem::path& file : mk::weight_files(dir))
-      files.input(fmt::format("--model {} ({})", model_dir, file.filename().string()), file.string());
+      files.input(fmt::format("--model {}'s {}", model_dir, file.filename().string()), file.string());
   }
 
   void add_pass_to(CLI::App& command) {
@@ -166,7 +166,7 @@ struct ScheduleOptions {
         ->excludes(policy_option);
   }
 
-  void add_inputs(CommandFiles& files) const { files.input("--schedule", schedule_file); }
+  void add_inputs(CommandFiles& files) const { files.given_input("--schedule", schedule_file); }
 
   // The gpu engine schedules for the device's SMs unless --sms says otherwise.
   void use_device_sm_count() {

@@ -175,7 +175,7 @@ void check_distinct(const std::vector<NamedPath>& outputs, const std::vector<Nam
   for (size_t i = 0; i < outputs.size(); ++i) {
     const NamedPath& out = outputs[i];
     for (const NamedPath& in : inputs) {
-      MK_CHECK(!same_file(out.path, in.path), "{} {} is the same file as {} {}: refusing to overwrite an input",
+      MK_CHECK(!same_file(out.path, in.path), "{} {} is the same file as {} ({}): refusing to overwrite an input",
                out.role, out.path.string(), in.role, in.path.string());
     }
     if (exists_as_other_than_regular(out.path)) continue;  // /dev/null may take several outputs

@@ -3,12 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <array>
-#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -22,40 +18,18 @@
 #include "mk/reference.h"
 #include "mk/safetensors.h"
 #include "mk/weights.h"
+#include "mk_process.h"
 #include "test_util.h"
 
 namespace {
 
+using mk::testing_util::quoted;
+using mk::testing_util::run_mk;
 using mk::testing_util::TempDir;
+using Result = mk::testing_util::MkResult;
 
 using ::testing::HasSubstr;
 using ::testing::Not;
-
-struct Result {
-  bool exited = false;  // false: killed by a signal, i.e. a crash
-  int status = -1;      // the exit status when exited
-  std::string output;   // stdout and stderr together
-};
-
-// Runs `mk <args>` through the shell; args are quoted by the caller where needed.
-Result run_mk(const std::string& args) {
-  const std::string command = fmt::format("'{}' {} 2>&1", MK_BINARY, args);
-  Result result;
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (pipe == nullptr) {
-    ADD_FAILURE() << "popen failed for " << command;
-    return result;
-  }
-  std::array<char, 4096> buffer;
-  size_t count;
-  while ((count = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) result.output.append(buffer.data(), count);
-  const int status = ::pclose(pipe);
-  result.exited = WIFEXITED(status);
-  result.status = result.exited ? WEXITSTATUS(status) : -1;
-  return result;
-}
-
-std::string quoted(const std::filesystem::path& path) { return fmt::format("'{}'", path.string()); }
 
 // The line of `mk run` output that holds the checksum.
 std::string checksum_line(const std::string& output) {
