@@ -15,13 +15,8 @@
 namespace {
 
 namespace fs = std::filesystem;
-using mk::testing_util::expect_failure;
-using mk::testing_util::Hostile;
-using mk::testing_util::quoted;
-using mk::testing_util::read_bytes;
-using mk::testing_util::run_mk;
-using mk::testing_util::safetensors_bytes;
-using mk::testing_util::write_bytes;
+// The fixture and its helpers are this file's vocabulary.
+using namespace mk::testing_util;  // NOLINT(google-build-using-namespace)
 using ::testing::HasSubstr;
 using ::testing::Not;
 

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "hostile_fixture.h"
 #include "mk/program.h"
@@ -16,13 +17,8 @@
 namespace {
 
 namespace fs = std::filesystem;
-using mk::testing_util::expect_failure;
-using mk::testing_util::Hostile;
-using mk::testing_util::quoted;
-using mk::testing_util::read_bytes;
-using mk::testing_util::run_mk;
-using mk::testing_util::safetensors_bytes;
-using mk::testing_util::write_bytes;
+// The fixture and its helpers are this file's vocabulary.
+using namespace mk::testing_util;  // NOLINT(google-build-using-namespace)
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -125,19 +121,20 @@ TEST_F(Hostile, TensorNamesAreEscaped) {
 // ---- flags that would be silently ignored are usage errors naming both flags ----
 
 TEST_F(Hostile, FlagsThatCannotApplyAreUsageErrors) {
-  expect_failure(run_mk(run_model("--batch 2")), 2, "--batch excludes --input");
-  expect_failure(run_mk(run_model("--seq 2")), 2, "--seq excludes --input");
-  expect_failure(run_mk("run --preset tiny --engine cpu-vm --schedule x.sched --sms 4"), 2, "--sms excludes --schedule");
-  expect_failure(run_mk("run --preset tiny --engine cpu-vm --schedule x.sched --policy round-robin"), 2,
-                 "--policy excludes --schedule");
-  expect_failure(run_mk("run --preset tiny --engine reference --schedule x.sched"), 2,
-                 "--schedule applies to --engine cpu-vm or gpu only, and the engine is reference");
-  expect_failure(run_mk("run --preset tiny --engine reference --max-delay-us 5"), 2,
-                 "--max-delay-us applies to --engine cpu-vm only");
-  expect_failure(run_mk("run --preset tiny --engine cpu-vm --iterations 3"), 2, "--iterations applies to --engine gpu");
-  expect_failure(run_mk(run_model("--seed 3")), 2, "--seed has nothing to seed");
-  expect_failure(run_mk(fmt::format("run --model {} --layers 3", quoted(model()))), 2, "--model excludes --layers");
-  expect_failure(run_mk("trace --preset tiny --engine cpu-vm --overhead 3"), 2, "--overhead applies to --engine gpu");
+  const std::string vm = "run --preset tiny --engine cpu-vm ", reference = "run --preset tiny --engine reference ";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {run_model("--batch 2"), "--batch excludes --input"},
+      {run_model("--seq 2"), "--seq excludes --input"},
+      {vm + "--schedule x.sched --sms 4", "--sms excludes --schedule"},
+      {vm + "--schedule x.sched --policy round-robin", "--policy excludes --schedule"},
+      {reference + "--schedule x.sched", "--schedule applies to --engine cpu-vm or gpu only, and the engine is reference"},
+      {reference + "--max-delay-us 5", "--max-delay-us applies to --engine cpu-vm only"},
+      {vm + "--iterations 3", "--iterations applies to --engine gpu"},
+      {run_model("--seed 3"), "--seed has nothing to seed"},
+      {fmt::format("run --model {} --layers 3", quoted(model())), "--model excludes --layers"},
+      {"trace --preset tiny --engine cpu-vm --overhead 3", "--overhead applies to --engine gpu"},
+  };
+  for (const auto& [args, message] : cases) expect_failure(run_mk(args), 2, message);
 }
 
 // ---- what held up still holds, and mk info counts every weight ----
