@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -195,6 +196,38 @@ TEST(HostileApi, CpuVmDelayIsBounded) {
                                options);
               }),
               HasSubstr("max_delay_us must be in [0, 100000]"));
+}
+
+TEST(HostileApi, FuzzSeedCorporaOfConfigsAndSchedulesFailAsTheirNamesSay) {
+  // Seeds named valid-* or invalid-*: keep them honest, so that each fuzzer starts on both sides of its checks.
+  const fs::path fuzz = fs::path(__FILE__).parent_path() / ".." / ".." / "fuzz";
+  auto check_corpus = [&](const char* corpus, const std::function<void(const fs::path&)>& load) {
+    int valid = 0, invalid = 0;
+    for (const auto& entry : fs::directory_iterator(fuzz / corpus)) {
+      const std::string name = entry.path().filename().string();
+      if (name.starts_with("valid-")) {
+        ++valid;
+        EXPECT_NO_THROW(load(entry.path())) << name;
+      } else {
+        ++invalid;
+        EXPECT_THROW(load(entry.path()), mk::Error) << name;
+      }
+    }
+    EXPECT_GE(valid, 2) << corpus;
+    EXPECT_GE(invalid, 2) << corpus;
+  };
+  check_corpus("corpus_config", [](const fs::path& path) {
+    const nlohmann::json json = mk::read_json_file(path, mk::kMaxConfigJsonBytes);
+    if (json.contains("d_model")) {
+      mk::model_config_from_json(json, path.string());
+    } else {
+      mk::model_config_from_hf_json(json, path.string());
+    }
+  });
+  check_corpus("corpus_schedule", [](const fs::path& path) {
+    const mk::LoadedSchedule loaded = mk::load_schedule(path);
+    mk::verify_schedule(mk::Graph(loaded.config, loaded.shape), loaded.schedule);
+  });
 }
 
 }  // namespace
