@@ -125,8 +125,11 @@ struct ExportCommand {
     command->add_option("--out", dir, "directory to write config.json and model.safetensors to")
         ->required()
         ->check(kNonEmpty);
-    command->add_option("--input", input_path, "also write a random input of the run shape to this file")
-        ->check(kNonEmpty);
+    auto* input = command->add_option("--input", input_path, "also write a random input of the run shape to this file")
+                      ->check(kNonEmpty);
+    // The run shape is the input's: without --input, --batch and --seq would be ignored.
+    command->get_option("--batch")->needs(input);
+    command->get_option("--seq")->needs(input);
     return command;
   }
 };

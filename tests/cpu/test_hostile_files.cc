@@ -133,6 +133,8 @@ TEST_F(Hostile, FlagsThatCannotApplyAreUsageErrors) {
       {run_model("--seed 3"), "--seed has nothing to seed"},
       {fmt::format("run --model {} --layers 3", quoted(model())), "--model excludes --layers"},
       {"trace --preset tiny --engine cpu-vm --overhead 3", "--overhead applies to --engine gpu"},
+      {reference + "--no-race-check", "--no-race-check applies to --engine cpu-vm only"},
+      {"export --preset tiny --out x --batch 2", "--batch requires --input"},
   };
   for (const auto& [args, message] : cases) expect_failure(run_mk(args), 2, message);
 }
