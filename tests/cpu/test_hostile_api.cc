@@ -207,7 +207,8 @@ TEST(HostileApi, FuzzSeedCorporaOfConfigsAndSchedulesFailAsTheirNamesSay) {
       const std::string name = entry.path().filename().string();
       if (name.starts_with("valid-")) {
         ++valid;
-        EXPECT_NO_THROW(load(entry.path())) << name;
+        EXPECT_NO_THROW(load(entry.path())) << name << " (after a change of include/mk/tiles.h, remake the schedule "
+                                                       "seeds with fuzz/make_schedule_seeds.sh)";
       } else {
         ++invalid;
         EXPECT_THROW(load(entry.path()), mk::Error) << name;
