@@ -3,7 +3,6 @@
 #include "generate.h"
 
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -19,8 +18,6 @@
 namespace mk::cli {
 
 namespace {
-
-double machine_memory_bytes() { return double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE)); }
 
 // The q-quantile of `values` by nearest rank.
 double percentile(std::vector<double> values, double q) {
@@ -82,21 +79,22 @@ CLI::App* GenerateCommand::add(CLI::App& app) {
   CLI::App* command =
       app.add_subcommand("generate", "generate tokens from prompts: prefill, then one decode step per token");
   auto* preset_option =
-      command->add_option("--preset", preset, "built-in model (random weights): tiny, llama-3.2-1b, ...");
+      command->add_option("--preset", preset, "built-in model (random weights): tiny, llama-3.2-1b, ...")->check(kNonEmpty);
   auto* model_option =
-      command->add_option("--model", model_dir, "Hugging Face model directory (config.json + safetensors)");
+      command->add_option("--model", model_dir, "Hugging Face model directory (config.json + safetensors)")
+          ->check(kNonEmpty);
   preset_option->excludes(model_option);
   CLI::Option_group* source = command->add_option_group("prompts", "where the prompts come from (one of)");
-  source->add_option("--tokens", tokens_path,
-                     "safetensors with 'tokens' (batch, seq) and optionally 'lengths' (batch)");
+  source->add_option("--tokens", tokens_path, "safetensors with 'tokens' (batch, seq) and optionally 'lengths' (batch)")
+      ->check(kNonEmpty);
   source->add_option("--prompt-ids", prompt_ids, "token ids, '1,2,3'; sequences of a batch separated by ';'");
   source->add_option("--prompt", prompt_text, "text, tokenized with the model directory's tokenizer.json");
   source->require_option(1);
   command->add_option("--max-new-tokens", max_new_tokens, "new tokens per sequence at most")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(int64_t(0), kMaxTokens));
   command->add_option("--batch", batch, "sequences; one prompt is repeated to fill them (default: the prompts' count)")
-      ->check(CLI::PositiveNumber);
+      ->check(size_in_range(kMaxTokens));
   command->add_option("--temperature", sampling.temperature, "0: greedy")->capture_default_str();
   command->add_option("--top-k", sampling.top_k, "sample from the k most likely tokens (0: all)")
       ->capture_default_str();
@@ -106,14 +104,15 @@ CLI::App* GenerateCommand::add(CLI::App& app) {
   command
       ->add_option("--max-context", max_context,
                    "KV cache positions per sequence (default: longest prompt + new tokens, rounded up to 128)")
-      ->check(CLI::PositiveNumber);
+      ->check(size_in_range(kMaxTokens));
   command
       ->add_option("--memory-budget", memory_budget_gib,
                    "GiB the generation may allocate (default: the machine's memory)")
       ->check(CLI::PositiveNumber);
   command->add_option("--eos", eos,
                       "ids that end a sequence (default: generation_config.json's or config.json's eos_token_id)");
-  command->add_option("--output", output_path, "write the sequences as safetensors: tokens, lengths, prompt_lengths");
+  command->add_option("--output", output_path, "write the sequences as safetensors: tokens, lengths, prompt_lengths")
+      ->check(kNonEmpty);
   command->add_option("--engine", engine, "auto (cpu-vm until the gpu can generate) | cpu-vm | reference | gpu")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "gpu", "cpu-vm", "reference"}));
@@ -159,6 +158,11 @@ int GenerateCommand::run() const {
   model.model_dir = model_dir;
   model.seed = weights_seed;
   const ModelConfig config = model.config();
+  CommandFiles files;  // checked before any work: the output lands on no input, in a directory that exists
+  model.add_inputs(files);
+  files.given_input("--tokens", tokens_path);
+  files.output("--output", output_path);
+  files.check();
   std::optional<Tokenizer> tokenizer;
   const std::vector<std::vector<int32_t>> prompts = read_prompts(config, tokenizer);
   int64_t longest = 0;
@@ -178,7 +182,7 @@ int GenerateCommand::run() const {
   setup.num_sms = num_sms;
   const GenerationMemory memory = generation_memory(config, setup.batch, longest - 1, setup.max_context, true);
   check_memory_budget(memory,
-                      memory_budget_gib > 0 ? memory_budget_gib * double(int64_t(1) << 30) : machine_memory_bytes(),
+                      memory_budget_gib > 0 ? memory_budget_gib * double(int64_t(1) << 30) : double(host_memory_bytes()),
                       setup.batch, setup.max_context);
 
   const ModelWeights weights = model.weights(config);

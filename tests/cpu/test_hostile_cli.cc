@@ -76,6 +76,9 @@ TEST_F(Hostile, OutputOntoTheInputIsRefused) {
   for (const fs::path& alias : {path("link.safetensors"), path("hard.safetensors"), model() / ".." / "in.safetensors"})
     expect_failure(run_mk(run_model("--output " + quoted(alias))), 1, "refusing to overwrite an input");
   expect_failure(run_mk(run_model("--json " + quoted(input()))), 1, "refusing to overwrite an input");
+  expect_failure(run_mk(fmt::format("generate --model {} --tokens {} --output {}", quoted(model()), quoted(input()),
+                                    quoted(input()))),
+                 1, "--output " + input().string() + " is the same file as --tokens");
   EXPECT_EQ(read_bytes(input()), before);
 }
 
