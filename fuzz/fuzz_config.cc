@@ -2,9 +2,8 @@
 // config form (mk_config.json, a schedule's header) must give a config within the engines' limits, or mk::Error.
 #include <cstdint>
 #include <cstdlib>
-#include <string_view>
-
 #include <nlohmann/json.hpp>
+#include <string_view>
 
 #include "mk/check.h"
 #include "mk/files.h"

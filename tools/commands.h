@@ -3,7 +3,6 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
-
 #include <string>
 
 #include "mk/cpu_vm.h"
@@ -43,7 +42,8 @@ struct RunCommand {
         ->check(CLI::Range(0, mk::kMaxCpuVmDelayUs));
     command->add_flag("!--no-race-check", vm.detect_races, "cpu-vm: skip the happens-before race detector");
     // The input fixes batch and seq: --batch and --seq would be ignored.
-    command->add_option("--input", input_path, "safetensors with 'tokens' (batch, seq) or 'hidden' (batch, seq, d_model)")
+    command
+        ->add_option("--input", input_path, "safetensors with 'tokens' (batch, seq) or 'hidden' (batch, seq, d_model)")
         ->check(kNonEmpty)
         ->excludes(command->get_option("--batch"))
         ->excludes(command->get_option("--seq"));
@@ -99,8 +99,8 @@ struct TraceCommand {
   int overhead_launches = 0;
   CLI::App* command = nullptr;
   CLI::App* add(CLI::App& app) {
-    command =
-        app.add_subcommand("trace", "record a per-SM timeline of one forward pass (Chrome trace JSON) and summarize it");
+    command = app.add_subcommand("trace",
+                                 "record a per-SM timeline of one forward pass (Chrome trace JSON) and summarize it");
     model.add_to(*command);
     schedule.add_to(*command);
     command->add_option("--engine", engine, "auto (gpu where possible, else cpu-vm) | gpu | cpu-vm")
@@ -119,8 +119,7 @@ struct ExportCommand {
   std::string dir, input_path;
   CLI::App* command = nullptr;
   CLI::App* add(CLI::App& app) {
-    command =
-        app.add_subcommand("export", "write a model (random weights for a preset) as a Hugging Face directory");
+    command = app.add_subcommand("export", "write a model (random weights for a preset) as a Hugging Face directory");
     model.add_to(*command);
     command->add_option("--out", dir, "directory to write config.json and model.safetensors to")
         ->required()

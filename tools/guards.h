@@ -2,10 +2,10 @@
 // the memory a run needs. Each failure is one message naming the flag, file or figure.
 #pragma once
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -34,7 +34,8 @@ struct EngineFlag {
 inline void check_engine_flags(const CLI::App& command, const std::string& engine, bool chosen_by_auto,
                                const std::vector<EngineFlag>& flags) {
   for (const EngineFlag& flag : flags) {
-    if (command.count(flag.flag) == 0 || std::find(flag.engines.begin(), flag.engines.end(), engine) != flag.engines.end())
+    if (command.count(flag.flag) == 0 ||
+        std::find(flag.engines.begin(), flag.engines.end(), engine) != flag.engines.end())
       continue;
     throw UsageError(fmt::format("{} applies to --engine {} only, and the engine is {}{}", flag.flag,
                                  fmt::join(flag.engines, " or "), engine,

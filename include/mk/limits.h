@@ -19,8 +19,7 @@ constexpr int64_t kMaxLayers = 0xFFFE;             // layers are 16-bit in instr
 // a * b and a + b, or mk::Error saying that `what` overflows; operands are sizes, so negative ones are refused too.
 inline int64_t checked_mul(int64_t a, int64_t b, std::string_view what) {
   int64_t product = 0;
-  MK_CHECK(a >= 0 && b >= 0 && !__builtin_mul_overflow(a, b, &product), "{} ({} x {}) overflows 64 bits", what, a,
-           b);
+  MK_CHECK(a >= 0 && b >= 0 && !__builtin_mul_overflow(a, b, &product), "{} ({} x {}) overflows 64 bits", what, a, b);
   return product;
 }
 inline int64_t checked_add(int64_t a, int64_t b, std::string_view what) {

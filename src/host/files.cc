@@ -5,13 +5,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <nlohmann/json.hpp>
-
 #include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "mk/check.h"
@@ -71,8 +70,8 @@ void InputFile::read_at(uint64_t offset, std::span<uint8_t> out) const {
 
 std::string read_file(const fs::path& path, uint64_t max_bytes) {
   const InputFile file(path);
-  MK_CHECK(file.size() <= max_bytes, "{}: {} bytes, more than the {} allowed for this file", path.string(),
-           file.size(), max_bytes);
+  MK_CHECK(file.size() <= max_bytes, "{}: {} bytes, more than the {} allowed for this file", path.string(), file.size(),
+           max_bytes);
   std::string text(size_t(file.size()), '\0');
   file.read_at(0, {reinterpret_cast<uint8_t*>(text.data()), text.size()});
   return text;
@@ -180,8 +179,9 @@ void check_distinct(const std::vector<NamedPath>& outputs, const std::vector<Nam
     }
     if (exists_as_other_than_regular(out.path)) continue;  // /dev/null may take several outputs
     for (size_t j = i + 1; j < outputs.size(); ++j) {
-      MK_CHECK(!same_file(out.path, outputs[j].path), "{} {} and {} {} are the same file: one would overwrite the other",
-               out.role, out.path.string(), outputs[j].role, outputs[j].path.string());
+      MK_CHECK(!same_file(out.path, outputs[j].path),
+               "{} {} and {} {} are the same file: one would overwrite the other", out.role, out.path.string(),
+               outputs[j].role, outputs[j].path.string());
     }
   }
 }

@@ -13,7 +13,8 @@ uint64_t host_memory_bytes() {
   const long pages = ::sysconf(_SC_PHYS_PAGES), page_size = ::sysconf(_SC_PAGE_SIZE);
   uint64_t bytes = pages > 0 && page_size > 0 ? uint64_t(pages) * uint64_t(page_size) : UINT64_MAX;
   rlimit limit{};
-  if (::getrlimit(RLIMIT_AS, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) bytes = std::min<uint64_t>(bytes, limit.rlim_cur);
+  if (::getrlimit(RLIMIT_AS, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY)
+    bytes = std::min<uint64_t>(bytes, limit.rlim_cur);
   // cgroup v2: "max" or a byte count.
   std::ifstream cgroup("/sys/fs/cgroup/memory.max");
   uint64_t cgroup_bytes = 0;
@@ -58,9 +59,9 @@ size_t utf8_sequence(std::string_view text, size_t i, uint32_t& code_point) {
 }
 
 bool steers_terminal(uint32_t code_point) {
-  return code_point < 0x20 || (code_point >= 0x7F && code_point < 0xA0) ||      // C0, DEL, C1
-         (code_point >= 0x202A && code_point <= 0x202E) ||                     // bidi embeddings and overrides
-         (code_point >= 0x2066 && code_point <= 0x2069);                       // bidi isolates
+  return code_point < 0x20 || (code_point >= 0x7F && code_point < 0xA0) ||  // C0, DEL, C1
+         (code_point >= 0x202A && code_point <= 0x202E) ||                  // bidi embeddings and overrides
+         (code_point >= 0x2066 && code_point <= 0x2069);                    // bidi isolates
 }
 
 }  // namespace

@@ -193,7 +193,8 @@ void HeaderReader::end_tensor() {
   MK_CHECK(seen_ & Field::kOffsets, "{}: 'data_offsets' must be an array of two offsets", where());
   TensorInfo tensor;
   tensor.name = name_;
-  auto found = std::find_if(std::begin(kDTypes), std::end(kDTypes), [&](const DTypeEntry& e) { return e.name == dtype_; });
+  auto found =
+      std::find_if(std::begin(kDTypes), std::end(kDTypes), [&](const DTypeEntry& e) { return e.name == dtype_; });
   MK_CHECK(found != std::end(kDTypes), "{}: unknown dtype '{}'", where(), printable(dtype_));
   tensor.dtype = found->dtype;
   // Every extent alone fits int64 with room for the dtype size: a zero extent must not let a 2^63 one through.
@@ -293,7 +294,8 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
   }
   by_name_.resize(tensors_.size());
   for (uint32_t i = 0; i < by_name_.size(); ++i) by_name_[i] = i;
-  std::sort(by_name_.begin(), by_name_.end(), [&](uint32_t a, uint32_t b) { return tensors_[a].name < tensors_[b].name; });
+  std::sort(by_name_.begin(), by_name_.end(),
+            [&](uint32_t a, uint32_t b) { return tensors_[a].name < tensors_[b].name; });
 }
 
 SafetensorsFile::~SafetensorsFile() {

@@ -39,7 +39,9 @@ struct KvAppendOp {
       }
     }
   }
-  static int64_t num_tasks(const OpContext& ctx) { return ctx.shape.batch * blocks(ctx.shape.seq_len, tiles::kBlockRows); }
+  static int64_t num_tasks(const OpContext& ctx) {
+    return ctx.shape.batch * blocks(ctx.shape.seq_len, tiles::kBlockRows);
+  }
   // The qkv rows of the task's cache rows (of the sequences they span, for a rectangle across sequences).
   static void reads(const OpContext& ctx, const Task& t, TaskRegions& r) {
     const int64_t S = ctx.shape.seq_len, C = ctx.shape.max_context, b = t.row_begin / C;

@@ -5,11 +5,11 @@
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "mk_process.h"
@@ -47,7 +47,8 @@ inline void expect_failure(const MkResult& result, int status, const std::string
 class Hostile : public ::testing::Test {
  protected:
   void SetUp() override {
-    const MkResult result = run_mk(fmt::format("export --preset tiny --out {} --input {}", quoted(model()), quoted(input())));
+    const MkResult result =
+        run_mk(fmt::format("export --preset tiny --out {} --input {}", quoted(model()), quoted(input())));
     ASSERT_EQ(result.status, 0) << result.output;
   }
   fs::path model() const { return dir_.path() / "m"; }

@@ -3,16 +3,17 @@
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "hostile_fixture.h"
 #include "mk/cpu_vm.h"
 #include "mk/files.h"
 #include "mk/graph.h"
@@ -22,7 +23,6 @@
 #include "mk/safetensors.h"
 #include "mk/schedule.h"
 #include "mk/weights.h"
-#include "hostile_fixture.h"
 
 namespace {
 
@@ -41,9 +41,11 @@ std::string parse_error(const std::string& header) {
 
 TEST(HostileApi, PrintableEscapesWhatSteersATerminal) {
   EXPECT_EQ(mk::printable("a\x1b[2Jb\n\x7f"), "a\\x1b[2Jb\\x0a\\x7f");
-  EXPECT_EQ(mk::printable("\xc2\x9b" "31m"), "\\xc2\\x9b31m");          // C1 CSI, as UTF-8
-  EXPECT_EQ(mk::printable("\x9b\xff"), "\\x9b\\xff");                   // not UTF-8
-  EXPECT_EQ(mk::printable("x\xe2\x80\xaey"), "x\\xe2\\x80\\xaey");      // U+202E right-to-left override
+  EXPECT_EQ(mk::printable("\xc2\x9b"
+                          "31m"),
+            "\\xc2\\x9b31m");                                                        // C1 CSI, as UTF-8
+  EXPECT_EQ(mk::printable("\x9b\xff"), "\\x9b\\xff");                                // not UTF-8
+  EXPECT_EQ(mk::printable("x\xe2\x80\xaey"), "x\\xe2\\x80\\xaey");                   // U+202E right-to-left override
   EXPECT_EQ(mk::printable("caf\xc3\xa9 \xe6\x97\xa5"), "caf\xc3\xa9 \xe6\x97\xa5");  // text stays text
   EXPECT_EQ(mk::printable(mk::printable("\x1b")), mk::printable("\x1b"));
 }
@@ -81,9 +83,13 @@ TEST(HostileApi, TheGraphIsCountedBeforeItIsTiled) {
     }
   }
   // Addressable but not schedulable on any host: refused without tiling (which would take hours and terabytes).
-  EXPECT_THAT(error_of([] { mk::Graph graph(mk::find_preset("seed").config, {1, int64_t(1) << 29}); }),
+  EXPECT_THAT(error_of([] {
+                mk::Graph graph(mk::find_preset("seed").config, {1, int64_t(1) << 29});
+              }),
               HasSubstr("tasks (batch 1 x seq 536870912) needs"));
-  EXPECT_THAT(error_of([] { mk::Graph graph(mk::find_preset("seed").config, {1, mk::kMaxTokens}); }),
+  EXPECT_THAT(error_of([] {
+                mk::Graph graph(mk::find_preset("seed").config, {1, mk::kMaxTokens});
+              }),
               HasSubstr("5905580032 tasks are more than the 2^32 one schedule addresses"));
 }
 
@@ -123,7 +129,8 @@ TEST(HostileApi, InputsThatAreNotRegularFilesAreRefusedWithoutBlocking) {
   TempDir dir;
   const fs::path fifo = dir.path() / "fifo";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
-  EXPECT_THAT(error_of([&] { mk::SafetensorsFile file(fifo); }), HasSubstr("is a FIFO (named pipe), not a regular file"));
+  EXPECT_THAT(error_of([&] { mk::SafetensorsFile file(fifo); }),
+              HasSubstr("is a FIFO (named pipe), not a regular file"));
   EXPECT_THAT(error_of([&] { mk::load_schedule(fifo); }), HasSubstr("is a FIFO"));
   EXPECT_THAT(error_of([] { mk::load_schedule("/dev/zero"); }), HasSubstr("/dev/zero: is a device"));
   EXPECT_THAT(error_of([] { mk::load_model_config("/dev/zero"); }), HasSubstr("is a device"));
@@ -144,10 +151,11 @@ TEST(HostileApi, WritesAreAtomic) {
   mk::write_file(file, "old");
   ::chmod(file.c_str(), 0640);
   // A writer that fails halfway leaves the old file as it was, and no temporary file behind.
-  EXPECT_THROW(mk::write_file(file, [](std::ostream& out) {
-                 out << "partial";
-                 throw std::runtime_error("disk gone");
-               }),
+  EXPECT_THROW(mk::write_file(file,
+                              [](std::ostream& out) {
+                                out << "partial";
+                                throw std::runtime_error("disk gone");
+                              }),
                std::runtime_error);
   EXPECT_EQ(read_bytes(file), "old");
   EXPECT_EQ(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator()), 1);
@@ -170,17 +178,25 @@ TEST(HostileApi, OutputsAreComparedWithInputsAsFiles) {
   fs::create_hard_link(input, dir.path() / "hard");
   const std::vector<mk::NamedPath> inputs = {{"--input", input}};
   for (const fs::path& alias : {dir.path() / "hard", dir.path() / "." / "in"}) {
-    EXPECT_THAT(error_of([&] { mk::check_distinct({{"--output", alias}}, inputs); }),
+    EXPECT_THAT(error_of([&] {
+                  mk::check_distinct({{"--output", alias}}, inputs);
+                }),
                 HasSubstr("is the same file as --input"));
   }
-  EXPECT_THAT(error_of([&] { mk::check_distinct({{"--a", dir.path() / "new"}, {"--b", dir.path() / "new"}}, {}); }),
+  EXPECT_THAT(error_of([&] {
+                mk::check_distinct({{"--a", dir.path() / "new"}, {"--b", dir.path() / "new"}}, {});
+              }),
               HasSubstr("--a " + (dir.path() / "new").string() + " and --b"));
   EXPECT_NO_THROW(mk::check_distinct({{"--a", "/dev/null"}, {"--b", "/dev/null"}}, inputs));
 }
 
 TEST(HostileApi, ParallelForPassesExceptionsOn) {
   EXPECT_THROW(mk::parallel_for(
-                   64, [](int64_t begin, int64_t) { if (begin > 0) throw mk::Error("chunk failed"); }, 4),
+                   64,
+                   [](int64_t begin, int64_t) {
+                     if (begin > 0) throw mk::Error("chunk failed");
+                   },
+                   4),
                mk::Error);
 }
 
@@ -207,8 +223,9 @@ TEST(HostileApi, FuzzSeedCorporaOfConfigsAndSchedulesFailAsTheirNamesSay) {
       const std::string name = entry.path().filename().string();
       if (name.starts_with("valid-")) {
         ++valid;
-        EXPECT_NO_THROW(load(entry.path())) << name << " (after a change of include/mk/tiles.h, remake the schedule "
-                                                       "seeds with fuzz/make_schedule_seeds.sh)";
+        EXPECT_NO_THROW(load(entry.path())) << name
+                                            << " (after a change of include/mk/tiles.h, remake the schedule "
+                                               "seeds with fuzz/make_schedule_seeds.sh)";
       } else {
         ++invalid;
         EXPECT_THROW(load(entry.path()), mk::Error) << name;

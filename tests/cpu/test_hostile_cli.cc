@@ -3,10 +3,10 @@
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <filesystem>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -23,8 +23,9 @@ using ::testing::Not;
 // ---- crashes and unbounded memory: sizes are checked before anything is allocated from them ----
 
 TEST_F(Hostile, HeadsThatOverflowAreRefused) {
-  expect_failure(run_mk("run --preset tiny --engine reference --heads 576460752303423492 --kv-heads 288230376151711746"),
-                 2, "--heads: must be at most 1073741824");
+  expect_failure(
+      run_mk("run --preset tiny --engine reference --heads 576460752303423492 --kv-heads 288230376151711746"), 2,
+      "--heads: must be at most 1073741824");
   const fs::path edited = model_with([](nlohmann::json& c) {
     c["num_attention_heads"] = 576460752303423492;
     c["num_key_value_heads"] = 288230376151711746;
@@ -44,8 +45,8 @@ TEST_F(Hostile, ScheduleOfHugeShapesIsRefusedAtOnce) {
 
 TEST_F(Hostile, BatchTimesSeqThatWrapsIsRefused) {
   const fs::path output = path("o.safetensors");
-  expect_failure(run_mk("run --preset tiny --engine reference --batch 4611686018427387904 --output " + quoted(output)), 2,
-                 "--batch: must be at most");
+  expect_failure(run_mk("run --preset tiny --engine reference --batch 4611686018427387904 --output " + quoted(output)),
+                 2, "--batch: must be at most");
   EXPECT_FALSE(fs::exists(output));
   expect_failure(run_mk("run --preset tiny --engine reference --batch 4611686018427387905 --seq 4"), 2,
                  "--batch: must be at most");
@@ -68,8 +69,7 @@ TEST_F(Hostile, RunsTooLargeForThisHostAreRefusedBeforeAllocating) {
 
 TEST_F(Hostile, OutputOntoTheInputIsRefused) {
   const std::string before = read_bytes(input());
-  expect_failure(run_mk(run_model("--output " + quoted(input()))), 1,
-                 "is the same file as --input");
+  expect_failure(run_mk(run_model("--output " + quoted(input()))), 1, "is the same file as --input");
   // The same file by another name: a symbolic link, a hard link, a detour through "..".
   fs::create_symlink(input(), path("link.safetensors"));
   fs::create_hard_link(input(), path("hard.safetensors"));
@@ -94,9 +94,9 @@ TEST_F(Hostile, OutputOntoTheWeightsIsRefused) {
 
 TEST_F(Hostile, ExportDoesNotClobberItsOwnOutputOrItsModel) {
   const fs::path out = path("e");
-  expect_failure(run_mk(fmt::format("export --preset tiny --out {} --input {}", quoted(out),
-                                    quoted(out / "model.safetensors"))),
-                 1, "are the same file: one would overwrite the other");
+  expect_failure(
+      run_mk(fmt::format("export --preset tiny --out {} --input {}", quoted(out), quoted(out / "model.safetensors"))),
+      1, "are the same file: one would overwrite the other");
   EXPECT_FALSE(fs::exists(out / "model.safetensors"));
   const std::string config = read_bytes(model() / "config.json");
   expect_failure(run_mk(fmt::format("export --model {} --out {}", quoted(model()), quoted(model()))), 1,
@@ -156,8 +156,9 @@ TEST_F(Hostile, DuplicateNamesAreRefused) {
 
 TEST_F(Hostile, TokenShapeOf2To63IsRefused) {
   for (const char* shape : {"[9223372036854775808,0]", "[0,9223372036854775808]"}) {
-    write_bytes(path("huge.safetensors"),
-                safetensors_bytes(fmt::format(R"({{"tokens":{{"dtype":"I32","shape":{},"data_offsets":[0,0]}}}})", shape)));
+    write_bytes(
+        path("huge.safetensors"),
+        safetensors_bytes(fmt::format(R"({{"tokens":{{"dtype":"I32","shape":{},"data_offsets":[0,0]}}}})", shape)));
     expect_failure(run_mk(fmt::format("run --model {} --input {} --engine reference", quoted(model()),
                                       quoted(path("huge.safetensors")))),
                    1, "tensor 'tokens': shape is too large");

@@ -3,11 +3,11 @@
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <sys/stat.h>
 
 #include <cstring>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -53,17 +53,19 @@ class HostileSchedule : public Hostile {
 
 TEST_F(HostileSchedule, CountsBeyondTheFileAreRefusedBeforeAllocating) {
   // A 5 KB file declaring 200 M counters had the verifier take 16 GB; 2 GB of address space is plenty now.
-  expect_failure(run_mk(run_with(edited([](nlohmann::json& h) { h["num_counters"] = 200'000'000; })), "ulimit -v 2000000;"),
-                 1, "200000000 counters for");
+  expect_failure(
+      run_mk(run_with(edited([](nlohmann::json& h) { h["num_counters"] = 200'000'000; })), "ulimit -v 2000000;"), 1,
+      "200000000 counters for");
   expect_failure(run_mk(run_with(edited([](nlohmann::json& h) { h["num_instructions"] = 1e24; }))), 1,
                  "'num_instructions' must be a whole number in [0, 4294967295], got 1e+24");
   // A float-to-integer cast of 1e24 was undefined behaviour.
-  expect_failure(run_mk(run_with(edited([](nlohmann::json& h) { h["config"]["max_position_embeddings"] = 1e24; }))),
-                 1, "'max_position_embeddings' is out of range (1e+24)");
+  expect_failure(run_mk(run_with(edited([](nlohmann::json& h) { h["config"]["max_position_embeddings"] = 1e24; }))), 1,
+                 "'max_position_embeddings' is out of range (1e+24)");
   expect_failure(run_mk(run_with(edited([](nlohmann::json& h) { h["batch"] = -1; }))), 1,
                  "'batch' must be a whole number");
-  expect_failure(run_mk(fmt::format("run --preset tiny --batch 2 --seq 8 --engine cpu-vm --schedule {}", quoted(schedule()))),
-                 1, "built for batch 1 x seq 8, not batch 2 x seq 8");
+  expect_failure(
+      run_mk(fmt::format("run --preset tiny --batch 2 --seq 8 --engine cpu-vm --schedule {}", quoted(schedule()))), 1,
+      "built for batch 1 x seq 8, not batch 2 x seq 8");
 }
 
 TEST_F(Hostile, FilesThatAreNotRegularAreRefusedWithoutBlocking) {
@@ -71,9 +73,9 @@ TEST_F(Hostile, FilesThatAreNotRegularAreRefusedWithoutBlocking) {
   expect_failure(run_mk(vm + "/dev/zero", "", 5), 1, "/dev/zero: is a device, not a regular file");
   ASSERT_EQ(::mkfifo(path("fifo").c_str(), 0600), 0);
   expect_failure(run_mk(vm + quoted(path("fifo")), "", 5), 1, "is a FIFO (named pipe), not a regular file");
-  expect_failure(run_mk(fmt::format("run --model {} --input {} --engine reference", quoted(model()),
-                                    quoted(path("fifo"))), "", 5),
-                 1, "is a FIFO");
+  expect_failure(
+      run_mk(fmt::format("run --model {} --input {} --engine reference", quoted(model()), quoted(path("fifo"))), "", 5),
+      1, "is a FIFO");
   fs::create_directories(path("dir"));
   expect_failure(run_mk(vm + quoted(path("dir"))), 1, "is a directory, not a regular file");
   fs::create_directories(path("dirmodel") / "config.json");
@@ -111,8 +113,8 @@ TEST_F(Hostile, TensorNamesAreEscaped) {
   write_bytes(path("ansi.safetensors"),
               safetensors_bytes(R"({"\u001b[2J\u001b[31mevil\u009b":{"dtype":"F7","shape":[1],"data_offsets":[0,4]}})",
                                 std::string(4, '\0')));
-  const auto result = run_mk(fmt::format("run --model {} --input {} --engine reference", quoted(model()),
-                                         quoted(path("ansi.safetensors"))));
+  const auto result = run_mk(
+      fmt::format("run --model {} --input {} --engine reference", quoted(model()), quoted(path("ansi.safetensors"))));
   expect_failure(result, 1, "tensor '\\x1b[2J\\x1b[31mevil\\xc2\\x9b': unknown dtype 'F7'");
   EXPECT_EQ(result.output.find('\x1b'), std::string::npos);
   EXPECT_EQ(result.output.find("\xc2\x9b"), std::string::npos);
@@ -127,7 +129,8 @@ TEST_F(Hostile, FlagsThatCannotApplyAreUsageErrors) {
       {run_model("--seq 2"), "--seq excludes --input"},
       {vm + "--schedule x.sched --sms 4", "--sms excludes --schedule"},
       {vm + "--schedule x.sched --policy round-robin", "--policy excludes --schedule"},
-      {reference + "--schedule x.sched", "--schedule applies to --engine cpu-vm or gpu only, and the engine is reference"},
+      {reference + "--schedule x.sched",
+       "--schedule applies to --engine cpu-vm or gpu only, and the engine is reference"},
       {reference + "--max-delay-us 5", "--max-delay-us applies to --engine cpu-vm only"},
       {vm + "--iterations 3", "--iterations applies to --engine gpu"},
       {run_model("--seed 3"), "--seed has nothing to seed"},
