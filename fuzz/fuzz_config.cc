@@ -1,8 +1,9 @@
 // libFuzzer entry point for config parsing: any bytes read as config.json (the Hugging Face form) or as mk's own
 // config form (mk_config.json, a schedule's header) must give a config within the engines' limits, or mk::Error.
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <cstdlib>
-#include <nlohmann/json.hpp>
 #include <string_view>
 
 #include "mk/check.h"

@@ -79,7 +79,8 @@ CLI::App* GenerateCommand::add(CLI::App& app) {
   CLI::App* command =
       app.add_subcommand("generate", "generate tokens from prompts: prefill, then one decode step per token");
   auto* preset_option =
-      command->add_option("--preset", preset, "built-in model (random weights): tiny, llama-3.2-1b, ...")->check(kNonEmpty);
+      command->add_option("--preset", preset, "built-in model (random weights): tiny, llama-3.2-1b, ...")
+          ->check(kNonEmpty);
   auto* model_option =
       command->add_option("--model", model_dir, "Hugging Face model directory (config.json + safetensors)")
           ->check(kNonEmpty);
@@ -181,9 +182,9 @@ int GenerateCommand::run() const {
   setup.policy = parse_schedule_policy(policy);
   setup.num_sms = num_sms;
   const GenerationMemory memory = generation_memory(config, setup.batch, longest - 1, setup.max_context, true);
-  check_memory_budget(memory,
-                      memory_budget_gib > 0 ? memory_budget_gib * double(int64_t(1) << 30) : double(host_memory_bytes()),
-                      setup.batch, setup.max_context);
+  check_memory_budget(
+      memory, memory_budget_gib > 0 ? memory_budget_gib * double(int64_t(1) << 30) : double(host_memory_bytes()),
+      setup.batch, setup.max_context);
 
   const ModelWeights weights = model.weights(config);
   const std::unique_ptr<DecodeEngine> decoder = make_decoder(engine_name, weights, setup);

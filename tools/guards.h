@@ -2,10 +2,10 @@
 // the memory a run needs. Each failure is one message naming the flag, file or figure.
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <string>
 #include <vector>

@@ -39,9 +39,9 @@ using mk::cli::ScheduleCommand;
 using mk::cli::ScheduleOptions;
 using mk::cli::TraceCommand;
 
+using mk::human_bytes;
 using mk::cli::CommandFiles;
 using mk::cli::UsageError;
-using mk::human_bytes;
 
 int run_info(const CLI::App& command, const ModelOptions& options, bool json) {
   mk::cli::check_seed_used(command, false, "mk info makes no weights or inputs");
@@ -119,7 +119,8 @@ int run_forward(const CLI::App& command, const ModelOptions& options, ScheduleOp
   files.check();
   // Memory is checked before a random input is made (its tokens alone can take gigabytes); a file's input is no
   // larger than the file, and its shape is known only once it is read.
-  if (input_path.empty()) mk::cli::check_engine_memory(engine, mk::forward_cost(config, options.shape()), options.shape());
+  if (input_path.empty())
+    mk::cli::check_engine_memory(engine, mk::forward_cost(config, options.shape()), options.shape());
   mk::ref::ModelInput input = input_path.empty() ? mk::ref::random_input(config, options.shape(), options.seed + 1)
                                                  : mk::load_model_input(input_path, config);
   if (!input_path.empty()) mk::cli::check_engine_memory(engine, mk::forward_cost(config, input.shape), input.shape);
@@ -313,12 +314,14 @@ int run_export(const CLI::App& command, const ModelOptions& options, const std::
   if (!input_path.empty()) {
     // --input may go into a directory the export creates (--out r/m --input r/in.safetensors).
     const std::filesystem::path out = std::filesystem::weakly_canonical(out_dir);
-    const std::filesystem::path parent = std::filesystem::weakly_canonical(std::filesystem::path(input_path)).parent_path();
+    const std::filesystem::path parent =
+        std::filesystem::weakly_canonical(std::filesystem::path(input_path)).parent_path();
     const bool created = std::mismatch(parent.begin(), parent.end(), out.begin(), out.end()).first == parent.end();
     if (!created || std::filesystem::is_directory(input_path)) mk::check_output_path(files.outputs.back());
   }
   const double input_bytes =
-      input_path.empty() ? 0.0 : 4.0 * double(options.shape().tokens()) * double(config.has_embedding ? 1 : config.d_model);
+      input_path.empty() ? 0.0
+                         : 4.0 * double(options.shape().tokens()) * double(config.has_embedding ? 1 : config.d_model);
   mk::check_memory(2.0 * double(mk::parameter_count(config)) + input_bytes, double(mk::host_memory_bytes()),
                    "the model's weights and input", "host memory");
   const std::string config_file = mk::save_model(out_dir, options.weights(config));
@@ -415,7 +418,9 @@ int main(int argc, char** argv) {
                           trace.overhead_launches);
        }},
       {export_model.add(app),
-       [&] { return run_export(*export_model.command, export_model.model, export_model.dir, export_model.input_path); }},
+       [&] {
+         return run_export(*export_model.command, export_model.model, export_model.dir, export_model.input_path);
+       }},
       {generate.add(app), [&] { return generate.run(); }},
   };
   TextCommands text_commands;

@@ -70,8 +70,9 @@ struct ModelOptions {
   int64_t max_context = 0;  // 0: --seq rounded up to whole KV blocks
 
   void add_to(CLI::App& command) {
-    auto* preset_option = command.add_option("--preset", preset, "built-in model: seed, tiny, llama-3.2-1b, llama-3.1-8b")
-                              ->check(kNonEmpty);
+    auto* preset_option =
+        command.add_option("--preset", preset, "built-in model: seed, tiny, llama-3.2-1b, llama-3.1-8b")
+            ->check(kNonEmpty);
     auto* model_option =
         command.add_option("--model", model_dir, "Hugging Face model directory (config.json + safetensors)")
             ->check(kNonEmpty);
@@ -91,7 +92,8 @@ struct ModelOptions {
         command.add_option("--heads", overrides.heads, "override the preset's query heads")->check(columns));
     model_option->excludes(
         command.add_option("--kv-heads", overrides.kv_heads, "override the preset's kv heads")->check(columns));
-    model_option->excludes(command.add_option("--d-ff", overrides.d_ff, "override the preset's MLP width")->check(columns));
+    model_option->excludes(
+        command.add_option("--d-ff", overrides.d_ff, "override the preset's MLP width")->check(columns));
   }
 
   // The files of --model, which no output may overwrite.

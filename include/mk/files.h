@@ -3,10 +3,11 @@
 // before any work, never land on an input, and are written atomically so that a failed write destroys nothing.
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <cstdint>
 #include <filesystem>
 #include <functional>
-#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <ostream>
 #include <span>

@@ -50,8 +50,8 @@ void ModelConfig::validate() const {
     positive(max_position_embeddings, "max_position_embeddings");
   }
   if (rope.type == RopeType::kLlama3) {
-    MK_CHECK(std::isfinite(rope.factor) && rope.factor > 0,
-             "model '{}': rope_scaling.factor must be positive, got {}", name, rope.factor);
+    MK_CHECK(std::isfinite(rope.factor) && rope.factor > 0, "model '{}': rope_scaling.factor must be positive, got {}",
+             name, rope.factor);
     MK_CHECK(std::isfinite(rope.high_freq_factor) && rope.low_freq_factor > 0 &&
                  rope.high_freq_factor > rope.low_freq_factor,
              "model '{}': rope_scaling needs 0 < low_freq_factor < high_freq_factor, got {} and {}", name,
@@ -65,8 +65,7 @@ void RunShape::validate() const {
   int64_t count = 0;
   MK_CHECK(!__builtin_mul_overflow(batch, seq_len, &count) && count <= kMaxTokens,
            "batch {} x sequence length {} is more than the {} tokens one pass addresses", batch, seq_len, kMaxTokens);
-  MK_CHECK(max_context >= 0 && max_context <= kMaxTokens, "max context {} is outside [0, {}]", max_context,
-           kMaxTokens);
+  MK_CHECK(max_context >= 0 && max_context <= kMaxTokens, "max context {} is outside [0, {}]", max_context, kMaxTokens);
 }
 
 namespace {
@@ -151,7 +150,8 @@ T required(const nlohmann::json& json, const char* field, const std::string& sou
   } else if constexpr (std::is_integral_v<T>) {
     const std::optional<int64_t> number = json_to_int64(value);
     if (number && std::in_range<T>(*number)) return T(*number);
-    if (value.is_number_integer() || (value.is_number_float() && std::trunc(value.get<double>()) == value.get<double>()))
+    if (value.is_number_integer() ||
+        (value.is_number_float() && std::trunc(value.get<double>()) == value.get<double>()))
       problem = "is out of range";
   } else if constexpr (std::is_floating_point_v<T>) {
     const std::optional<double> number = json_to_double(value);
@@ -306,11 +306,9 @@ ModelConfig preset_config(std::string_view name, const ShapeOverrides& overrides
 ModelConfig model_config_from_hf_json(const nlohmann::json& json, const std::string& source) {
   MK_CHECK(json.is_object(), "{}: expected a JSON object", source);
   std::string model_type = optional<std::string>(json, "model_type", "llama", source);
-  MK_CHECK(model_type == "llama", "{}: model_type '{}' is not supported (only 'llama')", source,
-           printable(model_type));
+  MK_CHECK(model_type == "llama", "{}: model_type '{}' is not supported (only 'llama')", source, printable(model_type));
   std::string activation = optional<std::string>(json, "hidden_act", "silu", source);
-  MK_CHECK(activation == "silu", "{}: hidden_act '{}' is not supported (only 'silu')", source,
-           printable(activation));
+  MK_CHECK(activation == "silu", "{}: hidden_act '{}' is not supported (only 'silu')", source, printable(activation));
   MK_CHECK(!optional<bool>(json, "attention_bias", false, source), "{}: attention_bias is not supported", source);
   MK_CHECK(!optional<bool>(json, "mlp_bias", false, source), "{}: mlp_bias is not supported", source);
 

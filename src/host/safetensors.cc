@@ -91,8 +91,10 @@ class HeaderReader final : public nlohmann::json_sax<nlohmann::json> {
       metadata_seen_ = metadata_seen_ || is_metadata();
       return true;
     }
-    field_ = name == "dtype" ? Field::kDtype : name == "shape" ? Field::kShape
-             : name == "data_offsets" ? Field::kOffsets : Field::kOther;
+    field_ = name == "dtype"          ? Field::kDtype
+             : name == "shape"        ? Field::kShape
+             : name == "data_offsets" ? Field::kOffsets
+                                      : Field::kOther;
     MK_CHECK(tensor_keys_.insert(name).second, "{}: field '{}' appears twice", where(), printable(name));
     return true;
   }

@@ -84,9 +84,9 @@ constexpr uint64_t kMaxIndexJsonBytes = uint64_t(16) << 20;  // real ones list a
 
 // Where each tensor of a model directory lives: one model.safetensors, or the shards of the index.
 struct WeightLayout {
-  std::filesystem::path index_path;                 // empty for a single file
-  std::map<std::string, std::string> shard_of;      // tensor name -> shard file name, for an index
-  std::vector<std::filesystem::path> files;         // every file the weights are read from
+  std::filesystem::path index_path;             // empty for a single file
+  std::map<std::string, std::string> shard_of;  // tensor name -> shard file name, for an index
+  std::vector<std::filesystem::path> files;     // every file the weights are read from
 };
 
 WeightLayout weight_layout(const std::filesystem::path& dir) {
@@ -107,10 +107,10 @@ WeightLayout weight_layout(const std::filesystem::path& dir) {
   for (const auto& [name, shard] : index["weight_map"].items()) {
     MK_CHECK(shard.is_string(), "{}: weight_map entry '{}' is not a file name", index_name, printable(name));
     const std::string shard_name = shard.get<std::string>();
-    MK_CHECK(!shard_name.empty() && shard_name.find('/') == std::string::npos && shard_name != "." &&
-                 shard_name != "..",
-             "{}: weight_map entry '{}' points outside the model directory: '{}'", index_name, printable(name),
-             printable(shard_name));
+    MK_CHECK(
+        !shard_name.empty() && shard_name.find('/') == std::string::npos && shard_name != "." && shard_name != "..",
+        "{}: weight_map entry '{}' points outside the model directory: '{}'", index_name, printable(name),
+        printable(shard_name));
     layout.shard_of[name] = shard_name;
     if (shards.insert(shard_name).second) layout.files.push_back(dir / shard_name);
   }
@@ -167,7 +167,9 @@ void make_directory(const std::filesystem::path& dir) {
            error ? error.message() : "a file of that name exists");
 }
 
-void write_json(const std::filesystem::path& path, const nlohmann::json& json) { write_file(path, json.dump(2) + "\n"); }
+void write_json(const std::filesystem::path& path, const nlohmann::json& json) {
+  write_file(path, json.dump(2) + "\n");
+}
 
 void write_weights(const std::filesystem::path& dir, const ModelWeights& weights) {
   std::vector<TensorToWrite> tensors;

@@ -3,10 +3,10 @@
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <filesystem>
 #include <functional>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
