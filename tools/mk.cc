@@ -96,13 +96,16 @@ void print_checksum(const mk::ModelConfig& config, const mk::ref::Matrix& output
              nans ? fmt::format(", {} NaN", nans) : "");
 }
 
-int run_forward(const CLI::App& command, const ModelOptions& options, ScheduleOptions schedule_options,
-                const std::string& requested_engine, const mk::CpuVmOptions& vm_options, const std::string& input_path,
-                const std::string& output_path, int iterations, const std::string& json_path) {
-  mk::cli::check_seed_used(command, options.model_dir.empty() || input_path.empty(),
+// The files of `mk run`: --input, --output and --json.
+struct RunFiles {
+  std::string input, output, json;
+};
+
+// What `mk run` checks before it loads anything: flags its engine would ignore, and its files.
+void check_run(const CLI::App& command, const ModelOptions& options, const ScheduleOptions& schedule_options,
+               const std::string& requested_engine, const std::string& engine, const RunFiles& paths) {
+  mk::cli::check_seed_used(command, options.model_dir.empty() || paths.input.empty(),
                            "--model gives the weights and --input the tokens");
-  const mk::ModelConfig config = options.config();
-  const std::string engine = resolve_engine(requested_engine);
   mk::cli::check_engine_flags(command, engine, requested_engine == "auto",
                               {{"--schedule", {"cpu-vm", "gpu"}},
                                {"--sms", {"cpu-vm", "gpu"}},
@@ -113,10 +116,18 @@ int run_forward(const CLI::App& command, const ModelOptions& options, ScheduleOp
   CommandFiles files;
   options.add_inputs(files);
   schedule_options.add_inputs(files);
-  files.given_input("--input", input_path);
-  files.output("--output", output_path);
-  files.output("--json", json_path);
+  files.given_input("--input", paths.input);
+  files.output("--output", paths.output);
+  files.output("--json", paths.json);
   files.check();
+}
+
+int run_forward(const CLI::App& command, const ModelOptions& options, ScheduleOptions schedule_options,
+                const std::string& requested_engine, const mk::CpuVmOptions& vm_options, const std::string& input_path,
+                const std::string& output_path, int iterations, const std::string& json_path) {
+  const mk::ModelConfig config = options.config();
+  const std::string engine = resolve_engine(requested_engine);
+  check_run(command, options, schedule_options, requested_engine, engine, {input_path, output_path, json_path});
   // Memory is checked before a random input is made (its tokens alone can take gigabytes); a file's input is no
   // larger than the file, and its shape is known only once it is read.
   if (input_path.empty())
