@@ -2,14 +2,13 @@
 // BPE, special ids) and decode, and the streaming decoder.
 #include "mk/tokenizer.h"
 
-#include <fstream>
-#include <sstream>
 
 #include "added.h"
 #include "bpe.h"
 #include "decode.h"
 #include "json_fields.h"
 #include "mk/check.h"
+#include "mk/files.h"
 #include "pretokenize.h"
 #include "special.h"
 #include "utf8.h"
@@ -37,14 +36,11 @@ namespace {
 
 using nlohmann::json;
 
-std::string read_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  MK_CHECK(in.good(), "cannot open {}", path.string());
-  std::ostringstream content;
-  content << in.rdbuf();
-  MK_CHECK(!in.bad(), "cannot read {}", path.string());
-  return std::move(content).str();
-}
+// NOTE: through mk::read_file, which opens without blocking and refuses anything but a regular file, so that a FIFO
+// or /dev/zero swapped in after the checks below cannot hang the load; the cap is far above real tokenizers (~10 MB).
+constexpr uint64_t kMaxTokenizerFileBytes = uint64_t(256) << 20;
+
+std::string read_file(const std::filesystem::path& path) { return mk::read_file(path, kMaxTokenizerFileBytes); }
 
 json parse_json(std::string_view text, const std::string& origin) {
   try {
