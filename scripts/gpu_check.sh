@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: configure, build with all cores, then run the requested steps, logging into a folder.
 # Usage: scripts/gpu_check.sh OUT_DIR [steps...]   steps: smoke tests trace hf bench sanitize sass
+# (run scripts/prepare_gpu_deps.sh here first and carry .gpu-deps: the GPU machine cannot install PCRE2)
 #        (default: all but sanitize)
 set -uo pipefail
 out=${1:?usage: scripts/gpu_check.sh OUT_DIR [steps...]}
@@ -25,6 +26,11 @@ step() {  # step NAME COMMAND...: runs the command, logs to $out/NAME.log, remem
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --format=csv >"$out/gpu.txt" 2>&1
 cat "$out/gpu.txt"
 git -C "$root" log -1 --format='commit %h %s' >"$out/commit.txt" 2>/dev/null || echo "commit unknown" >"$out/commit.txt"
+# The GPU machine has no package registry: PCRE2 comes from .gpu-deps/ (scripts/prepare_gpu_deps.sh) when needed.
+if ! pkg-config --exists libpcre2-8 2>/dev/null && [ -d "$root/.gpu-deps/pcre2" ]; then
+  export PKG_CONFIG_PATH=$root/.gpu-deps/pcre2/usr/lib/x86_64-linux-gnu/pkgconfig
+  export PKG_CONFIG_SYSROOT_DIR=$root/.gpu-deps/pcre2
+fi
 step build bash -c "cmake -S '$root' -B '$build' -G Ninja -DCMAKE_BUILD_TYPE=Release && cmake --build '$build' -j $(nproc)"
 # ptxas warns on spills (-Xptxas=--warn-on-spills) and reports wgmma serialization (C75xx) on its own; either is a
 # failure. The verdict needs the megakernel to have been compiled in this build.
