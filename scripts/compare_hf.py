@@ -135,14 +135,16 @@ def check_config_json(config_json, spec):
         raise Failure(f"config {spec.name}: config.json does not describe the intended model:\n  " + "\n  ".join(wrong))
 
 
-def build_config(spec):
-    """A LlamaConfig that transformers really turns into the intended RoPE; returns (config, how it was spelled)."""
+def build_config(spec, overrides=None):
+    """A LlamaConfig that transformers really turns into the intended RoPE; returns (config, how it was spelled).
+    overrides: further LlamaConfig arguments (say the special token ids)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     common = dict(vocab_size=spec.vocab, hidden_size=spec.hidden, intermediate_size=spec.intermediate,
                   num_hidden_layers=spec.layers, num_attention_heads=spec.heads, num_key_value_heads=spec.kv_heads,
                   head_dim=spec.head_dim, max_position_embeddings=spec.max_positions, rms_norm_eps=spec.rms_norm_eps,
-                  tie_word_embeddings=spec.tied, hidden_act="silu", attention_bias=False, mlp_bias=False)
+                  tie_word_embeddings=spec.tied, hidden_act="silu", attention_bias=False, mlp_bias=False,
+                  **(overrides or {}))
     scaling = {key: value for key, value in spec.rope.items() if key != "rope_theta"}
     if spec.rope["rope_type"] == "default":
         scaling = None
@@ -167,11 +169,11 @@ def build_config(spec):
     raise Failure(f"config {spec.name}: no way of passing RoPE to LlamaConfig worked:\n  " + "\n  ".join(problems))
 
 
-def build_and_save(spec, directory):
+def build_and_save(spec, directory, overrides=None):
     """Saves a random bf16 model to directory; returns (config spelling, its state dict on the CPU, config.json)."""
     from transformers import LlamaForCausalLM
 
-    config, label = build_config(spec)
+    config, label = build_config(spec, overrides)
     torch.manual_seed(SEED)
     model = LlamaForCausalLM(config)
     tied = model.get_output_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
@@ -199,7 +201,7 @@ def build_and_save(spec, directory):
     return label, saved, config_json
 
 
-def load_hf(directory, dtype):
+def load_hf(directory, dtype, device="cuda"):
     from transformers import LlamaForCausalLM
 
     # transformers 5 calls the argument `dtype`; older 4.x only knows `torch_dtype` and may silently ignore `dtype`.
@@ -209,7 +211,7 @@ def load_hf(directory, dtype):
         except TypeError:
             continue
         if all(parameter.dtype == dtype for parameter in model.parameters()):
-            return model.to("cuda").eval()
+            return model.to(device).eval()
     raise Failure(f"{directory}: transformers did not load the model as {dtype} (tried dtype= and torch_dtype=)")
 
 
