@@ -1,5 +1,6 @@
 // `mk generate`: reads the prompts, checks the cache against the memory budget before allocating anything, runs
-// the generation on the chosen engine with the new ids streamed to stdout, then reports times and the floor.
+// the generation on the chosen engine with the new tokens streamed to stdout (ids or text), then reports times and
+// the floor.
 #include "generate.h"
 
 #include <fmt/format.h>
@@ -14,6 +15,7 @@
 #include "mk/program.h"
 #include "mk/tokenizer.h"
 #include "options.h"
+#include "stream.h"
 
 namespace mk::cli {
 
@@ -36,18 +38,6 @@ std::string ids_text(const std::vector<int32_t>& ids) {
   std::string text;
   for (int32_t id : ids) text += fmt::format("{}{}", text.empty() ? "" : " ", id);
   return text;
-}
-
-// Prints each step's new ids as they come: on one growing line for one sequence, a line per step for a batch.
-void stream_step(size_t batch, int64_t step, const std::vector<int32_t>& made) {
-  if (batch == 1) {
-    fmt::print("{}{}", step == 0 ? "" : " ", made[0]);
-  } else {
-    std::string line;
-    for (int32_t id : made) line += id < 0 ? " -" : fmt::format(" {}", id);
-    fmt::print("step {}:{}\n", step, line);
-  }
-  std::fflush(stdout);
 }
 
 void report(const GenerationResult& result, const ModelConfig& config, const DecodeSetup& setup, double bandwidth_gbs) {
@@ -114,6 +104,12 @@ CLI::App* GenerateCommand::add(CLI::App& app) {
                       "ids that end a sequence (default: generation_config.json's or config.json's eos_token_id)");
   command->add_option("--output", output_path, "write the sequences as safetensors: tokens, lengths, prompt_lengths")
       ->check(kNonEmpty);
+  command
+      ->add_option("--stream", stream,
+                   "what stdout shows as tokens are made: text (needs a tokenizer.json), ids, none, or auto: text for "
+                   "a --prompt, ids otherwise")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "text", "ids", "none"}));
   command->add_option("--engine", engine, "auto (cpu-vm until the gpu can generate) | cpu-vm | reference | gpu")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "gpu", "cpu-vm", "reference"}));
@@ -151,6 +147,17 @@ std::vector<std::vector<int32_t>> GenerateCommand::read_prompts(const ModelConfi
   return prompts;
 }
 
+StreamKind GenerateCommand::stream_kind(std::optional<Tokenizer>& tokenizer) const {
+  if (stream == "none") return StreamKind::kNone;
+  if (stream == "ids") return StreamKind::kIds;
+  if (stream == "auto") return tokenizer ? StreamKind::kText : StreamKind::kIds;  // a tokenizer: the prompt was text
+  if (!tokenizer) {
+    MK_CHECK(!model_dir.empty(), "--stream text needs --model DIR with a tokenizer.json");
+    tokenizer = Tokenizer::load(model_dir);
+  }
+  return StreamKind::kText;
+}
+
 int GenerateCommand::run() const {
   const std::string engine_name = engine == "auto" ? "cpu-vm" : engine;
   check_decode_engine(engine_name);  // before anything is loaded
@@ -166,6 +173,7 @@ int GenerateCommand::run() const {
   files.check();
   std::optional<Tokenizer> tokenizer;
   const std::vector<std::vector<int32_t>> prompts = read_prompts(config, tokenizer);
+  const StreamKind kind = stream_kind(tokenizer);
   int64_t longest = 0;
   for (const std::vector<int32_t>& prompt : prompts) longest = std::max<int64_t>(longest, int64_t(prompt.size()));
 
@@ -188,17 +196,28 @@ int GenerateCommand::run() const {
 
   const ModelWeights weights = model.weights(config);
   const std::unique_ptr<DecodeEngine> decoder = make_decoder(engine_name, weights, setup);
-  fmt::print("{}\n{}\n", describe(config), decoder->describe());
+  print_header(config, *decoder, setup, longest, options.eos_ids);
+  StepStream streamer(kind, prompts, tokenizer ? &*tokenizer : nullptr);
+  const GenerationResult result =
+      generate(*decoder, prompts, options,
+               [&](int64_t step, const std::vector<int32_t>& made) { streamer.step(step, made); });
+  streamer.finish();
+  report(result, config, setup, bandwidth_gbs);
+  print_sequences(result, tokenizer);
+  return 0;
+}
+
+void GenerateCommand::print_header(const ModelConfig& config, const DecodeEngine& decoder, const DecodeSetup& setup,
+                                   int64_t longest, const std::vector<int32_t>& eos_ids) const {
+  fmt::print("{}\n{}\n", describe(config), decoder.describe());
   fmt::print("batch {}, max context {}, longest prompt {}, {}; EOS {}\n", setup.batch, setup.max_context, longest,
              sampling.temperature == 0 ? std::string("greedy")
                                        : fmt::format("temperature {} top-k {} top-p {} seed {}", sampling.temperature,
                                                      sampling.top_k, sampling.top_p, sampling.seed),
-             options.eos_ids.empty() ? std::string("none") : ids_text(options.eos_ids));
-  const GenerationResult result =
-      generate(*decoder, prompts, options,
-               [&](int64_t step, const std::vector<int32_t>& made) { stream_step(prompts.size(), step, made); });
-  if (prompts.size() == 1 && !result.step_s.empty()) fmt::print("\n");
-  report(result, config, setup, bandwidth_gbs);
+             eos_ids.empty() ? std::string("none") : ids_text(eos_ids));
+}
+
+void GenerateCommand::print_sequences(const GenerationResult& result, const std::optional<Tokenizer>& tokenizer) const {
   std::vector<std::vector<int32_t>> sequences;
   std::vector<int32_t> prompt_lengths;
   for (const SequenceResult& sequence : result.sequences) {
@@ -211,7 +230,6 @@ int GenerateCommand::run() const {
     fmt::print("wrote {}\n", output_path);
   }
   for (const std::vector<int32_t>& sequence : sequences) fmt::print("tokens: {}\n", ids_text(sequence));
-  return 0;
 }
 
 }  // namespace mk::cli

@@ -1,5 +1,6 @@
-// `mk generate`: prompts in, token ids streamed out as each decode step makes them, then the prefill time, the
-// per-token latency, tokens/s and the share of the bandwidth floor, and one `tokens:` line per sequence.
+// `mk generate`: prompts in, the new tokens streamed out (ids or text) as each decode step makes them, then the
+// prefill time, the per-token latency, tokens/s and the share of the bandwidth floor, and one `tokens:` line per
+// sequence.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -9,15 +10,17 @@
 #include <string>
 #include <vector>
 
+#include "mk/generate.h"
 #include "mk/reference.h"
 #include "mk/tokenizer.h"
+#include "stream.h"
 
 namespace mk::cli {
 
 struct GenerateCommand {
   std::string preset, model_dir;
   std::string tokens_path, prompt_ids, prompt_text;
-  std::string engine = "auto", policy = "cost-model", eos, output_path;
+  std::string engine = "auto", policy = "cost-model", eos, output_path, stream = "auto";
   int64_t max_new_tokens = 16, batch = 0, max_context = 0;
   uint64_t weights_seed = 1;
   ref::SamplingParams sampling;
@@ -31,6 +34,13 @@ struct GenerateCommand {
  private:
   // From --tokens, --prompt-ids or --prompt (which loads `tokenizer`), repeated to --batch when there is one.
   std::vector<std::vector<int32_t>> read_prompts(const ModelConfig& config, std::optional<Tokenizer>& tokenizer) const;
+  // --stream resolved: auto is text when read_prompts loaded a tokenizer (a text prompt), ids otherwise; text loads
+  // the model directory's tokenizer when the prompts were ids.
+  StreamKind stream_kind(std::optional<Tokenizer>& tokenizer) const;
+  void print_header(const ModelConfig& config, const DecodeEngine& decoder, const DecodeSetup& setup, int64_t longest,
+                    const std::vector<int32_t>& eos_ids) const;
+  // The `text:` lines (with a tokenizer), the --output file, then the `tokens:` lines, last for scripts.
+  void print_sequences(const GenerationResult& result, const std::optional<Tokenizer>& tokenizer) const;
 };
 
 }  // namespace mk::cli
