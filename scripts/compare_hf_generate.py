@@ -126,8 +126,7 @@ def hf_generate(model, prompts, new_tokens):
         mask[b, longest - len(prompt):] = 1
     with torch.no_grad():
         out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=new_tokens,
-                             min_new_tokens=new_tokens, pad_token_id=PAD_ID, output_logits=True,
-                             return_dict_in_generate=True)
+                             pad_token_id=PAD_ID, output_logits=True, return_dict_in_generate=True)
     tokens = out.sequences[:, longest:]
     if tokens.shape != (len(prompts), new_tokens) or len(out.logits) != new_tokens:
         raise Failure(f"HF generated {tuple(tokens.shape)} tokens with {len(out.logits)} steps of logits, "
