@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: configure, build with all cores, then run the requested steps, logging into a folder.
-# Usage: scripts/gpu_check.sh OUT_DIR [steps...]   steps: smoke tests trace hf bench sanitize sass
+# Usage: scripts/gpu_check.sh OUT_DIR [steps...]   steps: smoke tests decode trace hf bench sanitize sass
 # (run scripts/prepare_gpu_deps.sh here first and carry .gpu-deps: the GPU machine cannot install PCRE2)
 #        (default: all but sanitize)
 set -uo pipefail
@@ -60,6 +60,14 @@ for s in $steps; do
         status=1
       fi
       grep -E "tests passed|tests failed" "$out/ctest.log"
+      ;;
+    decode)
+      # Generation on the megakernel: the tiny preset, then Llama-3.2-1B's shape (random weights) at batch 1 with
+      # a context of about 1k: the per-token latency against the bandwidth floor.
+      step generate-tiny timeout 120 "$build/mk" generate --preset tiny --engine gpu --prompt-ids 1,2,3,4 \
+        --max-new-tokens 16
+      step decode-1b timeout 600 "$build/mk" generate --preset llama-3.2-1b --engine gpu \
+        --prompt-ids "$(seq -s, 1 896)" --max-new-tokens 128 --max-context 1024 --stream none
       ;;
     hf)
       step hf timeout 600 python3 "$root/scripts/compare_hf.py" --mk "$build/mk" --work /tmp/mk-hf

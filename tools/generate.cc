@@ -110,7 +110,7 @@ CLI::App* GenerateCommand::add(CLI::App& app) {
                    "a --prompt, ids otherwise")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "text", "ids", "none"}));
-  command->add_option("--engine", engine, "auto (cpu-vm until the gpu can generate) | cpu-vm | reference | gpu")
+  command->add_option("--engine", engine, "auto (gpu where there is one, else cpu-vm) | gpu | cpu-vm | reference")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "gpu", "cpu-vm", "reference"}));
   command->add_option("--sms", num_sms, "cpu-vm: SM count to schedule for")
@@ -159,7 +159,7 @@ StreamKind GenerateCommand::stream_kind(std::optional<Tokenizer>& tokenizer) con
 }
 
 int GenerateCommand::run() const {
-  const std::string engine_name = engine == "auto" ? "cpu-vm" : engine;
+  const std::string engine_name = resolve_decode_engine(engine);
   check_decode_engine(engine_name);  // before anything is loaded
   ModelOptions model;
   model.preset = preset;
@@ -189,10 +189,12 @@ int GenerateCommand::run() const {
   setup.sampling = sampling;
   setup.policy = parse_schedule_policy(policy);
   setup.num_sms = num_sms;
-  const GenerationMemory memory = generation_memory(config, setup.batch, longest - 1, setup.max_context, true);
-  check_memory_budget(
-      memory, memory_budget_gib > 0 ? memory_budget_gib * double(int64_t(1) << 30) : double(host_memory_bytes()),
-      setup.batch, setup.max_context);
+  const GenerationMemory memory =
+      engine_generation_memory(engine_name, config, setup.batch, longest - 1, setup.max_context);
+  check_memory_budget(memory,
+                      memory_budget_gib > 0 ? memory_budget_gib * double(int64_t(1) << 30)
+                                            : engine_memory_bytes(engine_name, double(host_memory_bytes())),
+                      setup.batch, setup.max_context);
 
   const ModelWeights weights = model.weights(config);
   const std::unique_ptr<DecodeEngine> decoder = make_decoder(engine_name, weights, setup);

@@ -30,6 +30,9 @@ struct TolerancePolicy {
 };
 TolerancePolicy check_tolerance(const ref::Matrix& engine_output, const ModelWeights& weights,
                                 const ref::ModelInput& input);
+// The same policy for outputs computed elsewhere: the engine's, the fp32 reference's and the bf16-activation
+// reference's (decode: the rows of forward passes that the decode steps reproduce).
+TolerancePolicy tolerance_of(const ref::Matrix& engine_output, const ref::Matrix& fp32, const ref::Matrix& bf16);
 
 struct BufferComparison {
   std::string buffer;

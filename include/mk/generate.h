@@ -45,10 +45,23 @@ class DecodeEngine {
 
 std::unique_ptr<DecodeEngine> make_reference_decoder(const ModelWeights& weights, const DecodeSetup& setup);
 std::unique_ptr<DecodeEngine> make_cpu_vm_decoder(const ModelWeights& weights, const DecodeSetup& setup);
-// Throws mk::Error unless `engine` can generate: "reference" and "cpu-vm" can; "gpu" cannot yet, and the message
-// says what is missing.
+struct GenerationMemory;
+
+// The megakernel: one KV cache on the device, a prefill launch per prompt length, and a decode step schedule built
+// and verified once. Greedy sampling runs on the device; with a temperature, the step's logits are sampled on the
+// host as the cpu engines sample them. Throws mk::Error with the reason on a build or machine without the GPU.
+std::unique_ptr<DecodeEngine> make_gpu_decoder(const ModelWeights& weights, const DecodeSetup& setup);
+// Throws mk::Error unless `engine` can generate here: "reference" and "cpu-vm" always can, "gpu" where query_gpu()
+// finds a usable GPU (the message gives the reason where not).
 void check_decode_engine(const std::string& engine);
-// "reference" or "cpu-vm"; anything else as check_decode_engine.
+// What "auto" means: "gpu" where query_gpu() finds a usable GPU, else "cpu-vm".
+std::string resolve_decode_engine(const std::string& engine);
+// The memory a generation takes where `engine` keeps it, and how much that place has: the GPU's memory for "gpu",
+// whose weights are held twice while a prefill runs (its engine has its own copy), else the host's.
+GenerationMemory engine_generation_memory(const std::string& engine, const ModelConfig& config, int64_t batch,
+                                          int64_t prefill_len, int64_t max_context);
+double engine_memory_bytes(const std::string& engine, double host_bytes);
+// "reference", "cpu-vm" or "gpu"; anything else as check_decode_engine. (In mk_gpu: link it to use this.)
 std::unique_ptr<DecodeEngine> make_decoder(const std::string& engine, const ModelWeights& weights,
                                            const DecodeSetup& setup);
 

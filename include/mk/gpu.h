@@ -29,6 +29,10 @@ GpuInfo query_gpu();  // never throws
 struct GpuOptions {
   double stall_timeout_s = 5.0;  // a counter or pipeline wait longer than this aborts the launch with a report
   bool verify = true;            // false only for tests that feed a deliberately broken schedule
+  // Prefill and decode: device memory of the GPU holding every layer's KV cache, stacked as the buffer table stacks
+  // kv_cache (GpuKvCache), used instead of a cache of the engine's own so that passes share it. Null: the engine
+  // allocates its own.
+  void* kv_cache = nullptr;
 };
 
 class GpuEngine {
@@ -52,11 +56,12 @@ class GpuEngine {
   std::vector<float> time_runs(int launches);
   // One forward pass with per-instruction timestamps recorded (tracing costs nothing when this is not called).
   Trace run_traced();
-  ref::Matrix output() const;                // logits or final hidden states, converted to fp32
+  ref::Matrix output() const;                // the pass's output buffer (logits, hidden states), converted to fp32
   // The output as it is on the device, bf16 (batch * seq_len, N) row-major, copied into `destination`, device memory
   // of the engine's GPU. Returns when the copy is done.
   void copy_output_to_device(void* destination) const;
   std::vector<ref::Matrix> buffers() const;  // every graph buffer (the host-written too), for bisecting
+  ref::Matrix buffer(BufferRef ref) const;   // one graph buffer, converted to fp32 (token ids exactly below 2^24)
   size_t device_bytes() const;
 
  private:

@@ -228,7 +228,8 @@ class Model:
 
         temperature 0 is greedy; else tokens are drawn from softmax(logits / temperature) cut to top_k (0: all) and
         top_p, with random numbers from `seed` (the same on every engine and run). eos_ids: default the model's
-        (Model.eos_ids). engine: "auto" is the cpu-vm until the gpu engine can generate; "reference" or "cpu-vm".
+        (Model.eos_ids). engine: "auto" is the gpu engine where a usable GPU exists, else the cpu-vm; or "gpu",
+        "cpu-vm", "reference".
         max_context: KV cache positions per sequence (default: longest prompt + max_new_tokens, in whole blocks)."""
         options = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, eos_ids=eos_ids,
                        engine=engine, max_context=max_context)

@@ -185,7 +185,7 @@ std::string CoreModel::trace(EngineKind kind, const ref::ModelInput& input, cons
 
 GenerationResult CoreModel::generate(const GenerateRequest& request, const StepCallback& on_step) {
   const std::lock_guard lock(mutex_);
-  const std::string engine = request.engine == "auto" ? "cpu-vm" : request.engine;
+  const std::string engine = resolve_decode_engine(request.engine);
   check_decode_engine(engine);
   const ModelConfig& c = config();
   MK_CHECK(c.has_embedding && c.has_lm_head, "model '{}' cannot generate: it has no {}", c.name,
@@ -211,8 +211,8 @@ GenerationResult CoreModel::generate(const GenerateRequest& request, const StepC
   if (decoder_ == nullptr || key != decoder_key_) {
     decoder_.reset();  // its cache goes before the next one is allocated
     const double machine_bytes = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
-    check_memory_budget(generation_memory(c, setup.batch, longest - 1, setup.max_context, true), machine_bytes,
-                        setup.batch, setup.max_context);
+    check_memory_budget(engine_generation_memory(engine, c, setup.batch, longest - 1, setup.max_context),
+                        engine_memory_bytes(engine, machine_bytes), setup.batch, setup.max_context);
     decoder_ = make_decoder(engine, weights_, setup);
     decoder_key_ = key;
   }

@@ -1,9 +1,11 @@
 // The megakernel: one persistent CTA per SM runs that SM's instruction list. In warpgroup 0 one thread produces
 // (waits on counters, streams tiles into the shared-memory ring with TMA, running ahead across instructions) and one
-// stores (TMA stores of finished GEMM and attention tiles, then their publication); warpgroups 1 and 2 consume (wgmma / mma.sync /
-// row-wise math, epilogues, publication of row-wise tiles).
+// stores (TMA stores of finished GEMM and attention tiles, then their publication); warpgroups 1 and 2 consume (wgmma,
+// row-wise and decode math with plain loads, epilogues, publication of row-wise and decode tiles).
 #include "device/config.cuh"
 #include "device/ops/attention_wgmma.cuh"
+#include "device/ops/decode_attention.cuh"
+#include "device/ops/decode_gemm.cuh"
 #include "device/ops/gemm_epilogue.cuh"
 #include "device/ops/gemm_sm90.cuh"
 #include "device/ops/rowwise.cuh"
@@ -97,6 +99,26 @@ __device__ void run_consumers(const MegakernelParams& p, const SharedState& s, u
       case Opcode::kDown:
       case Opcode::kLmHead:
         ok = consume_gemm(p, s, in, state, output, site, warpgroup, thread_in_wg, trace);
+        break;
+      case Opcode::kKvAppend:
+        run_kv_append(p, in, consumer_thread);
+        break;
+      case Opcode::kDecodeQ:
+      case Opcode::kDecodeKv:
+      case Opcode::kDecodeOProj:
+      case Opcode::kDecodeGateUp:
+      case Opcode::kDecodeDown:
+      case Opcode::kDecodeLmHead:
+        run_decode_gemm(p, s, in, consumer_thread);
+        break;
+      case Opcode::kDecodeAttention:
+        run_decode_attention(p, s, in, consumer_thread);
+        break;
+      case Opcode::kDecodeCombine:
+        run_decode_combine(p, in, consumer_thread);
+        break;
+      case Opcode::kSample:
+        run_sample(p, s, in, consumer_thread);
         break;
       default:
         if (consumer_thread == 0) report_error(p, kErrorBadInstruction, site, ~0u, uint32_t(in.opcode), 0);

@@ -82,6 +82,12 @@ struct ModelDims {
   int32_t rope;        // 0: no RoPE
   float rms_norm_eps;
   float softmax_scale_log2;  // log2(e) / sqrt(head_dim)
+  // prefill and decode (include/mk/kv_cache.h); 0 in forward passes
+  int32_t max_context;         // C: cache rows per sequence
+  int32_t kv_blocks;           // split-KV blocks per sequence
+  int32_t kv_splits;           // attention tasks per (sequence, kv head)
+  int32_t kv_blocks_per_split;
+  int32_t gate_up_rows;        // rows of one layer's packed gate/up weights (see w_gate_up)
 };
 
 struct MegakernelParams {
@@ -112,14 +118,26 @@ struct MegakernelParams {
   __nv_bfloat16* final_norm;  // (T, d_model)
   __nv_bfloat16* logits;      // (T, vocab_size)
   const int32_t* tokens;      // (T)
+  // prefill and decode: the cache, kept between launches; decode's own buffers
+  __nv_bfloat16* kv_cache;    // (n_layers, B C, 2 kv_dim): K (pair order) | V
+  __nv_bfloat16* decode_q;    // (n_layers, B, q_dim), pair order
+  float* attn_partial;        // (n_layers, B kv_splits kv_blocks_per_split, n_heads (head_dim + 4))
+  const int32_t* positions;   // (B) the cache row of the token each sequence feeds
+  int32_t* sampled;           // (B) the next token of each sequence
 
   // weights read outside the GEMMs
   const __nv_bfloat16* embedding;          // (vocab_size, d_model)
   const __nv_bfloat16* attn_norm_weight;   // (n_layers, d_model)
   const __nv_bfloat16* mlp_norm_weight;    // (n_layers, d_model)
   const __nv_bfloat16* final_norm_weight;  // (d_model)
-  const float* rope_cos;                   // (seq_len, head_dim / 2)
-  const float* rope_sin;                   // (seq_len, head_dim / 2)
+  const float* rope_cos;                   // (max(seq_len, max_context), head_dim / 2)
+  const float* rope_sin;                   // (max(seq_len, max_context), head_dim / 2)
+  // the GEMM weights again as plain pointers, for the decode GEMMs' plain loads (the same memory as the tensor maps)
+  const __nv_bfloat16* wqkv;       // (n_layers, qkv_dim, d_model)
+  const __nv_bfloat16* wo;         // (n_layers, d_model, q_dim)
+  const __nv_bfloat16* w_gate_up;  // (n_layers, gate_up_rows, d_model): per 128 columns, 128 gate rows then 128 up
+  const __nv_bfloat16* w_down;     // (n_layers, d_model, d_ff)
+  const __nv_bfloat16* lm_head;    // (vocab_size, d_model)
 };
 
 }  // namespace mk::gpu

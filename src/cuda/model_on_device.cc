@@ -10,6 +10,7 @@
 
 #include "device/config.cuh"
 #include "mk/check.h"
+#include "mk/kv_cache.h"
 
 namespace mk::gpu {
 
@@ -113,8 +114,15 @@ GemmWeights upload_weights(DeviceArena& arena, const Graph& graph, const ModelWe
     g.lm_head = c.tie_word_embeddings ? static_cast<const void*>(p.embedding)
                                       : arena.upload(bits_of(weights.lm_head), "uploading the LM head");
   }
+  p.wqkv = static_cast<const __nv_bfloat16*>(g.qkv);
+  p.wo = static_cast<const __nv_bfloat16*>(g.o);
+  p.w_gate_up = static_cast<const __nv_bfloat16*>(g.gate_up);
+  p.w_down = static_cast<const __nv_bfloat16*>(g.down);
+  p.lm_head = static_cast<const __nv_bfloat16*>(g.lm_head);
   if (c.rope.type != RopeType::kNone) {
-    const ref::RopeTable rope = ref::make_rope_table(c, graph.shape().seq_len);
+    // Decode rotates at any cache position; forward and prefill at positions below seq_len.
+    const RunShape& shape = graph.shape();
+    const ref::RopeTable rope = ref::make_rope_table(c, std::max(shape.seq_len, shape.max_context));
     p.rope_cos = arena.upload(rope.cos, "uploading RoPE tables");
     p.rope_sin = arena.upload(rope.sin, "uploading RoPE tables");
   }
@@ -122,13 +130,18 @@ GemmWeights upload_weights(DeviceArena& arena, const Graph& graph, const ModelWe
 }
 
 // One allocation per buffer kind, its buffers stacked as (count, rows, cols) the way the buffer table numbers them;
-// bf16 kinds poisoned with NaN (0xffff) so that a read before a write shows. Returns each buffer's address.
-std::vector<void*> allocate_activations(DeviceArena& arena, const BufferTable& table,
+// bf16 kinds poisoned with NaN (0xffff) so that a read before a write shows. The KV cache is the caller's when it
+// gives one (kept between passes). Returns each buffer's address.
+std::vector<void*> allocate_activations(DeviceArena& arena, const BufferTable& table, void* kv_cache,
                                         std::array<void*, kNumBufferKinds>& base) {
   base.fill(nullptr);
   for (int k = 0; k < kNumBufferKinds; ++k) {
     const BufferKind kind = BufferKind(k);
     if (!table.has(kind)) continue;
+    if (kind == BufferKind::kKvCache && kv_cache != nullptr) {
+      base[size_t(k)] = kv_cache;
+      continue;
+    }
     const BufferKindInfo& info = buffer_kind_info(kind);
     const size_t element_bytes = size_t(mk::element_bytes(info.element));
     const size_t bytes = size_t(table.kind_elements(kind)) * element_bytes;
@@ -143,8 +156,10 @@ std::vector<void*> allocate_activations(DeviceArena& arena, const BufferTable& t
   return address;
 }
 
+// NOTE: decode passes have no TMA ops (their GEMMs are M = batch weight streams with plain loads): no maps.
 void make_tensor_maps(const Graph& graph, const GemmWeights& g, MegakernelParams& p) {
   const ModelConfig& c = graph.config();
+  if (graph.shape().pass == PassKind::kDecode) return;
   const int64_t T = graph.shape().tokens(), L = c.n_layers, D = c.d_model;
   const uint32_t rows_m = KernelConfig::kBlockM, rows_n = KernelConfig::kBlockN;
   p.maps[kMapAttnNorm] = make_tensor_map(p.attn_norm, L, T, D, rows_m, "attn_norm");
@@ -158,7 +173,7 @@ void make_tensor_maps(const Graph& graph, const GemmWeights& g, MegakernelParams
   p.maps[kMapQkv] = make_tensor_map(p.qkv, L, T, c.qkv_dim(), rows_m, "qkv");
   p.maps[kMapHidden] = make_tensor_map(p.hidden, L + 1, T, D, rows_m, "hidden");
   p.maps[kMapHiddenMid] = make_tensor_map(p.hidden_mid, L, T, D, rows_m, "hidden_mid");
-  if (c.has_lm_head) {
+  if (graph.buffer_table().has(BufferKind::kLogits)) {  // prefill stops before the LM head
     p.maps[kMapFinalNorm] = make_tensor_map(p.final_norm, 1, T, D, rows_m, "final_norm");
     p.maps[kMapLmHead] = make_tensor_map(g.lm_head, 1, c.vocab_size, D, rows_n, "lm_head");
     p.maps[kMapLogits] = make_tensor_map(p.logits, 1, T, c.vocab_size, rows_m, "logits");
@@ -172,18 +187,26 @@ void make_tensor_maps(const Graph& graph, const GemmWeights& g, MegakernelParams
 
 }  // namespace
 
-std::vector<void*> upload_model(DeviceArena& arena, const Graph& graph, const ModelWeights& weights,
+std::vector<void*> upload_model(DeviceArena& arena, const Graph& graph, const ModelWeights& weights, void* kv_cache,
                                 MegakernelParams& p) {
   const ModelConfig& c = graph.config();
   const RunShape& shape = graph.shape();
   p.dims = {int32_t(shape.tokens()), int32_t(shape.batch), int32_t(shape.seq_len), int32_t(c.d_model),
             int32_t(c.q_dim()), int32_t(c.kv_dim()), int32_t(c.qkv_dim()), int32_t(c.d_ff), int32_t(c.vocab_size),
             int32_t(c.head_dim), int32_t(c.group_size()), int32_t(c.n_layers), c.rope.type != RopeType::kNone ? 1 : 0,
-            c.rms_norm_eps, float(1.4426950408889634 / std::sqrt(double(c.head_dim)))};
+            c.rms_norm_eps, float(1.4426950408889634 / std::sqrt(double(c.head_dim))), 0, 0, 0, 0, 0};
+  if (shape.pass != PassKind::kForward) {
+    const KvSplit split = kv_split(c, shape);
+    p.dims.max_context = int32_t(shape.max_context);
+    p.dims.kv_blocks = int32_t(split.blocks);
+    p.dims.kv_splits = int32_t(split.splits);
+    p.dims.kv_blocks_per_split = int32_t(split.blocks_per_split);
+  }
   const GemmWeights gemm_weights = upload_weights(arena, graph, weights, p);
+  p.dims.gate_up_rows = int32_t(gemm_weights.gate_up_rows);
 
   std::array<void*, kNumBufferKinds> base{};
-  std::vector<void*> address = allocate_activations(arena, graph.buffer_table(), base);
+  std::vector<void*> address = allocate_activations(arena, graph.buffer_table(), kv_cache, base);
   auto bf16_base = [&](BufferKind kind) { return static_cast<__nv_bfloat16*>(base[size_t(kind)]); };
   p.hidden = bf16_base(BufferKind::kHidden);
   p.attn_norm = bf16_base(BufferKind::kAttnNorm);
@@ -195,6 +218,11 @@ std::vector<void*> upload_model(DeviceArena& arena, const Graph& graph, const Mo
   p.final_norm = bf16_base(BufferKind::kFinalNorm);
   p.logits = bf16_base(BufferKind::kLogits);
   p.tokens = static_cast<const int32_t*>(base[size_t(BufferKind::kTokens)]);
+  p.kv_cache = bf16_base(BufferKind::kKvCache);
+  p.decode_q = bf16_base(BufferKind::kDecodeQ);
+  p.attn_partial = static_cast<float*>(base[size_t(BufferKind::kAttnPartial)]);
+  p.positions = static_cast<const int32_t*>(base[size_t(BufferKind::kPositions)]);
+  p.sampled = static_cast<int32_t*>(base[size_t(BufferKind::kSampled)]);
 
   make_tensor_maps(graph, gemm_weights, p);
   return address;

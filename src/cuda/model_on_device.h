@@ -12,8 +12,9 @@
 namespace mk::gpu {
 
 // Fills params' dimensions, weight and activation pointers and tensor maps; returns the device address of every
-// graph buffer, (graph.buffers().size()).
-std::vector<void*> upload_model(DeviceArena& arena, const Graph& graph, const ModelWeights& weights,
+// graph buffer, (graph.buffers().size()). kv_cache: the caller's cache (prefill and decode passes share one), or
+// null to allocate the pass's own.
+std::vector<void*> upload_model(DeviceArena& arena, const Graph& graph, const ModelWeights& weights, void* kv_cache,
                                 MegakernelParams& params);
 
 }  // namespace mk::gpu

@@ -13,6 +13,7 @@
 #include "megakernel.h"
 #include "mk/check.h"
 #include "mk/gpu.h"
+#include "mk/ops.h"
 #include "model_on_device.h"
 
 namespace mk {
@@ -44,14 +45,35 @@ struct GpuEngine::Impl {
   void upload_schedule(const Schedule& schedule);
 };
 
+namespace {
+
+// What the decode handlers (src/cuda/device/ops/decode_*.cuh) serve, checked before anything is allocated.
+void check_decode_limits(const Graph& graph) {
+  const ModelConfig& c = graph.config();
+  if (graph.shape().pass != PassKind::kDecode) return;
+  MK_CHECK(c.group_size() <= 8, "gpu engine: decode attention serves at most 8 query heads per kv head, not {}",
+           c.group_size());
+  MK_CHECK(c.head_dim <= 256 && c.head_dim % 2 == 0, "gpu engine: decode attention needs an even head_dim <= 256, not {}",
+           c.head_dim);
+  // NOTE: decode ops stage their input rows in the stage ring, which is free only because no TMA op shares the
+  // schedule.
+  for (const Task& task : graph.tasks())
+    MK_CHECK(task.opcode >= Opcode::kKvAppend || task.opcode == Opcode::kEmbed || task.opcode == Opcode::kFinalNorm,
+             "internal error: a decode pass with the TMA op {}", opcode_name(task.opcode));
+  const int64_t widest = std::max({c.d_model, c.q_dim(), c.d_ff});
+  MK_CHECK(2 * widest <= KernelConfig::kNumStages * KernelConfig::kStageBytes,
+           "gpu engine: a decode input row of {} values does not fit the megakernel's shared memory", widest);
+}
+
+}  // namespace
+
 GpuEngine::GpuEngine(const Graph& graph, const Schedule& schedule, const ModelWeights& weights,
                      const GpuOptions& options)
     : impl_(std::make_unique<Impl>(graph, options)) {
   const GpuInfo info = query_gpu();
   MK_CHECK(info.usable, "gpu engine: {}", info.reason);
-  MK_CHECK(graph.shape().pass == PassKind::kForward, "gpu engine: {} passes are not yet implemented on the GPU",
-           pass_kind_name(graph.shape().pass));
   const ModelConfig& c = graph.config();
+  check_decode_limits(graph);
   MK_CHECK(schedule.num_sms <= info.sm_count, "gpu engine: the schedule is for {} SMs, {} has {}", schedule.num_sms,
            info.name, info.sm_count);
   MK_CHECK(!c.has_lm_head || c.vocab_size % 8 == 0,
@@ -66,7 +88,7 @@ GpuEngine::GpuEngine(const Graph& graph, const Schedule& schedule, const ModelWe
   // default stream, which a blocking stream waits for before each launch.
   check_cuda(cudaStreamCreate(&impl.stream), "creating a stream");
   check_cuda(gpu::prepare_megakernel(), "raising the megakernel's shared memory limit");
-  impl.buffer_address = gpu::upload_model(impl.arena, graph, weights, impl.params);
+  impl.buffer_address = gpu::upload_model(impl.arena, graph, weights, options.kv_cache, impl.params);
   impl.upload_schedule(schedule);
   impl.params.stall_timeout_ns = uint64_t(options.stall_timeout_s * 1e9);
   impl.params.epoch = 0;
@@ -99,6 +121,11 @@ void GpuEngine::set_input(const ref::ModelInput& input) {
            "gpu engine: input of batch {} x seq {} for an engine built for batch {} x seq {}", input.shape.batch,
            input.shape.seq_len, impl.graph.shape().batch, impl.graph.shape().seq_len);
   ref::validate_input(c, input);
+  if (impl.graph.buffer_table().has(BufferKind::kPositions)) {
+    check_cuda(cudaMemcpy(const_cast<int32_t*>(impl.params.positions), input.positions.data(),
+                          input.positions.size() * 4, cudaMemcpyHostToDevice),
+               "uploading positions");
+  }
   if (c.has_embedding) {
     check_cuda(cudaMemcpy(const_cast<int32_t*>(impl.params.tokens), input.tokens.data(), input.tokens.size() * 4,
                           cudaMemcpyHostToDevice),
@@ -241,9 +268,27 @@ Trace GpuEngine::run_traced() {
 }
 
 
+namespace {
+
+ref::Matrix download_buffer(const Buffer& buffer, const void* address) {
+  const ElementType element = buffer_kind_info(buffer.kind).element;
+  if (element == ElementType::kBf16) return gpu::download_bf16(address, buffer.rows, buffer.cols);
+  ref::Matrix out(buffer.rows, buffer.cols);
+  if (element == ElementType::kFloat32) {
+    check_cuda(cudaMemcpy(out.data.data(), address, out.data.size() * 4, cudaMemcpyDeviceToHost), "downloading a buffer");
+    return out;
+  }
+  std::vector<int32_t> values(out.data.size());
+  check_cuda(cudaMemcpy(values.data(), address, values.size() * 4, cudaMemcpyDeviceToHost), "downloading a buffer");
+  for (size_t i = 0; i < values.size(); ++i) out.data[i] = float(values[i]);
+  return out;
+}
+
+}  // namespace
+
 ref::Matrix GpuEngine::output() const {
-  const Buffer& buffer = impl_->graph.buffers()[impl_->graph.output_buffer()];
-  return gpu::download_bf16(impl_->buffer_address[impl_->graph.output_buffer()], buffer.rows, buffer.cols);
+  const uint32_t id = impl_->graph.output_buffer();
+  return download_buffer(impl_->graph.buffers()[id], impl_->buffer_address[id]);
 }
 
 void GpuEngine::copy_output_to_device(void* destination) const {
@@ -260,20 +305,15 @@ void GpuEngine::copy_output_to_device(void* destination) const {
 
 std::vector<ref::Matrix> GpuEngine::buffers() const {
   std::vector<ref::Matrix> out;
-  for (size_t b = 0; b < impl_->graph.buffers().size(); ++b) {
-    const Buffer& buffer = impl_->graph.buffers()[b];
-    if (buffer_kind_info(buffer.kind).element == ElementType::kInt32) {
-      std::vector<int32_t> values(size_t(buffer.rows * buffer.cols));
-      check_cuda(cudaMemcpy(values.data(), impl_->buffer_address[b], values.size() * 4, cudaMemcpyDeviceToHost),
-                 "downloading a buffer");
-      ref::Matrix as_floats(buffer.rows, buffer.cols);
-      for (size_t i = 0; i < values.size(); ++i) as_floats.data[i] = float(values[i]);
-      out.push_back(std::move(as_floats));
-    } else {
-      out.push_back(gpu::download_bf16(impl_->buffer_address[b], buffer.rows, buffer.cols));
-    }
-  }
+  for (size_t b = 0; b < impl_->graph.buffers().size(); ++b)
+    out.push_back(download_buffer(impl_->graph.buffers()[b], impl_->buffer_address[b]));
   return out;
+}
+
+ref::Matrix GpuEngine::buffer(BufferRef ref) const {
+  MK_CHECK(!impl_->broken, "gpu engine: unusable after an earlier device error");
+  const uint32_t id = impl_->graph.buffer_table().id(ref);
+  return download_buffer(impl_->graph.buffers()[id], impl_->buffer_address[id]);
 }
 
 size_t GpuEngine::device_bytes() const { return impl_->arena.bytes(); }

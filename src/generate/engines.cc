@@ -6,42 +6,13 @@
 #include "mk/generate.h"
 #include "mk/graph.h"
 #include "mk/kv_cache.h"
+#include "decode_inputs.h"
 
 namespace mk {
 
 namespace {
 
-RunShape decode_shape(const DecodeSetup& setup) { return {setup.batch, 1, PassKind::kDecode, setup.max_context}; }
-
-ref::ModelInput prefill_input(const DecodeSetup& setup, const std::vector<int32_t>& tokens, int64_t seq_len) {
-  ref::ModelInput input;
-  input.shape = {setup.batch, seq_len, PassKind::kPrefill, setup.max_context};
-  input.tokens = tokens;
-  return input;
-}
-
-ref::ModelInput step_input(const DecodeSetup& setup, const std::vector<int32_t>& tokens,
-                           const std::vector<int32_t>& positions) {
-  ref::ModelInput input;
-  input.shape = decode_shape(setup);
-  input.tokens = tokens;
-  input.positions = positions;
-  input.sampling = setup.sampling;
-  return input;
-}
-
-// The sampled buffer (batch, 1), which the cpu engines hold as floats.
-std::vector<int32_t> token_ids(const ref::Matrix& sampled) {
-  std::vector<int32_t> ids;
-  for (float value : sampled.data) ids.push_back(int32_t(value));
-  return ids;
-}
-
-const DecodeSetup& checked(const ModelConfig& config, const DecodeSetup& setup) {
-  check_pass_shape(config, decode_shape(setup));
-  ref::validate_sampling(setup.sampling);
-  return setup;
-}
+using namespace decode_inputs;
 
 class ReferenceDecoder final : public DecodeEngine {
  public:
@@ -127,26 +98,6 @@ std::unique_ptr<DecodeEngine> make_reference_decoder(const ModelWeights& weights
 
 std::unique_ptr<DecodeEngine> make_cpu_vm_decoder(const ModelWeights& weights, const DecodeSetup& setup) {
   return std::make_unique<CpuVmDecoder>(weights, setup);
-}
-
-void check_decode_engine(const std::string& engine) {
-  if (engine == "reference" || engine == "cpu-vm") return;
-  if (engine == "gpu") {
-    std::string ops;
-    for (const OpDescriptor& op : op_descriptors())
-      if (op.opcode >= Opcode::kKvAppend) ops += fmt::format("{}{}", ops.empty() ? "" : ", ", op.name);
-    throw Error(
-        fmt::format("generation is not yet implemented on the GPU: the megakernel has no handlers for the "
-                    "prefill and decode ops ({}); use --engine cpu-vm or --engine reference",
-                    ops));
-  }
-  throw Error(fmt::format("unknown engine '{}' (available: reference, cpu-vm, gpu)", engine));
-}
-
-std::unique_ptr<DecodeEngine> make_decoder(const std::string& engine, const ModelWeights& weights,
-                                           const DecodeSetup& setup) {
-  check_decode_engine(engine);
-  return engine == "reference" ? make_reference_decoder(weights, setup) : make_cpu_vm_decoder(weights, setup);
 }
 
 }  // namespace mk

@@ -42,6 +42,10 @@ TolerancePolicy check_tolerance(const ref::Matrix& engine_output, const ModelWei
                                 const ref::ModelInput& input) {
   const ref::Matrix fp32 = ref::forward(weights, input);
   const ref::Matrix bf16 = ref::forward(weights, input, {.round_activations_to_bf16 = true});
+  return tolerance_of(engine_output, fp32, bf16);
+}
+
+TolerancePolicy tolerance_of(const ref::Matrix& engine_output, const ref::Matrix& fp32, const ref::Matrix& bf16) {
   TolerancePolicy policy;
   policy.engine = error_stats(engine_output, fp32);
   policy.bf16 = error_stats(bf16, fp32);

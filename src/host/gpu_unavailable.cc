@@ -1,5 +1,6 @@
 // The gpu engine in a build without CUDA: every entry point explains why there is no GPU engine.
 #include "mk/check.h"
+#include "mk/generate.h"
 #include "mk/gpu.h"
 
 namespace mk {
@@ -24,6 +25,11 @@ Trace GpuEngine::run_traced() { return {}; }
 ref::Matrix GpuEngine::output() const { return {}; }
 void GpuEngine::copy_output_to_device(void*) const {}
 std::vector<ref::Matrix> GpuEngine::buffers() const { return {}; }
+ref::Matrix GpuEngine::buffer(BufferRef) const { return {}; }
 size_t GpuEngine::device_bytes() const { return 0; }
+
+std::unique_ptr<DecodeEngine> make_gpu_decoder(const ModelWeights&, const DecodeSetup&) {
+  throw Error("gpu engine: " + query_gpu().reason);
+}
 
 }  // namespace mk

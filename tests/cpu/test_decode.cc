@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "mk/generate.h"
+#include "mk/gpu.h"
 #include "mk/random.h"
 #include "test_models.h"
 
@@ -228,8 +229,11 @@ TEST(Generate, BadArgumentsAreClearErrors) {
   bad = setup_for(1, 2048);
   EXPECT_THAT(error_of([&] { make_reference_decoder(weights, bad); }),
               HasSubstr("max context 2048 exceeds the model's max_position_embeddings 1024"));
-  EXPECT_THAT(error_of([&] { make_decoder("gpu", weights, setup_for(1, 8)); }),
-              HasSubstr("not yet implemented on the GPU"));
+  EXPECT_THAT(error_of([&] { make_decoder("tpu", weights, setup_for(1, 8)); }), HasSubstr("unknown engine 'tpu'"));
+  if (!query_gpu().usable) {  // where there is one, tests/gpu covers it
+    EXPECT_THAT(error_of([&] { make_decoder("gpu", weights, setup_for(1, 8)); }),
+                HasSubstr("gpu engine: " + query_gpu().reason));
+  }
   ModelConfig seed = find_preset("seed").config;
   seed.n_layers = 1;
   EXPECT_THAT(error_of([&] { make_reference_decoder(random_weights(seed, 1), setup_for(1, 8)); }),

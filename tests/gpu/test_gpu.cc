@@ -11,43 +11,12 @@
 #include "mk/gpu.h"
 #include "mk/graph.h"
 #include "mk/schedule.h"
+#include "gpu_fixture.h"
 
 namespace mk {
 namespace {
 
 using ::testing::HasSubstr;
-
-class Gpu : public ::testing::Test {
- protected:
-  void SetUp() override {
-    info_ = query_gpu();
-    if (!info_.usable) GTEST_SKIP() << "no suitable GPU: " << info_.reason;
-  }
-  Schedule schedule_for(const Graph& graph, SchedulePolicy policy = SchedulePolicy::kCostModel) const {
-    return make_schedule(graph, derive_dependencies(graph), policy, info_.sm_count);
-  }
-  GpuInfo info_;
-};
-
-ModelConfig small_config(int64_t d_model, int64_t d_ff, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
-                         bool rope, bool embedding_and_head, int64_t n_layers = 2) {
-  ModelConfig c;
-  c.name = fmt::format("d{}-ff{}-h{}-kv{}-hd{}{}{}", d_model, d_ff, n_heads, n_kv_heads, head_dim, rope ? "-rope" : "",
-                       embedding_and_head ? "-lm" : "");
-  c.d_model = d_model;
-  c.d_ff = d_ff;
-  c.n_layers = n_layers;
-  c.n_heads = n_heads;
-  c.n_kv_heads = n_kv_heads;
-  c.head_dim = head_dim;
-  c.vocab_size = 1000;
-  c.max_position_embeddings = 4096;
-  c.rope = rope ? RopeConfig{RopeType::kLlama3, 500000.0, 8.0, 1.0, 4.0, 128} : RopeConfig{};
-  c.has_embedding = embedding_and_head;
-  c.has_lm_head = embedding_and_head;
-  c.validate();
-  return c;
-}
 
 // Every op alone on the GPU's own inputs, then the whole output under the tolerance policy.
 void check_against_reference(const GpuInfo& info, const ModelConfig& config, const RunShape& shape, uint64_t seed) {

@@ -1,0 +1,190 @@
+// Split-KV decode attention (one partial per KV block: unnormalized output, max and sum per query head), the combine
+// that merges a sequence's partials in block order, and greedy sampling: run by the consumer warps with plain loads.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include "../config.cuh"
+#include "../sync.cuh"
+#include "mk/tiles.h"
+#include "rowwise.cuh"
+
+namespace mk::gpu {
+
+constexpr int kDecodeKvBlock = tiles::kDecodeKvBlock;
+constexpr int kPartialStats = tiles::kDecodePartialStats;
+constexpr int kMaxGroup = 8;      // query heads per kv head the attention handler serves (checked by the engine)
+constexpr int kMaxHeadDim = 256;  // likewise
+
+__device__ __forceinline__ float warp_max(float value) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) value = fmaxf(value, __shfl_xor_sync(0xffffffff, value, offset));
+  return value;
+}
+
+// scores[h][key] <- (q_h . k_key) / sqrt(head_dim) for the block's keys: one warp per key, lanes across head_dim.
+__device__ __forceinline__ void decode_scores(const ModelDims& d, const float* q, const __nv_bfloat16* k, int32_t keys,
+                                              float* scores, int warp, int lane) {
+  const float scale = rsqrtf(float(d.head_dim));
+  for (int32_t key = warp; key < keys; key += KernelConfig::kConsumerWarps) {
+    const __nv_bfloat16* k_row = k + int64_t(key) * 2 * d.kv_dim;
+    float part[kMaxGroup] = {};
+    for (int32_t e = lane; e < d.head_dim; e += 32) {
+      const float k_value = __bfloat162float(__ldcg(k_row + e));
+#pragma unroll
+      for (int h = 0; h < kMaxGroup; ++h)
+        if (h < d.group_size) part[h] = fmaf(q[h * d.head_dim + e], k_value, part[h]);
+    }
+#pragma unroll
+    for (int h = 0; h < kMaxGroup; ++h) {
+      if (h >= d.group_size) break;
+      const float score = warp_sum(part[h]);
+      if (lane == 0) scores[h * kDecodeKvBlock + key] = score * scale;
+    }
+  }
+}
+
+// Per query head: the block's max and sum, scores turned into exp(score - max) in place. One warp per head.
+__device__ __forceinline__ void decode_softmax(const ModelDims& d, int32_t keys, float* scores, float* stats, int warp,
+                                               int lane) {
+  for (int32_t h = warp; h < d.group_size; h += KernelConfig::kConsumerWarps) {
+    float* row = scores + h * kDecodeKvBlock;
+    float max = -INFINITY;
+    for (int32_t key = lane; key < keys; key += 32) max = fmaxf(max, row[key]);
+    max = warp_max(max);
+    float sum = 0.0f;
+    for (int32_t key = lane; key < keys; key += 32) {
+      const float weight = __expf(row[key] - max);
+      row[key] = weight;
+      sum += weight;
+    }
+    sum = warp_sum(sum);
+    if (lane == 0) {
+      stats[2 * h] = max;
+      stats[2 * h + 1] = sum;
+    }
+  }
+}
+
+// attn_partial[l][rows] for sequence in.sequence, kv head in.head: one partial record per query head of the kv head
+// and per KV block of the split (blocks past the sequence's position are empty: max -inf, left out by the combine).
+__device__ __forceinline__ void run_decode_attention(const MegakernelParams& p, const SharedState& s,
+                                                     const Instruction& in, int consumer_thread) {
+  const ModelDims& d = p.dims;
+  const int warp = consumer_thread / 32, lane = consumer_thread % 32;
+  const int64_t B = d.batch, C = d.max_context, layer = in.layer;
+  const int32_t G = d.group_size, hd = d.head_dim, stride = hd + kPartialStats;
+  const int32_t rows_per_sequence = d.kv_splits * d.kv_blocks_per_split;
+  const int32_t position = p.positions[in.sequence];
+  float* q = reinterpret_cast<float*>(s.stages);      // (G, head_dim)
+  float* scores = q + kMaxGroup * kMaxHeadDim;         // (G, kDecodeKvBlock)
+  float* stats = scores + kMaxGroup * kDecodeKvBlock;  // (G, 2): max, sum
+  const __nv_bfloat16* q_heads = p.decode_q + (layer * B + in.sequence) * d.q_dim + in.head * G * hd;
+  for (int32_t i = consumer_thread; i < G * hd; i += KernelConfig::kConsumerThreads)
+    q[i] = __bfloat162float(__ldcg(q_heads + i));
+  ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
+  for (int32_t row = in.row_begin; row < in.row_end; ++row) {
+    const int32_t local = row - in.sequence * rows_per_sequence;
+    const int32_t block = (local % d.kv_blocks_per_split) * d.kv_splits + local / d.kv_blocks_per_split;
+    const int32_t first_key = block * kDecodeKvBlock;
+    const int32_t keys = block < d.kv_blocks ? min(kDecodeKvBlock, position + 1 - first_key) : 0;
+    float* record = p.attn_partial + (layer * B * rows_per_sequence + row) * int64_t(d.q_dim / hd) * stride +
+                    int64_t(in.head) * G * stride;
+    if (keys <= 0) {
+      for (int32_t i = consumer_thread; i < G * stride; i += KernelConfig::kConsumerThreads)
+        record[i] = i % stride == hd ? -INFINITY : 0.0f;
+      continue;
+    }
+    const __nv_bfloat16* k = p.kv_cache + ((layer * B + in.sequence) * C + first_key) * 2 * d.kv_dim + in.head * hd;
+    const __nv_bfloat16* v = k + d.kv_dim;
+    decode_scores(d, q, k, keys, scores, warp, lane);
+    ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
+    decode_softmax(d, keys, scores, stats, warp, lane);
+    ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
+    for (int32_t i = consumer_thread; i < G * hd; i += KernelConfig::kConsumerThreads) {
+      const int32_t h = i / hd, e = i % hd;
+      const float* weights = scores + h * kDecodeKvBlock;
+      float acc = 0.0f;
+      for (int32_t key = 0; key < keys; ++key)
+        acc = fmaf(weights[key], __bfloat162float(__ldcg(v + int64_t(key) * 2 * d.kv_dim + e)), acc);
+      record[h * stride + e] = acc;
+    }
+    if (consumer_thread < G) {
+      float* tail = record + consumer_thread * stride + hd;
+      tail[0] = stats[2 * consumer_thread];
+      tail[1] = stats[2 * consumer_thread + 1];
+      tail[2] = tail[3] = 0.0f;
+    }
+    ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);  // scores are reused by the next block
+  }
+}
+
+// attn[l][rows, cols] <- for sequences rows and the query heads of cols, their partials combined in block order:
+// sum_b w_b o_b / sum_b w_b sum_b with w_b = exp(max_b - max). One thread per output element.
+__device__ __forceinline__ void run_decode_combine(const MegakernelParams& p, const Instruction& in,
+                                                   int consumer_thread) {
+  const ModelDims& d = p.dims;
+  const int64_t B = d.batch, layer = in.layer;
+  const int32_t hd = d.head_dim, stride = hd + kPartialStats, width = in.col_end - in.col_begin;
+  const int32_t rows_per_sequence = d.kv_splits * d.kv_blocks_per_split;
+  const int64_t record_row = int64_t(d.q_dim / hd) * stride;
+  for (int32_t i = consumer_thread; i < (in.row_end - in.row_begin) * width; i += KernelConfig::kConsumerThreads) {
+    const int32_t b = in.row_begin + i / width, col = in.col_begin + i % width;
+    const int32_t head = col / hd, e = col % hd;
+    const int32_t blocks = p.positions[b] / kDecodeKvBlock + 1;
+    const float* first = p.attn_partial + (layer * B + b) * rows_per_sequence * record_row + int64_t(head) * stride;
+    auto record = [&](int32_t block) {
+      const int32_t row = (block % d.kv_splits) * d.kv_blocks_per_split + block / d.kv_splits;
+      return first + int64_t(row) * record_row;
+    };
+    float max = -INFINITY;
+    for (int32_t block = 0; block < blocks; ++block) max = fmaxf(max, __ldcg(record(block) + hd));
+    float acc = 0.0f, sum = 0.0f;
+    for (int32_t block = 0; block < blocks; ++block) {
+      const float* r = record(block);
+      const float weight = __expf(__ldcg(r + hd) - max);
+      sum = fmaf(weight, __ldcg(r + hd + 1), sum);
+      acc = fmaf(weight, __ldcg(r + e), acc);
+    }
+    p.attn[(layer * B + b) * d.q_dim + col] = __float2bfloat16_rn(acc / sum);
+  }
+}
+
+// The better of two (logit, id) candidates: the larger logit, ties to the lower id.
+__device__ __forceinline__ void keep_best(float& value, int32_t& id, float other_value, int32_t other_id) {
+  if (other_value > value || (other_value == value && other_id < id)) {
+    value = other_value;
+    id = other_id;
+  }
+}
+
+// sampled[rows] <- argmax of logits[rows] (greedy), ties to the lower id.
+__device__ __forceinline__ void run_sample(const MegakernelParams& p, const SharedState& s, const Instruction& in,
+                                           int consumer_thread) {
+  const int warp = consumer_thread / 32, lane = consumer_thread % 32;
+  const int32_t vocab = p.dims.vocab_size;
+  float* warp_values = reinterpret_cast<float*>(s.stages);
+  int32_t* warp_ids = reinterpret_cast<int32_t*>(warp_values + KernelConfig::kConsumerWarps);
+  for (int32_t b = in.row_begin; b < in.row_end; ++b) {
+    const __nv_bfloat16* logits = p.logits + int64_t(b) * vocab;
+    float value = -INFINITY;
+    int32_t id = vocab;
+    for (int32_t i = consumer_thread; i < vocab; i += KernelConfig::kConsumerThreads)
+      keep_best(value, id, __bfloat162float(__ldcg(logits + i)), i);
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2)
+      keep_best(value, id, __shfl_xor_sync(0xffffffff, value, offset), __shfl_xor_sync(0xffffffff, id, offset));
+    if (lane == 0) {
+      warp_values[warp] = value;
+      warp_ids[warp] = id;
+    }
+    ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
+    if (consumer_thread == 0) {
+      for (int w = 1; w < KernelConfig::kConsumerWarps; ++w) keep_best(value, id, warp_values[w], warp_ids[w]);
+      p.sampled[b] = id < vocab ? id : 0;
+    }
+    ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
+  }
+}
+
+}  // namespace mk::gpu

@@ -1,0 +1,259 @@
+// Decode GEMMs (M = batch rows: weight streaming on the CUDA cores, RMSNorm fused where a norm precedes them) and the
+// prefill's cache append, run by the consumer warps with plain loads.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include "../config.cuh"
+#include "../sync.cuh"
+#include "rowwise.cuh"
+
+namespace mk::gpu {
+
+// NOTE: a decode tile is one or a few batch rows against tens of weight rows: far too thin for wgmma, and the whole
+// step is weight bytes / bandwidth. Each warp streams two weight rows at a time with 16-byte loads, kDecodeUnroll
+// per lane in flight, against the tile's input rows held in shared memory (normalized once per tile).
+constexpr int kDecodeUnroll = 4;
+constexpr int kDecodeMaxRows = 4;  // batch rows one pass holds; more rows take more passes over the same weights
+
+// One decode GEMM task: out (rows, pairs) from a (batch, k) @ w^T, two weight rows per output pair.
+struct DecodeGemmTask {
+  const __nv_bfloat16* a;            // (batch, k) the layer's input rows
+  const __nv_bfloat16* norm_weight;  // (k) RMSNorm weight applied to a first, or null
+  const __nv_bfloat16* w;            // (rows, k) the layer's weights
+  int32_t k;
+  int32_t batch_begin;  // batch rows [batch_begin, batch_end)
+  int32_t batch_end;
+  int32_t pairs;        // pairs of dot products per batch row
+};
+
+__device__ __forceinline__ DecodeGemmTask decode_gemm_task(const MegakernelParams& p, const Instruction& in) {
+  const ModelDims& d = p.dims;
+  const int64_t B = d.batch, D = d.d_model, layer = in.layer;
+  const int32_t width = in.col_end - in.col_begin;
+  switch (in.opcode) {
+    case Opcode::kDecodeQ:
+      return {p.hidden + layer * B * D, p.attn_norm_weight + layer * D, p.wqkv + layer * d.qkv_dim * D, d.d_model,
+              in.row_begin, in.row_end, width / 2};
+    case Opcode::kDecodeKv:  // rows are cache rows [b0 C, b1 C)
+      return {p.hidden + layer * B * D, p.attn_norm_weight + layer * D, p.wqkv + layer * d.qkv_dim * D, d.d_model,
+              in.row_begin / d.max_context, (in.row_end + d.max_context - 1) / d.max_context, width / 2};
+    case Opcode::kDecodeOProj:
+      return {p.attn + layer * B * d.q_dim, nullptr, p.wo + layer * D * d.q_dim, d.q_dim, in.row_begin, in.row_end,
+              width / 2};
+    case Opcode::kDecodeGateUp:  // a pair is the gate and the up row of one output column
+      return {p.hidden_mid + layer * B * D, p.mlp_norm_weight + layer * D,
+              p.w_gate_up + layer * int64_t(d.gate_up_rows) * D, d.d_model, in.row_begin, in.row_end, width};
+    case Opcode::kDecodeDown:
+      return {p.act + layer * B * d.d_ff, nullptr, p.w_down + layer * D * d.d_ff, d.d_ff, in.row_begin, in.row_end,
+              width / 2};
+    default:  // kDecodeLmHead
+      return {p.final_norm, nullptr, p.lm_head, d.d_model, in.row_begin, in.row_end, width / 2};
+  }
+}
+
+// Weight row of column `col` of a RoPE'd head stored in pair order (include/mk/kv_cache.h): 0, d/2, 1, d/2 + 1, ...
+__device__ __forceinline__ int32_t pair_order_row(int32_t col, int32_t head_dim) {
+  const int32_t j = col % head_dim;
+  return col - j + (j % 2 == 0 ? j / 2 : head_dim / 2 + j / 2);
+}
+
+// The two weight rows of output pair `pair`.
+__device__ __forceinline__ int2 decode_weight_rows(const MegakernelParams& p, const Instruction& in, int32_t pair) {
+  const ModelDims& d = p.dims;
+  switch (in.opcode) {
+    case Opcode::kDecodeQ: {
+      const int32_t col = in.col_begin + 2 * pair;
+      return {pair_order_row(col, d.head_dim), pair_order_row(col + 1, d.head_dim)};
+    }
+    case Opcode::kDecodeKv: {  // K columns [0, kv_dim) in pair order, then V
+      const int32_t col = in.col_begin + 2 * pair;
+      if (col >= d.kv_dim) return {d.q_dim + col, d.q_dim + col + 1};
+      return {d.q_dim + pair_order_row(col, d.head_dim), d.q_dim + pair_order_row(col + 1, d.head_dim)};
+    }
+    case Opcode::kDecodeGateUp: {  // packed per kBlockN columns: the gate rows, then the up rows
+      const int32_t col = in.col_begin + pair;
+      const int32_t row = 2 * KernelConfig::kBlockN * (col / KernelConfig::kBlockN) + col % KernelConfig::kBlockN;
+      return {row, row + KernelConfig::kBlockN};
+    }
+    default: {
+      const int32_t col = in.col_begin + 2 * pair;
+      return {col, col + 1};
+    }
+  }
+}
+
+__device__ __forceinline__ void store_pair(__nv_bfloat16* out, float x0, float x1) {
+  *reinterpret_cast<__nv_bfloat162*>(out) = __floats2bfloat162_rn(x0, x1);
+}
+
+__device__ __forceinline__ float2 load_pair(const __nv_bfloat16* in) {
+  return __bfloat1622float2(__ldcg(reinterpret_cast<const __nv_bfloat162*>(in)));
+}
+
+// RoPE of a pair-order pair (x1 = natural column i, x2 = column i + head_dim / 2) at `position`.
+__device__ __forceinline__ float2 rotate(const MegakernelParams& p, float x1, float x2, int32_t col, int32_t position) {
+  if (!p.dims.rope) return {x1, x2};
+  const int32_t half = p.dims.head_dim / 2;
+  const int64_t at = int64_t(position) * half + (col % p.dims.head_dim) / 2;
+  const float cos = p.rope_cos[at], sin = p.rope_sin[at];
+  return {x1 * cos + (-x2) * sin, x2 * cos + x1 * sin};
+}
+
+// The epilogue of one output pair of batch row b: RoPE and the cache row, SwiGLU, or the residual.
+__device__ __forceinline__ void decode_epilogue(const MegakernelParams& p, const Instruction& in, int32_t pair,
+                                                int32_t b, float x0, float x1) {
+  const ModelDims& d = p.dims;
+  const int64_t B = d.batch, D = d.d_model, layer = in.layer;
+  const int32_t col = in.col_begin + 2 * pair;
+  switch (in.opcode) {
+    case Opcode::kDecodeQ: {
+      const float2 r = rotate(p, x0, x1, col, p.positions[b]);
+      store_pair(p.decode_q + (layer * B + b) * d.q_dim + col, r.x, r.y);
+      break;
+    }
+    case Opcode::kDecodeKv: {
+      const int32_t position = p.positions[b];
+      const float2 r = col < d.kv_dim ? rotate(p, x0, x1, col, position) : float2{x0, x1};
+      const int64_t cache_row = layer * B * d.max_context + int64_t(b) * d.max_context + position;
+      store_pair(p.kv_cache + cache_row * 2 * d.kv_dim + col, r.x, r.y);
+      break;
+    }
+    case Opcode::kDecodeOProj: {
+      const float2 residual = load_pair(p.hidden + (layer * B + b) * D + col);
+      store_pair(p.hidden_mid + (layer * B + b) * D + col, residual.x + x0, residual.y + x1);
+      break;
+    }
+    case Opcode::kDecodeGateUp: {
+      const float act = __fdividef(x0, 1.0f + __expf(-x0)) * x1;
+      p.act[(layer * B + b) * d.d_ff + in.col_begin + pair] = __float2bfloat16_rn(act);
+      break;
+    }
+    case Opcode::kDecodeDown: {
+      const float2 residual = load_pair(p.hidden_mid + (layer * B + b) * D + col);
+      store_pair(p.hidden + ((layer + 1) * B + b) * D + col, residual.x + x0, residual.y + x1);
+      break;
+    }
+    default:  // kDecodeLmHead
+      store_pair(p.logits + int64_t(b) * d.vocab_size + col, x0, x1);
+      break;
+  }
+}
+
+// Input rows [b0, b0 + rows) into shared memory as bf16 (rows, k), normalized when the task fuses a norm, the way
+// the forward's norm op rounds them. Ends with the consumers synchronized.
+__device__ __forceinline__ void stage_decode_rows(const MegakernelParams& p, const DecodeGemmTask& t, int32_t b0,
+                                                  int32_t rows, uint4* staged, float* inv_rms, int consumer_thread) {
+  const int warp = consumer_thread / 32, lane = consumer_thread % 32;
+  const int32_t chunks = t.k / 8;
+  if (t.norm_weight != nullptr && warp < rows) {
+    const uint4* x = reinterpret_cast<const uint4*>(t.a + int64_t(b0 + warp) * t.k);
+    float sum = 0.0f;
+    for (int32_t chunk = lane; chunk < chunks; chunk += 32) sum += sum_of_squares_of_chunk(__ldcg(x + chunk));
+    sum = warp_sum(sum);
+    if (lane == 0) inv_rms[warp] = 1.0f / sqrtf(sum / float(t.k) + p.dims.rms_norm_eps);
+  }
+  ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
+  const uint4* weight = reinterpret_cast<const uint4*>(t.norm_weight);
+  for (int32_t i = consumer_thread; i < rows * chunks; i += KernelConfig::kConsumerThreads) {
+    const int32_t r = i / chunks, chunk = i % chunks;
+    const uint4 x = __ldcg(reinterpret_cast<const uint4*>(t.a + int64_t(b0 + r) * t.k) + chunk);
+    staged[i] = weight != nullptr ? normalize_chunk(x, weight[chunk], inv_rms[r]) : x;
+  }
+  ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
+}
+
+// a . w over 8 bf16 of each.
+__device__ __forceinline__ float dot_chunk(const uint4& a, const uint4& w, float acc) {
+  const __nv_bfloat162* a2 = reinterpret_cast<const __nv_bfloat162*>(&a);
+  const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&w);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 x = __bfloat1622float2(a2[i]);
+    const float2 y = __bfloat1622float2(w2[i]);
+    acc = fmaf(x.x, y.x, acc);
+    acc = fmaf(x.y, y.y, acc);
+  }
+  return acc;
+}
+
+// Every output pair of the task for staged rows [b0, b0 + rows), rows <= kRows: one warp per pair at a time.
+template <int kRows>
+__device__ __forceinline__ void decode_gemm_rows(const MegakernelParams& p, const Instruction& in,
+                                                 const DecodeGemmTask& t, const uint4* staged, int32_t b0,
+                                                 int32_t rows, int consumer_thread) {
+  const int warp = consumer_thread / 32, lane = consumer_thread % 32;
+  const int32_t chunks = t.k / 8;
+  for (int32_t pair = warp; pair < t.pairs; pair += KernelConfig::kConsumerWarps) {
+    const int2 weight_rows = decode_weight_rows(p, in, pair);
+    const uint4* w0 = reinterpret_cast<const uint4*>(t.w + int64_t(weight_rows.x) * t.k);
+    const uint4* w1 = reinterpret_cast<const uint4*>(t.w + int64_t(weight_rows.y) * t.k);
+    float acc0[kRows] = {}, acc1[kRows] = {};
+    for (int32_t first = lane; first < chunks; first += 32 * kDecodeUnroll) {
+      uint4 u0[kDecodeUnroll], u1[kDecodeUnroll];
+#pragma unroll
+      for (int u = 0; u < kDecodeUnroll; ++u) {
+        const int32_t chunk = min(first + 32 * u, chunks - 1);  // past the end: a repeat, not accumulated
+        u0[u] = __ldg(w0 + chunk);
+        u1[u] = __ldg(w1 + chunk);
+      }
+#pragma unroll
+      for (int u = 0; u < kDecodeUnroll; ++u) {
+        const int32_t chunk = first + 32 * u;
+        if (chunk >= chunks) break;
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          const uint4 a = staged[r * chunks + chunk];
+          acc0[r] = dot_chunk(a, u0[u], acc0[r]);
+          acc1[r] = dot_chunk(a, u1[u], acc1[r]);
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const float x0 = warp_sum(acc0[r]), x1 = warp_sum(acc1[r]);
+      if (lane == r && r < rows) decode_epilogue(p, in, pair, b0 + r, x0, x1);
+    }
+  }
+}
+
+// A decode GEMM task: its batch rows in passes of up to kDecodeMaxRows, each staged in the (otherwise idle) stage
+// ring. NOTE: decode schedules have no TMA ops, so no producer is using the ring.
+__device__ __forceinline__ void run_decode_gemm(const MegakernelParams& p, const SharedState& s, const Instruction& in,
+                                                int consumer_thread) {
+  const DecodeGemmTask t = decode_gemm_task(p, in);
+  constexpr int kRingBytes = KernelConfig::kNumStages * KernelConfig::kStageBytes;
+  uint4* staged = reinterpret_cast<uint4*>(s.stages);
+  float* inv_rms = reinterpret_cast<float*>(s.output);
+  const int32_t per_pass = min(kDecodeMaxRows, kRingBytes / (2 * t.k));
+  for (int32_t b0 = t.batch_begin; b0 < t.batch_end; b0 += per_pass) {
+    const int32_t rows = min(per_pass, t.batch_end - b0);
+    stage_decode_rows(p, t, b0, rows, staged, inv_rms, consumer_thread);
+    if (rows == 1) {
+      decode_gemm_rows<1>(p, in, t, staged, b0, rows, consumer_thread);
+    } else if (rows == 2) {
+      decode_gemm_rows<2>(p, in, t, staged, b0, rows, consumer_thread);
+    } else {
+      decode_gemm_rows<kDecodeMaxRows>(p, in, t, staged, b0, rows, consumer_thread);
+    }
+    ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);  // the next pass restages
+  }
+}
+
+// Prefill: kv_cache[l][rows] <- the K (into pair order) and V columns of the matching qkv rows; rows are cache rows
+// b C + [s0, s1) of one sequence b.
+__device__ __forceinline__ void run_kv_append(const MegakernelParams& p, const Instruction& in, int consumer_thread) {
+  const ModelDims& d = p.dims;
+  const int64_t layer = in.layer, C = d.max_context;
+  const int32_t width = 2 * d.kv_dim;
+  const int32_t rows = in.row_end - in.row_begin;
+  for (int32_t i = consumer_thread; i < rows * width; i += KernelConfig::kConsumerThreads) {
+    const int32_t cache_row = in.row_begin + i / width, col = i % width;
+    const int64_t token_row = int64_t(cache_row / C) * d.seq_len + cache_row % C;
+    const int32_t source = d.q_dim + (col < d.kv_dim ? pair_order_row(col, d.head_dim) : col);
+    const __nv_bfloat16 value = __ldcg(p.qkv + (layer * d.tokens + token_row) * d.qkv_dim + source);
+    p.kv_cache[(layer * d.batch * C + cache_row) * width + col] = value;
+  }
+}
+
+}  // namespace mk::gpu

@@ -1,0 +1,108 @@
+// The gpu decoder: one KV cache on the device, shared by a prefill engine (built for each prompt length) and the
+// decode engine, whose step schedule is built and verified once and launched every step.
+#include <fmt/format.h>
+
+#include "../generate/decode_inputs.h"
+#include "device_memory.h"
+#include "mk/generate.h"
+#include "mk/gpu.h"
+#include "mk/graph.h"
+
+namespace mk {
+
+namespace {
+
+using namespace decode_inputs;
+
+Schedule verified_schedule(const Graph& graph, const DecodeSetup& setup, int32_t sm_count) {
+  Schedule schedule = make_schedule(graph, derive_dependencies(graph), setup.policy, sm_count);
+  verify_schedule(graph, schedule);
+  return schedule;
+}
+
+// Every layer's cache, stacked as the decode pass's buffer table stacks kv_cache.
+void* allocate_cache(gpu::DeviceArena& arena, const Graph& decode_graph) {
+  const int64_t elements = decode_graph.buffer_table().kind_elements(BufferKind::kKvCache);
+  return arena.allocate_bytes(size_t(elements) * sizeof(bf16), "allocating the KV cache");
+}
+
+class GpuDecoder final : public DecodeEngine {
+ public:
+  GpuDecoder(const ModelWeights& weights, const DecodeSetup& setup)
+      : weights_(weights),
+        setup_(checked(weights.config, setup)),
+        sm_count_(query_gpu().sm_count),
+        decode_graph_(weights.config, decode_shape(setup)),
+        decode_schedule_(verified_schedule(decode_graph_, setup_, sm_count_)),
+        cache_(allocate_cache(cache_arena_, decode_graph_)),
+        decode_(decode_graph_, decode_schedule_, weights, options()) {}
+
+  void prefill(const std::vector<int32_t>& tokens, int64_t seq_len) override {
+    const ref::ModelInput input = prefill_input(setup_, tokens, seq_len);
+    const Graph graph(weights_.config, input.shape);
+    const Schedule schedule = verified_schedule(graph, setup_, sm_count_);
+    // NOTE: an engine of its own uploads the weights a second time for the prompt's pass; sharing them with the
+    // decode engine is future work (it doubles the weights' device memory while the prefill runs).
+    GpuEngine engine(graph, schedule, weights_, options());
+    engine.set_input(input);
+    engine.run();
+  }
+
+  std::vector<int32_t> step(const std::vector<int32_t>& tokens, const std::vector<int32_t>& positions) override {
+    const ref::ModelInput input = step_input(setup_, tokens, positions);
+    decode_.set_input(input);
+    decode_.run();
+    logits_stale_ = true;
+    if (setup_.sampling.temperature == 0.0f) return token_ids(decode_.buffer({BufferKind::kSampled}));
+    // With a temperature: drawn on the host from the step's logits, exactly as the cpu engines draw.
+    const ref::Matrix& all = logits();
+    std::vector<int32_t> ids;
+    for (int64_t b = 0; b < setup_.batch; ++b) {
+      const float uniform = ref::sampling_uniform(setup_.sampling.seed, b, positions[size_t(b)]);
+      ids.push_back(ref::sample_token(all.row(b), all.cols, setup_.sampling, uniform));
+    }
+    return ids;
+  }
+
+  const ref::Matrix& logits() const override {
+    if (logits_stale_) {
+      logits_ = decode_.buffer({BufferKind::kLogits});
+      logits_stale_ = false;
+    }
+    return logits_;
+  }
+  const DecodeSetup& setup() const override { return setup_; }
+  std::string describe() const override {
+    return fmt::format("gpu: decode step of {} instructions on {} SMs ({}), built and verified once",
+                       decode_schedule_.instructions.size(), decode_schedule_.num_sms,
+                       schedule_policy_name(decode_schedule_.policy));
+  }
+
+ private:
+  GpuOptions options() const {
+    GpuOptions options;
+    options.kv_cache = cache_;
+    return options;
+  }
+
+  const ModelWeights& weights_;
+  const DecodeSetup setup_;
+  const int32_t sm_count_;
+  const Graph decode_graph_;
+  const Schedule decode_schedule_;
+  gpu::DeviceArena cache_arena_;  // before the engines that use the cache: freed after them
+  void* const cache_;
+  GpuEngine decode_;
+  mutable ref::Matrix logits_;  // (batch, vocab) of the last step, downloaded when asked for
+  mutable bool logits_stale_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<DecodeEngine> make_gpu_decoder(const ModelWeights& weights, const DecodeSetup& setup) {
+  const GpuInfo info = query_gpu();
+  MK_CHECK(info.usable, "gpu engine: {}", info.reason);
+  return std::make_unique<GpuDecoder>(weights, setup);
+}
+
+}  // namespace mk

@@ -1,0 +1,104 @@
+// GPU tests of generation: prefill and decode steps on the megakernel reproduce the logits of forward passes over
+// the same tokens (the tolerance policy), greedy sampling on the device picks the argmax of its own logits, and bad
+// setups are refused. Without a Hopper GPU they report themselves skipped.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "gpu_fixture.h"
+#include "mk/compare.h"
+#include "mk/generate.h"
+#include "mk/random.h"
+
+namespace mk {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::vector<int32_t> random_prompt(const ModelConfig& config, int64_t length, uint64_t seed) {
+  Random random(seed);
+  std::vector<int32_t> prompt(static_cast<size_t>(length));
+  for (int32_t& token : prompt) token = int32_t(random.next_u64() % uint64_t(config.vocab_size));
+  return prompt;
+}
+
+// Row `row` of `from` appended to `to` (rows grow by one).
+void append_row(ref::Matrix& to, const ref::Matrix& from, int64_t row) {
+  to.data.insert(to.data.end(), from.row(row), from.row(row) + from.cols);
+  to.rows += 1;
+  to.cols = from.cols;
+}
+
+// Generates on the GPU from ragged prompts, then checks every step's logits against forward passes over each
+// sequence's own tokens (the prompt and the tokens it was fed), and each new token against its step's argmax.
+void check_generation(const ModelConfig& config, const std::vector<int64_t>& prompt_lengths, int64_t new_tokens,
+                      int64_t max_context, uint64_t seed) {
+  SCOPED_TRACE(fmt::format("{} batch {} max context {}", config.name, prompt_lengths.size(), max_context));
+  const ModelWeights weights = random_weights(config, seed);
+  std::vector<std::vector<int32_t>> prompts;
+  for (size_t b = 0; b < prompt_lengths.size(); ++b)
+    prompts.push_back(random_prompt(config, prompt_lengths[b], seed + 1 + b));
+  DecodeSetup setup;
+  setup.batch = int64_t(prompts.size());
+  setup.max_context = max_context;
+  GenerationOptions options;
+  options.max_new_tokens = new_tokens;
+  options.keep_logits = true;
+  const std::unique_ptr<DecodeEngine> gpu = make_gpu_decoder(weights, setup);
+  const GenerationResult result = generate(*gpu, prompts, options);
+  ASSERT_EQ(result.logits.size(), size_t(new_tokens));
+
+  ref::Matrix engine, fp32, bf16;
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    const SequenceResult& sequence = result.sequences[b];
+    ASSERT_EQ(sequence.tokens.size(), size_t(sequence.prompt_length + new_tokens));
+    // Step t fed token prompt_length - 1 + t; the last new token was never fed.
+    ref::ModelInput input;
+    input.shape = {1, sequence.prompt_length + new_tokens - 1};
+    input.tokens.assign(sequence.tokens.begin(), sequence.tokens.end() - 1);
+    const ref::Matrix exact = ref::forward(weights, input);
+    const ref::Matrix rounded = ref::forward(weights, input, {.round_activations_to_bf16 = true});
+    for (int64_t t = 0; t < new_tokens; ++t) {
+      const ref::Matrix& step = result.logits[size_t(t)];
+      const float* row = step.row(int64_t(b));
+      const int64_t argmax = std::max_element(row, row + step.cols) - row;
+      EXPECT_EQ(sequence.tokens[size_t(sequence.prompt_length + t)], argmax) << "sequence " << b << " step " << t;
+      append_row(engine, step, int64_t(b));
+      append_row(fp32, exact, sequence.prompt_length - 1 + t);
+      append_row(bf16, rounded, sequence.prompt_length - 1 + t);
+    }
+  }
+  const TolerancePolicy policy = tolerance_of(engine, fp32, bf16);
+  EXPECT_TRUE(policy.passed) << policy.describe();
+  std::printf("%s batch %zu: %s\n", config.name.c_str(), prompts.size(), policy.describe().c_str());
+}
+
+TEST_F(Gpu, GenerationReproducesTheForwardPassOnRaggedBatches) {
+  // GQA 2:1, head_dim 64; steps cross the first KV block (128 keys), and the cache has empty blocks past them.
+  check_generation(small_config(256, 512, 4, 2, 64, true, true), {100, 37}, 40, 512, 21);
+  // GQA 4:1, head_dim 128, batch 6: more rows than one pass of a decode GEMM holds.
+  check_generation(small_config(512, 1024, 8, 2, 128, true, true), {20, 3, 17, 1, 9, 30}, 12, 256, 22);
+  // Multi-head without RoPE, one layer.
+  check_generation(small_config(256, 768, 2, 2, 128, false, true, 1), {5}, 20, 128, 23);
+}
+
+TEST_F(Gpu, GenerationOnTheTinyPresetMatchesTheForwardPass) {
+  check_generation(find_preset("tiny").config, {8, 5}, 16, 64, 24);
+}
+
+TEST_F(Gpu, GenerationOfALlama1bShapedModel) {
+  ModelConfig config = find_preset("llama-3.2-1b").config;
+  config.n_layers = 2;
+  config.vocab_size = 4096;  // keeps the CPU forward passes of the check short
+  check_generation(config, {64}, 8, 1024, 25);
+}
+
+TEST_F(Gpu, DecodeRefusesWhatItCannotServe) {
+  ModelConfig config = small_config(256, 512, 16, 1, 64, true, true);  // 16 query heads per kv head
+  DecodeSetup setup;
+  setup.max_context = 64;
+  EXPECT_THAT([&] { make_gpu_decoder(random_weights(config, 1), setup); },
+              testing::ThrowsMessage<Error>(HasSubstr("at most 8 query heads per kv head")));
+}
+
+}  // namespace
+}  // namespace mk
