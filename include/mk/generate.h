@@ -57,7 +57,7 @@ void check_decode_engine(const std::string& engine);
 // What "auto" means: "gpu" where query_gpu() finds a usable GPU, else "cpu-vm".
 std::string resolve_decode_engine(const std::string& engine);
 // The memory a generation takes where `engine` keeps it, and how much that place has: the GPU's memory for "gpu",
-// whose weights are held twice while a prefill runs (its engine has its own copy), else the host's.
+// else the host's.
 GenerationMemory engine_generation_memory(const std::string& engine, const ModelConfig& config, int64_t batch,
                                           int64_t prefill_len, int64_t max_context);
 double engine_memory_bytes(const std::string& engine, double host_bytes);

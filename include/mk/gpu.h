@@ -33,6 +33,9 @@ struct GpuOptions {
   // kv_cache (GpuKvCache), used instead of a cache of the engine's own so that passes share it. Null: the engine
   // allocates its own.
   void* kv_cache = nullptr;
+  // An engine of the same model whose device weights this one uses instead of uploading its own (a decoder's
+  // prefill engines use its decode engine's); it must outlive this one, and its RoPE table cover this pass.
+  const class GpuEngine* weights_of = nullptr;
 };
 
 class GpuEngine {

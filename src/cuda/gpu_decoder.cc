@@ -41,9 +41,9 @@ class GpuDecoder final : public DecodeEngine {
     const ref::ModelInput input = prefill_input(setup_, tokens, seq_len);
     const Graph graph(weights_.config, input.shape);
     const Schedule schedule = verified_schedule(graph, setup_, sm_count_);
-    // NOTE: an engine of its own uploads the weights a second time for the prompt's pass; sharing them with the
-    // decode engine is future work (it doubles the weights' device memory while the prefill runs).
-    GpuEngine engine(graph, schedule, weights_, options());
+    GpuOptions prefill_options = options();
+    prefill_options.weights_of = &decode_;  // its RoPE table covers the whole cache
+    GpuEngine engine(graph, schedule, weights_, prefill_options);
     engine.set_input(input);
     engine.run();
   }

@@ -78,6 +78,11 @@ __device__ void run_consumers(const MegakernelParams& p, const SharedState& s, u
     // producer waited on the counters before loading); only row-wise ops read other SMs' results with plain loads.
     const bool gemm = is_gemm(in.opcode);
     const bool rowwise = !gemm && in.opcode != Opcode::kAttention;
+    if (consumer_thread < 32) {  // decode: the weights of this SM's next tile start for L2 before this one's wait
+      if (i == begin && is_decode_gemm(in.opcode)) prefetch_decode_weights(p, in, consumer_thread);
+      if (i + 1 < end && is_decode_gemm(p.instructions[i + 1].opcode))
+        prefetch_decode_weights(p, p.instructions[i + 1], consumer_thread);
+    }
     if (rowwise && !consumers_wait(p, s, in, site, consumer_thread)) return;
     if (trace) trace[kTraceWaitsDone] = clock64();
     bool ok = true;

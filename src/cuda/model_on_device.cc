@@ -60,16 +60,6 @@ CUtensorMap make_tensor_map(const void* base, uint64_t planes, uint64_t rows, ui
   return map;
 }
 
-// Weights the GEMMs read through tensor maps (B operands), stacked over layers.
-struct GemmWeights {
-  const void* qkv = nullptr;      // (n_layers, qkv_dim, d_model)
-  const void* o = nullptr;        // (n_layers, d_model, q_dim)
-  const void* gate_up = nullptr;  // (n_layers, 2 * gate_up_tiles * kBlockN, d_model)
-  const void* down = nullptr;     // (n_layers, d_model, d_ff)
-  const void* lm_head = nullptr;  // (vocab_size, d_model)
-  int64_t gate_up_rows = 0;
-};
-
 // gate_up tile t reads weight rows [256 t, 256 t + 256): gate rows [128 t, 128 t + 128), then the same up rows, so
 // that one tile's epilogue holds silu(gate) and up of the same columns.
 void append_gate_up(std::vector<uint16_t>& out, const ModelConfig& c, const LayerWeights& w) {
@@ -84,9 +74,9 @@ void append_gate_up(std::vector<uint16_t>& out, const ModelConfig& c, const Laye
   }
 }
 
-GemmWeights upload_weights(DeviceArena& arena, const Graph& graph, const ModelWeights& weights,
-                           MegakernelParams& p) {
-  const ModelConfig& c = graph.config();
+// Uploads the weights and the RoPE table (rope_positions rows) into params' weight pointers.
+void upload_weights(DeviceArena& arena, const ModelConfig& c, const ModelWeights& weights, int64_t rope_positions,
+                    MegakernelParams& p) {
   std::vector<uint16_t> wqkv, wo, w_gate_up, w_down, attn_norm_w, mlp_norm_w;
   for (const LayerWeights& w : weights.layers) {
     append(wqkv, w.wq);
@@ -98,35 +88,42 @@ GemmWeights upload_weights(DeviceArena& arena, const Graph& graph, const ModelWe
     append(mlp_norm_w, w.mlp_norm);
     append_gate_up(w_gate_up, c, w);
   }
-  GemmWeights g;
-  g.gate_up_rows = int64_t(w_gate_up.size()) / std::max<int64_t>(1, c.n_layers * c.d_model);
-  g.qkv = arena.upload(wqkv, "uploading wq/wk/wv");
-  g.o = arena.upload(wo, "uploading wo");
-  g.gate_up = arena.upload(w_gate_up, "uploading w_gate/w_up");
-  g.down = arena.upload(w_down, "uploading w_down");
-  p.attn_norm_weight = reinterpret_cast<const __nv_bfloat16*>(arena.upload(attn_norm_w, "uploading norm weights"));
-  p.mlp_norm_weight = reinterpret_cast<const __nv_bfloat16*>(arena.upload(mlp_norm_w, "uploading norm weights"));
-  if (c.has_embedding)
-    p.embedding = reinterpret_cast<const __nv_bfloat16*>(arena.upload(bits_of(weights.embedding), "uploading the embedding"));
+  auto bf16_upload = [&](const std::vector<uint16_t>& bits, const char* what) {
+    return reinterpret_cast<const __nv_bfloat16*>(arena.upload(bits, what));
+  };
+  p.dims.gate_up_rows = int32_t(int64_t(w_gate_up.size()) / std::max<int64_t>(1, c.n_layers * c.d_model));
+  p.wqkv = bf16_upload(wqkv, "uploading wq/wk/wv");
+  p.wo = bf16_upload(wo, "uploading wo");
+  p.w_gate_up = bf16_upload(w_gate_up, "uploading w_gate/w_up");
+  p.w_down = bf16_upload(w_down, "uploading w_down");
+  p.attn_norm_weight = bf16_upload(attn_norm_w, "uploading norm weights");
+  p.mlp_norm_weight = bf16_upload(mlp_norm_w, "uploading norm weights");
+  if (c.has_embedding) p.embedding = bf16_upload(bits_of(weights.embedding), "uploading the embedding");
   if (c.has_lm_head) {
-    p.final_norm_weight =
-        reinterpret_cast<const __nv_bfloat16*>(arena.upload(bits_of(weights.final_norm), "uploading the final norm"));
-    g.lm_head = c.tie_word_embeddings ? static_cast<const void*>(p.embedding)
-                                      : arena.upload(bits_of(weights.lm_head), "uploading the LM head");
+    p.final_norm_weight = bf16_upload(bits_of(weights.final_norm), "uploading the final norm");
+    p.lm_head = c.tie_word_embeddings ? p.embedding : bf16_upload(bits_of(weights.lm_head), "uploading the LM head");
   }
-  p.wqkv = static_cast<const __nv_bfloat16*>(g.qkv);
-  p.wo = static_cast<const __nv_bfloat16*>(g.o);
-  p.w_gate_up = static_cast<const __nv_bfloat16*>(g.gate_up);
-  p.w_down = static_cast<const __nv_bfloat16*>(g.down);
-  p.lm_head = static_cast<const __nv_bfloat16*>(g.lm_head);
   if (c.rope.type != RopeType::kNone) {
-    // Decode rotates at any cache position; forward and prefill at positions below seq_len.
-    const RunShape& shape = graph.shape();
-    const ref::RopeTable rope = ref::make_rope_table(c, std::max(shape.seq_len, shape.max_context));
+    const ref::RopeTable rope = ref::make_rope_table(c, rope_positions);
     p.rope_cos = arena.upload(rope.cos, "uploading RoPE tables");
     p.rope_sin = arena.upload(rope.sin, "uploading RoPE tables");
   }
-  return g;
+}
+
+// The weight pointers (and gate/up packing) of another engine's parameters, for a model already on the device.
+void share_weights(const MegakernelParams& from, MegakernelParams& p) {
+  p.dims.gate_up_rows = from.dims.gate_up_rows;
+  p.wqkv = from.wqkv;
+  p.wo = from.wo;
+  p.w_gate_up = from.w_gate_up;
+  p.w_down = from.w_down;
+  p.attn_norm_weight = from.attn_norm_weight;
+  p.mlp_norm_weight = from.mlp_norm_weight;
+  p.embedding = from.embedding;
+  p.final_norm_weight = from.final_norm_weight;
+  p.lm_head = from.lm_head;
+  p.rope_cos = from.rope_cos;
+  p.rope_sin = from.rope_sin;
 }
 
 // One allocation per buffer kind, its buffers stacked as (count, rows, cols) the way the buffer table numbers them;
@@ -157,7 +154,7 @@ std::vector<void*> allocate_activations(DeviceArena& arena, const BufferTable& t
 }
 
 // NOTE: decode passes have no TMA ops (their GEMMs are M = batch weight streams with plain loads): no maps.
-void make_tensor_maps(const Graph& graph, const GemmWeights& g, MegakernelParams& p) {
+void make_tensor_maps(const Graph& graph, MegakernelParams& p) {
   const ModelConfig& c = graph.config();
   if (graph.shape().pass == PassKind::kDecode) return;
   const int64_t T = graph.shape().tokens(), L = c.n_layers, D = c.d_model;
@@ -166,16 +163,16 @@ void make_tensor_maps(const Graph& graph, const GemmWeights& g, MegakernelParams
   p.maps[kMapAttn] = make_tensor_map(p.attn, L, T, c.q_dim(), rows_m, "attn");
   p.maps[kMapMlpNorm] = make_tensor_map(p.mlp_norm, L, T, D, rows_m, "mlp_norm");
   p.maps[kMapAct] = make_tensor_map(p.act, L, T, c.d_ff, rows_m, "act");
-  p.maps[kMapWqkv] = make_tensor_map(g.qkv, L, c.qkv_dim(), D, rows_n, "wqkv");
-  p.maps[kMapWo] = make_tensor_map(g.o, L, D, c.q_dim(), rows_n, "wo");
-  p.maps[kMapWgateUp] = make_tensor_map(g.gate_up, L, g.gate_up_rows, D, 2 * rows_n, "w_gate_up");
-  p.maps[kMapWdown] = make_tensor_map(g.down, L, D, c.d_ff, rows_n, "w_down");
+  p.maps[kMapWqkv] = make_tensor_map(p.wqkv, L, c.qkv_dim(), D, rows_n, "wqkv");
+  p.maps[kMapWo] = make_tensor_map(p.wo, L, D, c.q_dim(), rows_n, "wo");
+  p.maps[kMapWgateUp] = make_tensor_map(p.w_gate_up, L, p.dims.gate_up_rows, D, 2 * rows_n, "w_gate_up");
+  p.maps[kMapWdown] = make_tensor_map(p.w_down, L, D, c.d_ff, rows_n, "w_down");
   p.maps[kMapQkv] = make_tensor_map(p.qkv, L, T, c.qkv_dim(), rows_m, "qkv");
   p.maps[kMapHidden] = make_tensor_map(p.hidden, L + 1, T, D, rows_m, "hidden");
   p.maps[kMapHiddenMid] = make_tensor_map(p.hidden_mid, L, T, D, rows_m, "hidden_mid");
   if (graph.buffer_table().has(BufferKind::kLogits)) {  // prefill stops before the LM head
     p.maps[kMapFinalNorm] = make_tensor_map(p.final_norm, 1, T, D, rows_m, "final_norm");
-    p.maps[kMapLmHead] = make_tensor_map(g.lm_head, 1, c.vocab_size, D, rows_n, "lm_head");
+    p.maps[kMapLmHead] = make_tensor_map(p.lm_head, 1, c.vocab_size, D, rows_n, "lm_head");
     p.maps[kMapLogits] = make_tensor_map(p.logits, 1, T, c.vocab_size, rows_m, "logits");
   }
   // Attention addresses each sequence as its own plane, so that boxes past its end read zeros and store nothing.
@@ -188,7 +185,7 @@ void make_tensor_maps(const Graph& graph, const GemmWeights& g, MegakernelParams
 }  // namespace
 
 std::vector<void*> upload_model(DeviceArena& arena, const Graph& graph, const ModelWeights& weights, void* kv_cache,
-                                MegakernelParams& p) {
+                                const MegakernelParams* shared_weights, MegakernelParams& p) {
   const ModelConfig& c = graph.config();
   const RunShape& shape = graph.shape();
   p.dims = {int32_t(shape.tokens()), int32_t(shape.batch), int32_t(shape.seq_len), int32_t(c.d_model),
@@ -202,8 +199,12 @@ std::vector<void*> upload_model(DeviceArena& arena, const Graph& graph, const Mo
     p.dims.kv_splits = int32_t(split.splits);
     p.dims.kv_blocks_per_split = int32_t(split.blocks_per_split);
   }
-  const GemmWeights gemm_weights = upload_weights(arena, graph, weights, p);
-  p.dims.gate_up_rows = int32_t(gemm_weights.gate_up_rows);
+  if (shared_weights != nullptr) {
+    share_weights(*shared_weights, p);
+  } else {
+    // Decode rotates at any cache position; forward and prefill at positions below seq_len.
+    upload_weights(arena, c, weights, std::max(shape.seq_len, shape.max_context), p);
+  }
 
   std::array<void*, kNumBufferKinds> base{};
   std::vector<void*> address = allocate_activations(arena, graph.buffer_table(), kv_cache, base);
@@ -224,7 +225,7 @@ std::vector<void*> upload_model(DeviceArena& arena, const Graph& graph, const Mo
   p.positions = static_cast<const int32_t*>(base[size_t(BufferKind::kPositions)]);
   p.sampled = static_cast<int32_t*>(base[size_t(BufferKind::kSampled)]);
 
-  make_tensor_maps(graph, gemm_weights, p);
+  make_tensor_maps(graph, p);
   return address;
 }
 

@@ -13,8 +13,9 @@ namespace mk::gpu {
 
 // Fills params' dimensions, weight and activation pointers and tensor maps; returns the device address of every
 // graph buffer, (graph.buffers().size()). kv_cache: the caller's cache (prefill and decode passes share one), or
-// null to allocate the pass's own.
+// null to allocate the pass's own. shared_weights: the parameters of an engine whose weights (and RoPE table, long
+// enough for this graph) are already on the device, or null to upload them.
 std::vector<void*> upload_model(DeviceArena& arena, const Graph& graph, const ModelWeights& weights, void* kv_cache,
-                                MegakernelParams& params);
+                                const MegakernelParams* shared_weights, MegakernelParams& params);
 
 }  // namespace mk::gpu

@@ -88,7 +88,16 @@ GpuEngine::GpuEngine(const Graph& graph, const Schedule& schedule, const ModelWe
   // default stream, which a blocking stream waits for before each launch.
   check_cuda(cudaStreamCreate(&impl.stream), "creating a stream");
   check_cuda(gpu::prepare_megakernel(), "raising the megakernel's shared memory limit");
-  impl.buffer_address = gpu::upload_model(impl.arena, graph, weights, options.kv_cache, impl.params);
+  const MegakernelParams* shared = nullptr;
+  if (options.weights_of != nullptr) {
+    const Impl& source = *options.weights_of->impl_;
+    MK_CHECK(first_difference(source.graph.config(), c).empty(), "gpu engine: shared weights of another model");
+    const RunShape& from = source.graph.shape();
+    MK_CHECK(std::max(from.seq_len, from.max_context) >= std::max(graph.shape().seq_len, graph.shape().max_context),
+             "internal error: shared RoPE table too short");
+    shared = &source.params;
+  }
+  impl.buffer_address = gpu::upload_model(impl.arena, graph, weights, options.kv_cache, shared, impl.params);
   impl.upload_schedule(schedule);
   impl.params.stall_timeout_ns = uint64_t(options.stall_timeout_s * 1e9);
   impl.params.epoch = 0;
@@ -173,14 +182,22 @@ std::vector<float> GpuEngine::time_runs(int launches) {
     // Watchdog: the kernel bounds every wait itself; if it still does not finish, no recovery is possible.
     const auto deadline = std::chrono::steady_clock::now() +
                           std::chrono::duration<double>(2 * impl.options.stall_timeout_s + 30.0);
+    // NOTE: polled without sleeping for the first 10 ms: a decode step takes about a millisecond, and a sleep of
+    // the scheduler's granularity (~50 us) would add to every token's latency.
+    const auto spin_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(10);
     cudaError_t status;
     while ((status = cudaEventQuery(stop)) == cudaErrorNotReady) {
-      if (std::chrono::steady_clock::now() > deadline) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now > deadline) {
         std::fprintf(stderr, "mk: fatal: the megakernel did not finish within %.0f s; exiting\n",
                      2 * impl.options.stall_timeout_s + 30.0);
         std::_Exit(3);
       }
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
+      if (now < spin_until) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+      }
     }
     check_cuda(status, "running the megakernel");
     gpu::DeviceError error{};

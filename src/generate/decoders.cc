@@ -24,9 +24,7 @@ std::string resolve_decode_engine(const std::string& engine) {
 
 GenerationMemory engine_generation_memory(const std::string& engine, const ModelConfig& config, int64_t batch,
                                           int64_t prefill_len, int64_t max_context) {
-  GenerationMemory memory = generation_memory(config, batch, prefill_len, max_context, engine != "gpu");
-  if (engine == "gpu") memory.weights *= 2;
-  return memory;
+  return generation_memory(config, batch, prefill_len, max_context, engine != "gpu");
 }
 
 double engine_memory_bytes(const std::string& engine, double host_bytes) {

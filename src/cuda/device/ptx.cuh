@@ -84,6 +84,11 @@ __device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence
 // Makes this thread's generic-proxy shared-memory writes visible to later async-proxy (TMA) reads of them.
 __device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
+// Starts bringing [address, address + bytes) into L2 without waiting for it; both 16-byte aligned.
+__device__ __forceinline__ void prefetch_l2_bulk(const void* address, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(address), "r"(bytes) : "memory");
+}
+
 __device__ __forceinline__ uint32_t load_acquire(const uint32_t* address) {
   uint32_t value;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(value) : "l"(address) : "memory");

@@ -12,8 +12,9 @@ namespace mk::gpu {
 
 // NOTE: a decode tile is one or a few batch rows against tens of weight rows: far too thin for wgmma, and the whole
 // step is weight bytes / bandwidth. Each warp streams two weight rows at a time with 16-byte loads, kDecodeUnroll
-// per lane in flight, against the tile's input rows held in shared memory (normalized once per tile).
-constexpr int kDecodeUnroll = 4;
+// per lane in flight, against the tile's input rows held in shared memory (normalized once per tile). The weights
+// of an SM's next decode GEMM are prefetched into L2 while it waits for the current one's inputs.
+constexpr int kDecodeUnroll = 8;
 constexpr int kDecodeMaxRows = 4;  // batch rows one pass holds; more rows take more passes over the same weights
 
 // One decode GEMM task: out (rows, pairs) from a (batch, k) @ w^T, two weight rows per output pair.
@@ -214,6 +215,25 @@ __device__ __forceinline__ void decode_gemm_rows(const MegakernelParams& p, cons
       const float x0 = warp_sum(acc0[r]), x1 = warp_sum(acc1[r]);
       if (lane == r && r < rows) decode_epilogue(p, in, pair, b0 + r, x0, x1);
     }
+  }
+}
+
+__device__ __forceinline__ bool is_decode_gemm(Opcode opcode) {
+  return opcode == Opcode::kDecodeQ || opcode == Opcode::kDecodeKv || opcode == Opcode::kDecodeOProj ||
+         opcode == Opcode::kDecodeGateUp || opcode == Opcode::kDecodeDown || opcode == Opcode::kDecodeLmHead;
+}
+
+// Asks L2 for the weight rows of decode GEMM `in` (weights depend on nothing), one row per lane of one warp at a
+// time, up to kDecodePrefetchBytes: an SM runs one tile ahead, so 132 SMs keep at most ~17 MB of L2 for it.
+constexpr int64_t kDecodePrefetchBytes = 128 << 10;
+__device__ __forceinline__ void prefetch_decode_weights(const MegakernelParams& p, const Instruction& in, int lane) {
+  const DecodeGemmTask t = decode_gemm_task(p, in);
+  const uint32_t row_bytes = uint32_t(t.k) * 2;
+  const int32_t pairs = min(t.pairs, int32_t(kDecodePrefetchBytes / (2 * row_bytes)));
+  for (int32_t pair = lane; pair < pairs; pair += 32) {
+    const int2 rows = decode_weight_rows(p, in, pair);
+    ptx::prefetch_l2_bulk(t.w + int64_t(rows.x) * t.k, row_bytes);
+    ptx::prefetch_l2_bulk(t.w + int64_t(rows.y) * t.k, row_bytes);
   }
 }
 
