@@ -67,7 +67,8 @@ for s in $steps; do
       step generate-tiny timeout 120 "$build/mk" generate --preset tiny --engine gpu --prompt-ids 1,2,3,4 \
         --max-new-tokens 16
       step decode-1b timeout 600 "$build/mk" generate --preset llama-3.2-1b --engine gpu \
-        --prompt-ids "$(seq -s, 1 896)" --max-new-tokens 128 --max-context 1024 --stream none
+        --prompt-ids "$(seq -s, 1 896)" --max-new-tokens 128 --max-context 1024 --stream none \
+        --trace "$out/trace-decode-1b.json"
       ;;
     hf)
       step hf timeout 600 python3 "$root/scripts/compare_hf.py" --mk "$build/mk" --work /tmp/mk-hf

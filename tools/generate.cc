@@ -28,6 +28,20 @@ double percentile(std::vector<double> values, double q) {
   return values[std::clamp<size_t>(rank, 1, values.size()) - 1];
 }
 
+// The last decode step again (each sequence's last fed token at its position: the same cache row, the same values),
+// traced.
+void trace_last_step(DecodeEngine& decoder, const GenerationResult& result, const std::string& path) {
+  std::vector<int32_t> tokens, positions;
+  for (const SequenceResult& sequence : result.sequences) {
+    const bool generated = int64_t(sequence.tokens.size()) > sequence.prompt_length;
+    const int64_t fed = int64_t(sequence.tokens.size()) - (generated ? 2 : 1);
+    tokens.push_back(sequence.tokens[size_t(fed)]);
+    positions.push_back(int32_t(fed));
+  }
+  const std::string summary = decoder.trace_step(tokens, positions, path);
+  fmt::print("{}wrote {}\n", summary, path);
+}
+
 std::string time_text(double seconds) {
   return seconds < 1e-3  ? fmt::format("{:.1f} us", seconds * 1e6)
          : seconds < 1.0 ? fmt::format("{:.3f} ms", seconds * 1e3)
@@ -102,6 +116,10 @@ CLI::App* GenerateCommand::add(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   command->add_option("--eos", eos,
                       "ids that end a sequence (default: generation_config.json's or config.json's eos_token_id)");
+  command->add_option("--trace", trace_path,
+                      "gpu: after generating, trace one more decode step (the last token fed again) into this "
+                      "Perfetto JSON and print its per-op summary")
+      ->check(kNonEmpty);
   command->add_option("--output", output_path, "write the sequences as safetensors: tokens, lengths, prompt_lengths")
       ->check(kNonEmpty);
   command
@@ -161,6 +179,7 @@ StreamKind GenerateCommand::stream_kind(std::optional<Tokenizer>& tokenizer) con
 int GenerateCommand::run() const {
   const std::string engine_name = resolve_decode_engine(engine);
   check_decode_engine(engine_name);  // before anything is loaded
+  MK_CHECK(trace_path.empty() || engine_name == "gpu", "--trace applies to --engine gpu");
   ModelOptions model;
   model.preset = preset;
   model.model_dir = model_dir;
@@ -170,6 +189,7 @@ int GenerateCommand::run() const {
   model.add_inputs(files);
   files.given_input("--tokens", tokens_path);
   files.output("--output", output_path);
+  files.output("--trace", trace_path);
   files.check();
   std::optional<Tokenizer> tokenizer;
   const std::vector<std::vector<int32_t>> prompts = read_prompts(config, tokenizer);
@@ -206,6 +226,7 @@ int GenerateCommand::run() const {
   streamer.finish();
   report(result, config, setup, bandwidth_gbs);
   print_sequences(result, tokenizer);
+  if (!trace_path.empty()) trace_last_step(*decoder, result, trace_path);
   return 0;
 }
 

@@ -20,7 +20,7 @@ namespace mk::cli {
 struct GenerateCommand {
   std::string preset, model_dir;
   std::string tokens_path, prompt_ids, prompt_text;
-  std::string engine = "auto", policy = "cost-model", eos, output_path, stream = "auto";
+  std::string engine = "auto", policy = "cost-model", eos, output_path, stream = "auto", trace_path;
   int64_t max_new_tokens = 16, batch = 0, max_context = 0;
   uint64_t weights_seed = 1;
   ref::SamplingParams sampling;

@@ -41,6 +41,10 @@ class DecodeEngine {
   virtual const ref::Matrix& logits() const = 0;  // (batch, vocab) of the last step
   virtual const DecodeSetup& setup() const = 0;
   virtual std::string describe() const = 0;  // the engine and its decode step, for `mk generate`
+  // One more decode step, traced: its Perfetto JSON written to `path`; returns the trace summary. Only the gpu
+  // engine records traces.
+  virtual std::string trace_step(const std::vector<int32_t>& tokens, const std::vector<int32_t>& positions,
+                                 const std::filesystem::path& path);
 };
 
 std::unique_ptr<DecodeEngine> make_reference_decoder(const ModelWeights& weights, const DecodeSetup& setup);

@@ -6,7 +6,9 @@
 #include "device_memory.h"
 #include "mk/generate.h"
 #include "mk/gpu.h"
+#include "mk/files.h"
 #include "mk/graph.h"
+#include "mk/trace.h"
 
 namespace mk {
 
@@ -70,6 +72,14 @@ class GpuDecoder final : public DecodeEngine {
       logits_stale_ = false;
     }
     return logits_;
+  }
+  std::string trace_step(const std::vector<int32_t>& tokens, const std::vector<int32_t>& positions,
+                         const std::filesystem::path& path) override {
+    decode_.set_input(step_input(setup_, tokens, positions));
+    const Trace trace = decode_.run_traced();
+    logits_stale_ = true;
+    write_file(path, trace_to_chrome_json(decode_graph_, trace));
+    return format_trace_summary(decode_graph_, summarize_trace(decode_graph_, decode_schedule_, trace), trace);
   }
   const DecodeSetup& setup() const override { return setup_; }
   std::string describe() const override {

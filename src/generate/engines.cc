@@ -92,6 +92,11 @@ class CpuVmDecoder final : public DecodeEngine {
 
 }  // namespace
 
+std::string DecodeEngine::trace_step(const std::vector<int32_t>&, const std::vector<int32_t>&,
+                                     const std::filesystem::path&) {
+  throw Error("tracing a decode step needs the gpu engine");
+}
+
 std::unique_ptr<DecodeEngine> make_reference_decoder(const ModelWeights& weights, const DecodeSetup& setup) {
   return std::make_unique<ReferenceDecoder>(weights, setup);
 }

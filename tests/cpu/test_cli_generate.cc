@@ -137,6 +137,7 @@ TEST(CliGenerate, TokenizesATextPromptWithTheModelsTokenizer) {
 
 TEST(CliGenerate, ErrorsAreClearAndNeverCrashes) {
   const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--prompt-ids 1,2 --engine cpu-vm --trace t.json", "--trace applies to --engine gpu"},
       {"--prompt-ids 1,2,3 --max-context 2", "more than the KV cache's 2 positions"},
       {"--prompt-ids 1,2,3 --max-context 100000", "exceeds the model's max_position_embeddings 1024"},
       {"--prompt-ids 1,2 --memory-budget 0.0001", "more than the memory budget"},
