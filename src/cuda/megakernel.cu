@@ -62,7 +62,9 @@ __device__ void run_storer(const MegakernelParams& p, const SharedState& s, uint
   }
 }
 
-__device__ void run_consumers(const MegakernelParams& p, const SharedState& s, uint32_t sm, int consumer_thread) {
+// NOTE: forced inline: outlined, the call into it makes ptxas serialize every wgmma of the kernel (C7510).
+__device__ __forceinline__ void run_consumers(const MegakernelParams& p, const SharedState& s, uint32_t sm,
+                                              int consumer_thread) {
   const int warpgroup = consumer_thread / 128;
   const int thread_in_wg = consumer_thread % 128;
   PipelineState state;

@@ -53,8 +53,8 @@ void check_decode_limits(const Graph& graph) {
   if (graph.shape().pass != PassKind::kDecode) return;
   MK_CHECK(c.group_size() <= 8, "gpu engine: decode attention serves at most 8 query heads per kv head, not {}",
            c.group_size());
-  MK_CHECK(c.head_dim <= 256 && c.head_dim % 2 == 0, "gpu engine: decode attention needs an even head_dim <= 256, not {}",
-           c.head_dim);
+  MK_CHECK(c.head_dim <= 256 && c.head_dim % 8 == 0,
+           "gpu engine: decode attention needs a head_dim <= 256 and a multiple of 8, not {}", c.head_dim);
   // NOTE: decode ops stage their input rows in the stage ring, which is free only because no TMA op shares the
   // schedule.
   for (const Task& task : graph.tasks())

@@ -1,5 +1,6 @@
-// Split-KV decode attention (one partial per KV block: unnormalized output, max and sum per query head), the combine
-// that merges a sequence's partials in block order, and greedy sampling: run by the consumer warps with plain loads.
+// Split-KV decode attention (one partial per KV block: unnormalized output, max and sum per query head; the block's
+// K and V staged in shared memory), the combine that merges a sequence's partials in block order, and greedy
+// sampling: run by the consumer warps with plain loads.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -15,6 +16,10 @@ constexpr int kDecodeKvBlock = tiles::kDecodeKvBlock;
 constexpr int kPartialStats = tiles::kDecodePartialStats;
 constexpr int kMaxGroup = 8;      // query heads per kv head the attention handler serves (checked by the engine)
 constexpr int kMaxHeadDim = 256;  // likewise
+static_assert((kMaxGroup * kMaxHeadDim + kMaxGroup * kDecodeKvBlock + 2 * kMaxGroup) * 4 +
+                      kDecodeKvBlock * (2 * kMaxHeadDim + 8) * 2 <=
+                  KernelConfig::kNumStages * KernelConfig::kStageBytes,
+              "q, scores, and a K and V block of decode attention fit the stage ring");
 
 __device__ __forceinline__ float warp_max(float value) {
 #pragma unroll
@@ -22,25 +27,38 @@ __device__ __forceinline__ float warp_max(float value) {
   return value;
 }
 
-// scores[h][key] <- (q_h . k_key) / sqrt(head_dim) for the block's keys: one warp per key, lanes across head_dim.
-__device__ __forceinline__ void decode_scores(const ModelDims& d, const float* q, const __nv_bfloat16* k, int32_t keys,
-                                              float* scores, int warp, int lane) {
+// Row stride of the K block in shared memory: 16 bytes of padding spread the rows of consecutive keys over the banks.
+__device__ __forceinline__ int32_t k_stride(int32_t head_dim) { return head_dim + 8; }
+
+// The block's K (rows padded) and V rows of one kv head into shared memory: every 16-byte load in flight at once.
+__device__ __forceinline__ void stage_kv_block(const ModelDims& d, const __nv_bfloat16* k, int32_t keys,
+                                               __nv_bfloat16* k_block, __nv_bfloat16* v_block, int consumer_thread) {
+  const int32_t chunks = d.head_dim / 8;
+  for (int32_t i = consumer_thread; i < 2 * keys * chunks; i += KernelConfig::kConsumerThreads) {
+    const bool value = i >= keys * chunks;
+    const int32_t j = value ? i - keys * chunks : i, key = j / chunks, chunk = j % chunks;
+    const uint4 packed =
+        __ldcg(reinterpret_cast<const uint4*>(k + int64_t(key) * 2 * d.kv_dim + (value ? d.kv_dim : 0)) + chunk);
+    __nv_bfloat16* target = value ? v_block + key * d.head_dim : k_block + key * k_stride(d.head_dim);
+    reinterpret_cast<uint4*>(target)[chunk] = packed;
+  }
+}
+
+// scores[h][key] <- (q_h . k_key) / sqrt(head_dim): one thread per (query head, key).
+__device__ __forceinline__ void decode_scores(const ModelDims& d, const float* q, const __nv_bfloat16* k_block,
+                                              int32_t keys, float* scores, int consumer_thread) {
   const float scale = rsqrtf(float(d.head_dim));
-  for (int32_t key = warp; key < keys; key += KernelConfig::kConsumerWarps) {
-    const __nv_bfloat16* k_row = k + int64_t(key) * 2 * d.kv_dim;
-    float part[kMaxGroup] = {};
-    for (int32_t e = lane; e < d.head_dim; e += 32) {
-      const float k_value = __bfloat162float(__ldcg(k_row + e));
-#pragma unroll
-      for (int h = 0; h < kMaxGroup; ++h)
-        if (h < d.group_size) part[h] = fmaf(q[h * d.head_dim + e], k_value, part[h]);
+  for (int32_t i = consumer_thread; i < d.group_size * keys; i += KernelConfig::kConsumerThreads) {
+    const int32_t h = i / keys, key = i % keys;
+    const float* q_head = q + h * d.head_dim;
+    const __nv_bfloat162* k_row = reinterpret_cast<const __nv_bfloat162*>(k_block + key * k_stride(d.head_dim));
+    float acc = 0.0f;
+    for (int32_t e = 0; e < d.head_dim / 2; ++e) {
+      const float2 k_pair = __bfloat1622float2(k_row[e]);
+      acc = fmaf(q_head[2 * e], k_pair.x, acc);
+      acc = fmaf(q_head[2 * e + 1], k_pair.y, acc);
     }
-#pragma unroll
-    for (int h = 0; h < kMaxGroup; ++h) {
-      if (h >= d.group_size) break;
-      const float score = warp_sum(part[h]);
-      if (lane == 0) scores[h * kDecodeKvBlock + key] = score * scale;
-    }
+    scores[h * kDecodeKvBlock + key] = acc * scale;
   }
 }
 
@@ -79,6 +97,8 @@ __device__ __forceinline__ void run_decode_attention(const MegakernelParams& p, 
   float* q = reinterpret_cast<float*>(s.stages);      // (G, head_dim)
   float* scores = q + kMaxGroup * kMaxHeadDim;         // (G, kDecodeKvBlock)
   float* stats = scores + kMaxGroup * kDecodeKvBlock;  // (G, 2): max, sum
+  __nv_bfloat16* k_block = reinterpret_cast<__nv_bfloat16*>(stats + 2 * kMaxGroup);  // (keys, k_stride)
+  __nv_bfloat16* v_block = k_block + kDecodeKvBlock * k_stride(kMaxHeadDim);          // (keys, head_dim)
   const __nv_bfloat16* q_heads = p.decode_q + (layer * B + in.sequence) * d.q_dim + in.head * G * hd;
   for (int32_t i = consumer_thread; i < G * hd; i += KernelConfig::kConsumerThreads)
     q[i] = __bfloat162float(__ldcg(q_heads + i));
@@ -96,8 +116,9 @@ __device__ __forceinline__ void run_decode_attention(const MegakernelParams& p, 
       continue;
     }
     const __nv_bfloat16* k = p.kv_cache + ((layer * B + in.sequence) * C + first_key) * 2 * d.kv_dim + in.head * hd;
-    const __nv_bfloat16* v = k + d.kv_dim;
-    decode_scores(d, q, k, keys, scores, warp, lane);
+    stage_kv_block(d, k, keys, k_block, v_block, consumer_thread);
+    ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
+    decode_scores(d, q, k_block, keys, scores, consumer_thread);
     ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
     decode_softmax(d, keys, scores, stats, warp, lane);
     ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
@@ -105,8 +126,7 @@ __device__ __forceinline__ void run_decode_attention(const MegakernelParams& p, 
       const int32_t h = i / hd, e = i % hd;
       const float* weights = scores + h * kDecodeKvBlock;
       float acc = 0.0f;
-      for (int32_t key = 0; key < keys; ++key)
-        acc = fmaf(weights[key], __bfloat162float(__ldcg(v + int64_t(key) * 2 * d.kv_dim + e)), acc);
+      for (int32_t key = 0; key < keys; ++key) acc = fmaf(weights[key], __bfloat162float(v_block[key * hd + e]), acc);
       record[h * stride + e] = acc;
     }
     if (consumer_thread < G) {

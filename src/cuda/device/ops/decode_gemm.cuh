@@ -11,10 +11,9 @@
 namespace mk::gpu {
 
 // NOTE: a decode tile is one or a few batch rows against tens of weight rows: far too thin for wgmma, and the whole
-// step is weight bytes / bandwidth. Each warp streams two weight rows at a time with 16-byte loads, kDecodeUnroll
-// per lane in flight, against the tile's input rows held in shared memory (normalized once per tile). The weights
-// of an SM's next decode GEMM are prefetched into L2 while it waits for the current one's inputs.
-constexpr int kDecodeUnroll = 8;
+// step is weight bytes / bandwidth. Each warp streams weight rows with 16-byte loads, 16 per lane in flight, against
+// the tile's input rows held in shared memory (normalized once per tile). The weights of an SM's next decode GEMM
+// are prefetched into L2 while it waits for the current one's inputs.
 constexpr int kDecodeMaxRows = 4;  // batch rows one pass holds; more rows take more passes over the same weights
 
 // One decode GEMM task: out (rows, pairs) from a (batch, k) @ w^T, two weight rows per output pair.
@@ -178,43 +177,71 @@ __device__ __forceinline__ float dot_chunk(const uint4& a, const uint4& w, float
   return acc;
 }
 
-// Every output pair of the task for staged rows [b0, b0 + rows), rows <= kRows: one warp per pair at a time.
-template <int kRows>
+// Every output pair of the task for staged rows [b0, b0 + rows), rows <= kRows. Each warp streams kPairs pairs at
+// once (pairs warp, warp + 8, ...), kUnroll 16-byte loads per weight row and lane in flight: 16 per lane either way.
+template <int kRows, int kUnroll, int kPairs>
 __device__ __forceinline__ void decode_gemm_rows(const MegakernelParams& p, const Instruction& in,
                                                  const DecodeGemmTask& t, const uint4* staged, int32_t b0,
                                                  int32_t rows, int consumer_thread) {
+  constexpr int kWarps = KernelConfig::kConsumerWarps;
   const int warp = consumer_thread / 32, lane = consumer_thread % 32;
   const int32_t chunks = t.k / 8;
-  for (int32_t pair = warp; pair < t.pairs; pair += KernelConfig::kConsumerWarps) {
-    const int2 weight_rows = decode_weight_rows(p, in, pair);
-    const uint4* w0 = reinterpret_cast<const uint4*>(t.w + int64_t(weight_rows.x) * t.k);
-    const uint4* w1 = reinterpret_cast<const uint4*>(t.w + int64_t(weight_rows.y) * t.k);
-    float acc0[kRows] = {}, acc1[kRows] = {};
-    for (int32_t first = lane; first < chunks; first += 32 * kDecodeUnroll) {
-      uint4 u0[kDecodeUnroll], u1[kDecodeUnroll];
+  for (int32_t first_pair = warp; first_pair < t.pairs; first_pair += kWarps * kPairs) {
+    const uint4* w[kPairs][2];
 #pragma unroll
-      for (int u = 0; u < kDecodeUnroll; ++u) {
+    for (int j = 0; j < kPairs; ++j) {
+      const int2 weight_rows = decode_weight_rows(p, in, min(first_pair + j * kWarps, t.pairs - 1));
+      w[j][0] = reinterpret_cast<const uint4*>(t.w + int64_t(weight_rows.x) * t.k);
+      w[j][1] = reinterpret_cast<const uint4*>(t.w + int64_t(weight_rows.y) * t.k);
+    }
+    float acc[kPairs][2][kRows] = {};
+    for (int32_t first = lane; first < chunks; first += 32 * kUnroll) {
+      uint4 loaded[kPairs][2][kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
         const int32_t chunk = min(first + 32 * u, chunks - 1);  // past the end: a repeat, not accumulated
-        u0[u] = __ldg(w0 + chunk);
-        u1[u] = __ldg(w1 + chunk);
+#pragma unroll
+        for (int j = 0; j < kPairs; ++j) {
+          loaded[j][0][u] = __ldg(w[j][0] + chunk);
+          loaded[j][1][u] = __ldg(w[j][1] + chunk);
+        }
       }
 #pragma unroll
-      for (int u = 0; u < kDecodeUnroll; ++u) {
+      for (int u = 0; u < kUnroll; ++u) {
         const int32_t chunk = first + 32 * u;
         if (chunk >= chunks) break;
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
           const uint4 a = staged[r * chunks + chunk];
-          acc0[r] = dot_chunk(a, u0[u], acc0[r]);
-          acc1[r] = dot_chunk(a, u1[u], acc1[r]);
+#pragma unroll
+          for (int j = 0; j < kPairs; ++j) {
+            acc[j][0][r] = dot_chunk(a, loaded[j][0][u], acc[j][0][r]);
+            acc[j][1][r] = dot_chunk(a, loaded[j][1][u], acc[j][1][r]);
+          }
         }
       }
     }
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const float x0 = warp_sum(acc0[r]), x1 = warp_sum(acc1[r]);
-      if (lane == r && r < rows) decode_epilogue(p, in, pair, b0 + r, x0, x1);
+    for (int j = 0; j < kPairs; ++j) {
+      const int32_t pair = first_pair + j * kWarps;
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const float x0 = warp_sum(acc[j][0][r]), x1 = warp_sum(acc[j][1][r]);
+        if (lane == r && r < rows && pair < t.pairs) decode_epilogue(p, in, pair, b0 + r, x0, x1);
+      }
     }
+  }
+}
+
+// Rows of one pass: long rows (K >= 4096) stream one pair per warp 16 loads deep, shorter ones two pairs 8 deep.
+template <int kRows>
+__device__ __forceinline__ void decode_gemm_pass(const MegakernelParams& p, const Instruction& in,
+                                                 const DecodeGemmTask& t, const uint4* staged, int32_t b0,
+                                                 int32_t rows, int consumer_thread) {
+  if (t.k >= 4096) {
+    decode_gemm_rows<kRows, 16, 1>(p, in, t, staged, b0, rows, consumer_thread);
+  } else {
+    decode_gemm_rows<kRows, 8, 2>(p, in, t, staged, b0, rows, consumer_thread);
   }
 }
 
@@ -250,11 +277,11 @@ __device__ __forceinline__ void run_decode_gemm(const MegakernelParams& p, const
     const int32_t rows = min(per_pass, t.batch_end - b0);
     stage_decode_rows(p, t, b0, rows, staged, inv_rms, consumer_thread);
     if (rows == 1) {
-      decode_gemm_rows<1>(p, in, t, staged, b0, rows, consumer_thread);
+      decode_gemm_pass<1>(p, in, t, staged, b0, rows, consumer_thread);
     } else if (rows == 2) {
-      decode_gemm_rows<2>(p, in, t, staged, b0, rows, consumer_thread);
+      decode_gemm_pass<2>(p, in, t, staged, b0, rows, consumer_thread);
     } else {
-      decode_gemm_rows<kDecodeMaxRows>(p, in, t, staged, b0, rows, consumer_thread);
+      decode_gemm_pass<kDecodeMaxRows>(p, in, t, staged, b0, rows, consumer_thread);
     }
     ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);  // the next pass restages
   }
