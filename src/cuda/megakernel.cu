@@ -80,7 +80,9 @@ __device__ __forceinline__ void run_consumers(const MegakernelParams& p, const S
     // producer waited on the counters before loading); only row-wise ops read other SMs' results with plain loads.
     const bool gemm = is_gemm(in.opcode);
     const bool rowwise = !gemm && in.opcode != Opcode::kAttention;
-    if (consumer_thread < 32) {  // decode: the weights of this SM's next tile start for L2 before this one's wait
+    // Decode: the weights of this SM's next tile start for L2 before this one's wait (only there: the read of the
+    // next instruction would delay a forward GEMM's first warp).
+    if (p.dims.decode && consumer_thread < 32) {
       if (i == begin && is_decode_gemm(in.opcode)) prefetch_decode_weights(p, in, consumer_thread);
       if (i + 1 < end && is_decode_gemm(p.instructions[i + 1].opcode))
         prefetch_decode_weights(p, p.instructions[i + 1], consumer_thread);

@@ -88,6 +88,7 @@ struct ModelDims {
   int32_t kv_splits;           // attention tasks per (sequence, kv head)
   int32_t kv_blocks_per_split;
   int32_t gate_up_rows;        // rows of one layer's packed gate/up weights (see w_gate_up)
+  int32_t decode;              // 1 in decode passes: no TMA ops, weights streamed with plain loads
 };
 
 struct MegakernelParams {

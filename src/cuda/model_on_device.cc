@@ -191,13 +191,14 @@ std::vector<void*> upload_model(DeviceArena& arena, const Graph& graph, const Mo
   p.dims = {int32_t(shape.tokens()), int32_t(shape.batch), int32_t(shape.seq_len), int32_t(c.d_model),
             int32_t(c.q_dim()), int32_t(c.kv_dim()), int32_t(c.qkv_dim()), int32_t(c.d_ff), int32_t(c.vocab_size),
             int32_t(c.head_dim), int32_t(c.group_size()), int32_t(c.n_layers), c.rope.type != RopeType::kNone ? 1 : 0,
-            c.rms_norm_eps, float(1.4426950408889634 / std::sqrt(double(c.head_dim))), 0, 0, 0, 0, 0};
+            c.rms_norm_eps, float(1.4426950408889634 / std::sqrt(double(c.head_dim))), 0, 0, 0, 0, 0, 0};
   if (shape.pass != PassKind::kForward) {
     const KvSplit split = kv_split(c, shape);
     p.dims.max_context = int32_t(shape.max_context);
     p.dims.kv_blocks = int32_t(split.blocks);
     p.dims.kv_splits = int32_t(split.splits);
     p.dims.kv_blocks_per_split = int32_t(split.blocks_per_split);
+    p.dims.decode = shape.pass == PassKind::kDecode ? 1 : 0;
   }
   if (shared_weights != nullptr) {
     share_weights(*shared_weights, p);
