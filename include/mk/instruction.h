@@ -34,6 +34,7 @@ enum class Opcode : uint8_t {
   kDecodeDown,      // hidden[l+1][rows, cols] <- hidden_mid[l] + act[l][rows] @ w_down[cols]^T
   kDecodeLmHead,    // logits[rows, cols] <- final_norm[rows] @ lm_head[cols]^T
   kSample,          // sampled[rows] <- argmax, or a sample under temperature, top-k and top-p, of logits[rows]
+  kDecodeOProjCombine,  // hidden_mid[l][rows, cols] <- hidden[l] + combine(attn_partial[l])[rows] @ wo[cols]^T
   kNumOpcodes,
 };
 

@@ -118,6 +118,7 @@ __device__ __forceinline__ void run_consumers(const MegakernelParams& p, const S
       case Opcode::kDecodeGateUp:
       case Opcode::kDecodeDown:
       case Opcode::kDecodeLmHead:
+      case Opcode::kDecodeOProjCombine:
         run_decode_gemm(p, s, in, consumer_thread);
         break;
       case Opcode::kDecodeAttention:

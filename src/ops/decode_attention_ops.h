@@ -119,6 +119,36 @@ struct DecodeCombineOp {
   }
 };
 
+// decode_o_proj with the combine fused: each tile merges the partials of its rows (every head) itself, then projects.
+// One dependent hop a layer less than decode_combine then decode_o_proj, for the same bits.
+struct DecodeOProjCombineOp : DecodeGemmOp<DecodeOProjCombineOp, OProjOp> {
+  static constexpr Opcode kOpcode = Opcode::kDecodeOProjCombine;
+  static constexpr const char* kName = "decode_o_proj_combine";
+  static BufferRef partials(uint16_t layer) { return {BK::kAttnPartial, layer}; }
+  static void reads(const OpContext& ctx, const Task& t, TaskRegions& r) {
+    const int64_t per_sequence = kv_split(ctx.config, ctx.shape).rows_per_sequence();
+    r.read({ctx.buffers.id(partials(t.layer)), int32_t(t.row_begin * per_sequence), int32_t(t.row_end * per_sequence),
+            0, int32_t(ctx.cols(partials(t.layer)))});
+    r.read(own_columns(ctx, residual(t.layer), t));
+    r.read(positions_of(ctx, t.row_begin, t.row_end));
+  }
+  static TaskWork work(const OpContext& ctx, const Task& t) {
+    TaskWork work = DecodeGemmOp::work(ctx, t);
+    const double records = double(t.row_end - t.row_begin) * double(kv_split(ctx.config, ctx.shape).rows_per_sequence());
+    work.bytes += 4.0 * records * double(ctx.cols(partials(t.layer)));
+    return work;
+  }
+  static void run_cpu(const CpuTile& cpu, const Task& t, ref::Matrix& out) {
+    const KvSplit split = kv_split(cpu.config, cpu.input.shape);
+    ref::Matrix attn(out.rows, cpu.config.q_dim());
+    for (int64_t b = t.row_begin; b < t.row_end; ++b)
+      for (int64_t head = 0; head < cpu.config.n_heads; ++head)
+        ref::decode_attention_combine(cpu.config, split, cpu.in(partials(t.layer)), cpu.input.positions, attn, b, head);
+    ref::linear_residual_tile(attn, cpu.operands.layers[t.layer].o, cpu.in(residual(t.layer)), out, rows_of(t),
+                              cols_of(t));
+  }
+};
+
 // One task per sequence: the next token from its logits row. The CPU engines hold the id as a float (exact below
 // 2^24).
 struct SampleOp {

@@ -26,7 +26,7 @@ constexpr OpDescriptor kOps[] = {
     // prefill and decode
     descriptor<KvAppendOp>(), descriptor<DecodeQOp>(), descriptor<DecodeKvOp>(), descriptor<DecodeAttentionOp>(),
     descriptor<DecodeCombineOp>(), descriptor<DecodeOProjOp>(), descriptor<DecodeGateUpOp>(), descriptor<DecodeDownOp>(),
-    descriptor<DecodeLmHeadOp>(), descriptor<SampleOp>(),
+    descriptor<DecodeLmHeadOp>(), descriptor<SampleOp>(), descriptor<DecodeOProjCombineOp>(),
 };
 static_assert(std::size(kOps) == size_t(Opcode::kNumOpcodes) - 1, "every opcode but kNop has exactly one descriptor");
 static_assert([] {

@@ -9,6 +9,8 @@
 #include "graph_text.h"
 #include "mk/cpu_vm.h"
 #include "mk/generate.h"
+#include "mk/ops.h"
+#include "mk/tiles.h"
 #include "mk/program.h"
 #include "mk/random.h"
 #include "test_models.h"
@@ -190,6 +192,55 @@ TEST(DecodeGraph, ALlama1BStepSpreadsOverEverySm) {
   const double makespan_ns = estimate_schedule(graph, schedule).makespan_ns;
   EXPECT_GT(makespan_ns, floor_ns);
   EXPECT_LT(makespan_ns, 1.6 * floor_ns) << "estimated " << makespan_ns / 1e3 << " us, floor " << floor_ns / 1e3;
+}
+
+// decode_o_proj_combine is decode_combine then decode_o_proj in one task: the same bits from the same partials.
+TEST(DecodeOps, OProjCombineEqualsCombineThenOProjBitForBit) {
+  const ModelConfig config = find_preset("tiny").config;
+  const ModelWeights weights = random_weights(config, 5);
+  const BufferTable table(config, kTinyDecode);
+  const ref::ModelOperands operands(weights, 1, kTinyDecode.max_context);
+  ref::ModelInput input;
+  input.shape = kTinyDecode;
+  input.positions = {200, 7};  // a sequence over several KV blocks, and one in its first
+  Random random(6);
+  std::vector<ref::Matrix> buffers;
+  for (const Buffer& buffer : table.buffers()) {
+    ref::Matrix values(buffer.rows, buffer.cols);
+    for (float& value : values.data) value = float(random.next_u64() % 2001) / 1000.0f - 1.0f;
+    buffers.push_back(std::move(values));
+  }
+  // Partial records need a sum > 0 after their max: blocks read by the combine hold positive sums.
+  const int64_t stride = config.head_dim + tiles::kDecodePartialStats;
+  for (uint16_t layer = 0; layer < config.n_layers; ++layer) {
+    ref::Matrix& partial = buffers[table.id({BufferKind::kAttnPartial, layer})];
+    for (int64_t r = 0; r < partial.rows; ++r)
+      for (int64_t c = config.head_dim + 1; c < partial.cols; c += stride) partial.row(r)[c] += 2.0f;
+  }
+  CpuTile cpu{config, operands, input, table, {}};
+  for (const ref::Matrix& buffer : buffers) cpu.buffers.push_back(&buffer);
+  const OpContext ctx{config, kTinyDecode, table};
+  const uint16_t layer = 1;
+  ref::Matrix& attn = buffers[table.id({BufferKind::kAttn, layer})];
+  const OpDescriptor& combine = op_descriptor(Opcode::kDecodeCombine);
+  combine.run_cpu(cpu, whole_output(combine, ctx, layer), attn);
+  const OpDescriptor& o_proj = op_descriptor(Opcode::kDecodeOProj);
+  ref::Matrix unfused(kTinyDecode.batch, config.d_model), fused(kTinyDecode.batch, config.d_model);
+  o_proj.run_cpu(cpu, whole_output(o_proj, ctx, layer), unfused);
+  const OpDescriptor& o_proj_combine = op_descriptor(Opcode::kDecodeOProjCombine);
+  EXPECT_STREQ(o_proj_combine.name, "decode_o_proj_combine");
+  for (int32_t col = 0; col < config.d_model; col += 32) {  // tiles of any width give the same elements
+    Task task = whole_output(o_proj_combine, ctx, layer);
+    task.col_begin = col;
+    task.col_end = col + 32;
+    o_proj_combine.run_cpu(cpu, task, fused);
+  }
+  EXPECT_EQ(fused.data, unfused.data);
+  TaskRegions regions;
+  o_proj_combine.reads(ctx, whole_output(o_proj_combine, ctx, layer), regions);
+  ASSERT_EQ(regions.num_reads, 3);
+  EXPECT_EQ(regions.reads[0].buffer, table.id({BufferKind::kAttnPartial, layer}));
+  EXPECT_EQ(regions.reads[2].buffer, table.id({BufferKind::kPositions}));
 }
 
 }  // namespace

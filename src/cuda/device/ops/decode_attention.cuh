@@ -139,34 +139,41 @@ __device__ __forceinline__ void run_decode_attention(const MegakernelParams& p, 
   }
 }
 
-// attn[l][rows, cols] <- for sequences rows and the query heads of cols, their partials combined in block order:
-// sum_b w_b o_b / sum_b w_b sum_b with w_b = exp(max_b - max). One thread per output element.
+// Column col of sequence b's attention output in layer `layer`: the partials of its head combined in block order,
+// sum_b w_b o_b / sum_b w_b sum_b with w_b = exp(max_b - max).
+__device__ __forceinline__ float combine_partials(const MegakernelParams& p, int64_t layer, int32_t b, int32_t col) {
+  const ModelDims& d = p.dims;
+  const int32_t hd = d.head_dim, stride = hd + kPartialStats, e = col % hd;
+  const int32_t rows_per_sequence = d.kv_splits * d.kv_blocks_per_split;
+  const int64_t record_row = int64_t(d.q_dim / hd) * stride;
+  const int32_t blocks = p.positions[b] / kDecodeKvBlock + 1;
+  const float* first =
+      p.attn_partial + (layer * d.batch + b) * rows_per_sequence * record_row + int64_t(col / hd) * stride;
+  auto record = [&](int32_t block) {
+    const int32_t row = (block % d.kv_splits) * d.kv_blocks_per_split + block / d.kv_splits;
+    return first + int64_t(row) * record_row;
+  };
+  float max = -INFINITY;
+  for (int32_t block = 0; block < blocks; ++block) max = fmaxf(max, __ldcg(record(block) + hd));
+  float acc = 0.0f, sum = 0.0f;
+  for (int32_t block = 0; block < blocks; ++block) {
+    const float* r = record(block);
+    const float weight = __expf(__ldcg(r + hd) - max);
+    sum = fmaf(weight, __ldcg(r + hd + 1), sum);
+    acc = fmaf(weight, __ldcg(r + e), acc);
+  }
+  return acc / sum;
+}
+
+// attn[l][rows, cols] <- for sequences rows and the query heads of cols, their partials combined. One thread per
+// output element.
 __device__ __forceinline__ void run_decode_combine(const MegakernelParams& p, const Instruction& in,
                                                    int consumer_thread) {
   const ModelDims& d = p.dims;
-  const int64_t B = d.batch, layer = in.layer;
-  const int32_t hd = d.head_dim, stride = hd + kPartialStats, width = in.col_end - in.col_begin;
-  const int32_t rows_per_sequence = d.kv_splits * d.kv_blocks_per_split;
-  const int64_t record_row = int64_t(d.q_dim / hd) * stride;
+  const int32_t width = in.col_end - in.col_begin;
   for (int32_t i = consumer_thread; i < (in.row_end - in.row_begin) * width; i += KernelConfig::kConsumerThreads) {
     const int32_t b = in.row_begin + i / width, col = in.col_begin + i % width;
-    const int32_t head = col / hd, e = col % hd;
-    const int32_t blocks = p.positions[b] / kDecodeKvBlock + 1;
-    const float* first = p.attn_partial + (layer * B + b) * rows_per_sequence * record_row + int64_t(head) * stride;
-    auto record = [&](int32_t block) {
-      const int32_t row = (block % d.kv_splits) * d.kv_blocks_per_split + block / d.kv_splits;
-      return first + int64_t(row) * record_row;
-    };
-    float max = -INFINITY;
-    for (int32_t block = 0; block < blocks; ++block) max = fmaxf(max, __ldcg(record(block) + hd));
-    float acc = 0.0f, sum = 0.0f;
-    for (int32_t block = 0; block < blocks; ++block) {
-      const float* r = record(block);
-      const float weight = __expf(__ldcg(r + hd) - max);
-      sum = fmaf(weight, __ldcg(r + hd + 1), sum);
-      acc = fmaf(weight, __ldcg(r + e), acc);
-    }
-    p.attn[(layer * B + b) * d.q_dim + col] = __float2bfloat16_rn(acc / sum);
+    p.attn[(int64_t(in.layer) * d.batch + b) * d.q_dim + col] = __float2bfloat16_rn(combine_partials(p, in.layer, b, col));
   }
 }
 

@@ -6,6 +6,7 @@
 
 #include "../config.cuh"
 #include "../sync.cuh"
+#include "decode_attention.cuh"
 #include "rowwise.cuh"
 
 namespace mk::gpu {
@@ -39,6 +40,7 @@ __device__ __forceinline__ DecodeGemmTask decode_gemm_task(const MegakernelParam
       return {p.hidden + layer * B * D, p.attn_norm_weight + layer * D, p.wqkv + layer * d.qkv_dim * D, d.d_model,
               in.row_begin / d.max_context, (in.row_end + d.max_context - 1) / d.max_context, width / 2};
     case Opcode::kDecodeOProj:
+    case Opcode::kDecodeOProjCombine:  // a: the partials, combined as they are staged
       return {p.attn + layer * B * d.q_dim, nullptr, p.wo + layer * D * d.q_dim, d.q_dim, in.row_begin, in.row_end,
               width / 2};
     case Opcode::kDecodeGateUp:  // a pair is the gate and the up row of one output column
@@ -119,7 +121,8 @@ __device__ __forceinline__ void decode_epilogue(const MegakernelParams& p, const
       store_pair(p.kv_cache + cache_row * 2 * d.kv_dim + col, r.x, r.y);
       break;
     }
-    case Opcode::kDecodeOProj: {
+    case Opcode::kDecodeOProj:
+    case Opcode::kDecodeOProjCombine: {
       const float2 residual = load_pair(p.hidden + (layer * B + b) * D + col);
       store_pair(p.hidden_mid + (layer * B + b) * D + col, residual.x + x0, residual.y + x1);
       break;
@@ -140,10 +143,12 @@ __device__ __forceinline__ void decode_epilogue(const MegakernelParams& p, const
   }
 }
 
-// Input rows [b0, b0 + rows) into shared memory as bf16 (rows, k), normalized when the task fuses a norm, the way
-// the forward's norm op rounds them. Ends with the consumers synchronized.
-__device__ __forceinline__ void stage_decode_rows(const MegakernelParams& p, const DecodeGemmTask& t, int32_t b0,
-                                                  int32_t rows, uint4* staged, float* inv_rms, int consumer_thread) {
+// Input rows [b0, b0 + rows) into shared memory as bf16 (rows, k), normalized when the task fuses a norm (the way
+// the forward's norm op rounds them), combined from the partials for decode_o_proj_combine. Ends with the consumers
+// synchronized.
+__device__ __forceinline__ void stage_decode_rows(const MegakernelParams& p, const Instruction& in,
+                                                  const DecodeGemmTask& t, int32_t b0, int32_t rows, uint4* staged,
+                                                  float* inv_rms, int consumer_thread) {
   const int warp = consumer_thread / 32, lane = consumer_thread % 32;
   const int32_t chunks = t.k / 8;
   if (t.norm_weight != nullptr && warp < rows) {
@@ -154,6 +159,13 @@ __device__ __forceinline__ void stage_decode_rows(const MegakernelParams& p, con
     if (lane == 0) inv_rms[warp] = 1.0f / sqrtf(sum / float(t.k) + p.dims.rms_norm_eps);
   }
   ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
+  if (in.opcode == Opcode::kDecodeOProjCombine) {
+    __nv_bfloat16* values = reinterpret_cast<__nv_bfloat16*>(staged);
+    for (int32_t i = consumer_thread; i < rows * t.k; i += KernelConfig::kConsumerThreads)
+      values[i] = __float2bfloat16_rn(combine_partials(p, in.layer, b0 + i / t.k, i % t.k));
+    ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
+    return;
+  }
   const uint4* weight = reinterpret_cast<const uint4*>(t.norm_weight);
   for (int32_t i = consumer_thread; i < rows * chunks; i += KernelConfig::kConsumerThreads) {
     const int32_t r = i / chunks, chunk = i % chunks;
@@ -248,7 +260,8 @@ __device__ __forceinline__ void decode_gemm_pass(const MegakernelParams& p, cons
 
 __device__ __forceinline__ bool is_decode_gemm(Opcode opcode) {
   return opcode == Opcode::kDecodeQ || opcode == Opcode::kDecodeKv || opcode == Opcode::kDecodeOProj ||
-         opcode == Opcode::kDecodeGateUp || opcode == Opcode::kDecodeDown || opcode == Opcode::kDecodeLmHead;
+         opcode == Opcode::kDecodeGateUp || opcode == Opcode::kDecodeDown || opcode == Opcode::kDecodeLmHead ||
+         opcode == Opcode::kDecodeOProjCombine;
 }
 
 // Asks L2 for the weight rows of decode GEMM `in` (weights depend on nothing), one row per lane of one warp at a
@@ -276,7 +289,7 @@ __device__ __forceinline__ void run_decode_gemm(const MegakernelParams& p, const
   const int32_t per_pass = min(kDecodeMaxRows, kRingBytes / (2 * t.k));
   for (int32_t b0 = t.batch_begin; b0 < t.batch_end; b0 += per_pass) {
     const int32_t rows = min(per_pass, t.batch_end - b0);
-    stage_decode_rows(p, t, b0, rows, staged, inv_rms, consumer_thread);
+    stage_decode_rows(p, in, t, b0, rows, staged, inv_rms, consumer_thread);
     if (rows == 1) {
       decode_gemm_pass<1>(p, in, t, staged, b0, rows, consumer_thread);
     } else if (rows == 2) {
