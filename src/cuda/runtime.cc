@@ -61,7 +61,7 @@ void check_decode_limits(const Graph& graph) {
     MK_CHECK(task.opcode >= Opcode::kKvAppend || task.opcode == Opcode::kEmbed || task.opcode == Opcode::kFinalNorm,
              "internal error: a decode pass with the TMA op {}", opcode_name(task.opcode));
   const int64_t widest = std::max({c.d_model, c.q_dim(), c.d_ff});
-  MK_CHECK(2 * widest <= KernelConfig::kNumStages * KernelConfig::kStageBytes,
+  MK_CHECK(2 * widest <= KernelConfig::kDecodeStagedRowBytes,
            "gpu engine: a decode input row of {} values does not fit the megakernel's shared memory", widest);
 }
 

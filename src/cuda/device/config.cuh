@@ -39,6 +39,11 @@ struct KernelConfig {
   static constexpr int kProducerRegisters = 56;
   static constexpr int kConsumerRegisters = 224;
 
+  // ---- decode GEMMs (ops/decode_gemm.cuh): the idle stage ring holds the tile's input rows, then each consumer
+  // warp's ring of weight steps ----
+  static constexpr int kDecodeWeightRingBytes = 128 * 1024;
+  static constexpr int kDecodeStagedRowBytes = kNumStages * kStageBytes - kDecodeWeightRingBytes;
+
   // full/empty per stage, then staged (consumers -> storer), staging_free (storer -> all), residual (TMA -> consumers)
   static constexpr int kNumBarriers = 2 * kNumStages + 3;
   static constexpr int kBarrierBytes = kNumBarriers * 8 + 16;  // + the consumers' broadcast flag

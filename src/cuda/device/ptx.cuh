@@ -84,6 +84,19 @@ __device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence
 // Makes this thread's generic-proxy shared-memory writes visible to later async-proxy (TMA) reads of them.
 __device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
+// 16 bytes global -> shared without registers (L1 bypassed); src_bytes 0 writes zeros and reads nothing.
+__device__ __forceinline__ void cp_async_16(void* shared, const void* global, uint32_t src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_address(shared)), "l"(global),
+               "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Waits until at most kPending of this thread's committed groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+}
+
 // Starts bringing [address, address + bytes) into L2 without waiting for it; both 16-byte aligned.
 __device__ __forceinline__ void prefetch_l2_bulk(const void* address, uint32_t bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(address), "r"(bytes) : "memory");

@@ -12,8 +12,8 @@
 namespace mk::gpu {
 
 // NOTE: a decode tile is one or a few batch rows against tens of weight rows: far too thin for wgmma, and the whole
-// step is weight bytes / bandwidth. Each warp streams weight rows with 16-byte loads, 32 per lane in flight, against
-// the tile's input rows held in shared memory (normalized once per tile). The weights of an SM's next decode GEMM
+// step is weight bytes / bandwidth. Each warp streams weight rows through shared memory with cp.async (below),
+// against the tile's input rows held there too (normalized once per tile). The weights of an SM's next decode GEMM
 // are prefetched into L2 while it waits for the current one's inputs.
 constexpr int kDecodeMaxRows = 4;  // batch rows one pass holds; more rows take more passes over the same weights
 
@@ -189,73 +189,85 @@ __device__ __forceinline__ float dot_chunk(const uint4& a, const uint4& w, float
   return acc;
 }
 
-// Every output pair of the task for staged rows [b0, b0 + rows), rows <= kRows. Each warp streams kPairs pairs at
-// once (pairs warp, warp + 8, ...), kUnroll 16-byte loads per weight row and lane in flight: 32 per lane either way
-// (16 KB a warp, 128 KB an SM: 4.2 TB/s at ~4 us of loaded latency).
-template <int kRows, int kUnroll, int kPairs>
-__device__ __forceinline__ void decode_gemm_rows(const MegakernelParams& p, const Instruction& in,
-                                                 const DecodeGemmTask& t, const uint4* staged, int32_t b0,
-                                                 int32_t rows, int consumer_thread) {
-  constexpr int kWarps = KernelConfig::kConsumerWarps;
-  const int warp = consumer_thread / 32, lane = consumer_thread % 32;
+// Weight streaming: each warp copies its pairs' weight rows into its own ring of kStepBuffers steps with cp.async
+// (no registers held, so 3 steps, 12 KB a warp, stay in flight while one is computed), a step being kStepChunks
+// 16-byte chunks per lane of both rows of a pair. A lane reads back only the chunks it copied: no warp barriers.
+// NOTE: with the loads in registers instead, ptxas (168 registers for the whole kernel) kept only ~4 of them in
+// flight per lane (SASS), and the GEMM tiles streamed at ~14 GB/s per SM.
+constexpr int kStepChunks = 4;
+constexpr int kStepBuffers = 4;
+constexpr int kStepUint4s = 2 * kStepChunks * 32;  // 4 KB: two weight rows
+constexpr int kStagedRowBytes = KernelConfig::kDecodeStagedRowBytes;
+static_assert(KernelConfig::kConsumerWarps * kStepBuffers * kStepUint4s * 16 == KernelConfig::kDecodeWeightRingBytes,
+              "the weight steps of every consumer warp fill the decode weight ring");
+static_assert(kStagedRowBytes >= 64 * 1024, "the stage ring holds the weight steps and 64 KB of input rows");
+
+// Step `step` of output pair `pair`: chunks [step kStepChunks 32, +kStepChunks 32) of its two weight rows.
+__device__ __forceinline__ void issue_weight_step(const MegakernelParams& p, const Instruction& in,
+                                                  const DecodeGemmTask& t, int32_t pair, int32_t step, uint4* buffer,
+                                                  int lane) {
   const int32_t chunks = t.k / 8;
-  for (int32_t first_pair = warp; first_pair < t.pairs; first_pair += kWarps * kPairs) {
-    const uint4* w[kPairs][2];
+  const int2 rows = decode_weight_rows(p, in, pair);
 #pragma unroll
-    for (int j = 0; j < kPairs; ++j) {
-      const int2 weight_rows = decode_weight_rows(p, in, min(first_pair + j * kWarps, t.pairs - 1));
-      w[j][0] = reinterpret_cast<const uint4*>(t.w + int64_t(weight_rows.x) * t.k);
-      w[j][1] = reinterpret_cast<const uint4*>(t.w + int64_t(weight_rows.y) * t.k);
-    }
-    float acc[kPairs][2][kRows] = {};
-    for (int32_t first = lane; first < chunks; first += 32 * kUnroll) {
-      uint4 loaded[kPairs][2][kUnroll];
+  for (int r = 0; r < 2; ++r) {
+    const uint4* row = reinterpret_cast<const uint4*>(t.w + int64_t(r == 0 ? rows.x : rows.y) * t.k);
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int32_t chunk = min(first + 32 * u, chunks - 1);  // past the end: a repeat, not accumulated
-#pragma unroll
-        for (int j = 0; j < kPairs; ++j) {
-          loaded[j][0][u] = __ldg(w[j][0] + chunk);
-          loaded[j][1][u] = __ldg(w[j][1] + chunk);
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int32_t chunk = first + 32 * u;
-        if (chunk >= chunks) break;
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) {
-          const uint4 a = staged[r * chunks + chunk];
-#pragma unroll
-          for (int j = 0; j < kPairs; ++j) {
-            acc[j][0][r] = dot_chunk(a, loaded[j][0][u], acc[j][0][r]);
-            acc[j][1][r] = dot_chunk(a, loaded[j][1][u], acc[j][1][r]);
-          }
-        }
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kPairs; ++j) {
-      const int32_t pair = first_pair + j * kWarps;
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        const float x0 = warp_sum(acc[j][0][r]), x1 = warp_sum(acc[j][1][r]);
-        if (lane == r && r < rows && pair < t.pairs) decode_epilogue(p, in, pair, b0 + r, x0, x1);
-      }
+    for (int u = 0; u < kStepChunks; ++u) {
+      const int32_t chunk = (step * kStepChunks + u) * 32 + lane;
+      const bool valid = chunk < chunks;
+      ptx::cp_async_16(buffer + (r * kStepChunks + u) * 32 + lane, row + (valid ? chunk : 0), valid ? 16 : 0);
     }
   }
 }
 
-// Rows of one pass: long rows (K >= 4096) stream one pair per warp 16 loads deep, shorter ones two pairs 8 deep.
+// Every output pair of the task for staged rows [b0, b0 + rows), rows <= kRows: warp w takes pairs w, w + 8, ...,
+// their steps one stream.
 template <int kRows>
-__device__ __forceinline__ void decode_gemm_pass(const MegakernelParams& p, const Instruction& in,
-                                                 const DecodeGemmTask& t, const uint4* staged, int32_t b0,
-                                                 int32_t rows, int consumer_thread) {
-  if (t.k >= 4096) {
-    decode_gemm_rows<kRows, 16, 1>(p, in, t, staged, b0, rows, consumer_thread);
-  } else {
-    decode_gemm_rows<kRows, 8, 2>(p, in, t, staged, b0, rows, consumer_thread);
+__device__ __forceinline__ void decode_gemm_rows(const MegakernelParams& p, const Instruction& in,
+                                                 const DecodeGemmTask& t, const uint4* staged, uint4* ring,
+                                                 int32_t b0, int32_t rows, int consumer_thread) {
+  constexpr int kWarps = KernelConfig::kConsumerWarps;
+  const int warp = consumer_thread / 32, lane = consumer_thread % 32;
+  const int32_t chunks = t.k / 8;
+  const int32_t steps_per_pair = (chunks + kStepChunks * 32 - 1) / (kStepChunks * 32);
+  const int32_t pairs = warp < t.pairs ? (t.pairs - warp + kWarps - 1) / kWarps : 0;
+  const int32_t steps = pairs * steps_per_pair;
+  uint4* own = ring + warp * kStepBuffers * kStepUint4s;
+  auto issue = [&](int32_t step) {
+    if (step < steps)
+      issue_weight_step(p, in, t, warp + step / steps_per_pair * kWarps, step % steps_per_pair,
+                        own + step % kStepBuffers * kStepUint4s, lane);
+    ptx::cp_async_commit();  // empty groups too: one group per step keeps the wait count exact
+  };
+  for (int32_t step = 0; step < kStepBuffers - 1; ++step) issue(step);
+  float acc[kRows][2] = {};
+  for (int32_t step = 0; step < steps; ++step) {
+    issue(step + kStepBuffers - 1);  // into the buffer the previous step used
+    ptx::cp_async_wait<kStepBuffers - 1>();
+    const uint4* buffer = own + step % kStepBuffers * kStepUint4s;
+    const int32_t k_step = step % steps_per_pair;
+#pragma unroll
+    for (int u = 0; u < kStepChunks; ++u) {
+      const int32_t chunk = (k_step * kStepChunks + u) * 32 + lane;
+      if (chunk >= chunks) break;
+      const uint4 w0 = buffer[u * 32 + lane], w1 = buffer[(kStepChunks + u) * 32 + lane];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const uint4 a = staged[r * chunks + chunk];
+        acc[r][0] = dot_chunk(a, w0, acc[r][0]);
+        acc[r][1] = dot_chunk(a, w1, acc[r][1]);
+      }
+    }
+    if (k_step + 1 < steps_per_pair) continue;
+    const int32_t pair = warp + step / steps_per_pair * kWarps;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const float x0 = warp_sum(acc[r][0]), x1 = warp_sum(acc[r][1]);
+      if (lane == r && r < rows) decode_epilogue(p, in, pair, b0 + r, x0, x1);
+      acc[r][0] = acc[r][1] = 0.0f;
+    }
   }
+  ptx::cp_async_wait<0>();  // the trailing empty groups
 }
 
 __device__ __forceinline__ bool is_decode_gemm(Opcode opcode) {
@@ -278,24 +290,25 @@ __device__ __forceinline__ void prefetch_decode_weights(const MegakernelParams& 
   }
 }
 
-// A decode GEMM task: its batch rows in passes of up to kDecodeMaxRows, each staged in the (otherwise idle) stage
-// ring. NOTE: decode schedules have no TMA ops, so no producer is using the ring.
+// A decode GEMM task: its batch rows in passes of up to kDecodeMaxRows, staged at the start of the (otherwise idle)
+// stage ring, the weight steps streamed through its end. NOTE: decode schedules have no TMA ops, so no producer is
+// using the ring.
 __device__ __forceinline__ void run_decode_gemm(const MegakernelParams& p, const SharedState& s, const Instruction& in,
                                                 int consumer_thread) {
   const DecodeGemmTask t = decode_gemm_task(p, in);
-  constexpr int kRingBytes = KernelConfig::kNumStages * KernelConfig::kStageBytes;
   uint4* staged = reinterpret_cast<uint4*>(s.stages);
+  uint4* ring = reinterpret_cast<uint4*>(s.stages + kStagedRowBytes);
   float* inv_rms = reinterpret_cast<float*>(s.output);
-  const int32_t per_pass = min(kDecodeMaxRows, kRingBytes / (2 * t.k));
+  const int32_t per_pass = min(kDecodeMaxRows, kStagedRowBytes / (2 * t.k));
   for (int32_t b0 = t.batch_begin; b0 < t.batch_end; b0 += per_pass) {
     const int32_t rows = min(per_pass, t.batch_end - b0);
     stage_decode_rows(p, in, t, b0, rows, staged, inv_rms, consumer_thread);
     if (rows == 1) {
-      decode_gemm_pass<1>(p, in, t, staged, b0, rows, consumer_thread);
+      decode_gemm_rows<1>(p, in, t, staged, ring, b0, rows, consumer_thread);
     } else if (rows == 2) {
-      decode_gemm_pass<2>(p, in, t, staged, b0, rows, consumer_thread);
+      decode_gemm_rows<2>(p, in, t, staged, ring, b0, rows, consumer_thread);
     } else {
-      decode_gemm_pass<kDecodeMaxRows>(p, in, t, staged, b0, rows, consumer_thread);
+      decode_gemm_rows<kDecodeMaxRows>(p, in, t, staged, ring, b0, rows, consumer_thread);
     }
     ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);  // the next pass restages
   }
