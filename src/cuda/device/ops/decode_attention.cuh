@@ -165,6 +165,48 @@ __device__ __forceinline__ float combine_partials(const MegakernelParams& p, int
   return acc / sum;
 }
 
+// Row b's attention output (q_dim values) into `out` as bf16, from its partial records of every block, first copied
+// into `scratch` (scratch_bytes) with every 16-byte load in flight at once: decode_o_proj_combine's staging. Each
+// tile needs the whole row, so loading record by record, value by value, would be a chain of L2 trips per value.
+// Rows whose records do not fit the scratch are combined from global memory. Ends with the consumers synchronized.
+__device__ __forceinline__ void stage_combined_row(const MegakernelParams& p, int64_t layer, int32_t b,
+                                                   __nv_bfloat16* out, float* scratch, int32_t scratch_bytes,
+                                                   int consumer_thread) {
+  const ModelDims& d = p.dims;
+  const int32_t hd = d.head_dim, stride = hd + kPartialStats, record_floats = d.q_dim / hd * stride;
+  const int32_t rows_per_sequence = d.kv_splits * d.kv_blocks_per_split;
+  const int32_t blocks = p.positions[b] / kDecodeKvBlock + 1;
+  if (blocks * record_floats * 4 > scratch_bytes) {
+    for (int32_t i = consumer_thread; i < d.q_dim; i += KernelConfig::kConsumerThreads)
+      out[i] = __float2bfloat16_rn(combine_partials(p, layer, b, i));
+    ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
+    return;
+  }
+  const float* first = p.attn_partial + (layer * d.batch + b) * rows_per_sequence * int64_t(record_floats);
+  const int32_t chunks = record_floats / 4;
+  for (int32_t i = consumer_thread; i < blocks * chunks; i += KernelConfig::kConsumerThreads) {
+    const int32_t block = i / chunks;
+    const int32_t row = (block % d.kv_splits) * d.kv_blocks_per_split + block / d.kv_splits;
+    reinterpret_cast<uint4*>(scratch)[i] =
+        __ldcg(reinterpret_cast<const uint4*>(first + int64_t(row) * record_floats) + i % chunks);
+  }
+  ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
+  for (int32_t i = consumer_thread; i < d.q_dim; i += KernelConfig::kConsumerThreads) {
+    const float* record = scratch + i / hd * stride;
+    float max = -INFINITY;
+    for (int32_t block = 0; block < blocks; ++block) max = fmaxf(max, record[block * record_floats + hd]);
+    float acc = 0.0f, sum = 0.0f;
+    for (int32_t block = 0; block < blocks; ++block) {
+      const float* r = record + block * record_floats;
+      const float weight = __expf(r[hd] - max);
+      sum = fmaf(weight, r[hd + 1], sum);
+      acc = fmaf(weight, r[i % hd], acc);
+    }
+    out[i] = __float2bfloat16_rn(acc / sum);
+  }
+  ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
+}
+
 // attn[l][rows, cols] <- for sequences rows and the query heads of cols, their partials combined. One thread per
 // output element.
 __device__ __forceinline__ void run_decode_combine(const MegakernelParams& p, const Instruction& in,

@@ -159,11 +159,11 @@ __device__ __forceinline__ void stage_decode_rows(const MegakernelParams& p, con
     if (lane == 0) inv_rms[warp] = 1.0f / sqrtf(sum / float(t.k) + p.dims.rms_norm_eps);
   }
   ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
-  if (in.opcode == Opcode::kDecodeOProjCombine) {
-    __nv_bfloat16* values = reinterpret_cast<__nv_bfloat16*>(staged);
-    for (int32_t i = consumer_thread; i < rows * t.k; i += KernelConfig::kConsumerThreads)
-      values[i] = __float2bfloat16_rn(combine_partials(p, in.layer, b0 + i / t.k, i % t.k));
-    ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
+  if (in.opcode == Opcode::kDecodeOProjCombine) {  // the weight ring is idle while a tile stages
+    float* scratch = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(staged) + KernelConfig::kDecodeStagedRowBytes);
+    for (int32_t r = 0; r < rows; ++r)
+      stage_combined_row(p, in.layer, b0 + r, reinterpret_cast<__nv_bfloat16*>(staged) + int64_t(r) * t.k, scratch,
+                         KernelConfig::kDecodeWeightRingBytes, consumer_thread);
     return;
   }
   const uint4* weight = reinterpret_cast<const uint4*>(t.norm_weight);
