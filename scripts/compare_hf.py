@@ -201,13 +201,13 @@ def build_and_save(spec, directory, overrides=None):
     return label, saved, config_json
 
 
-def load_hf(directory, dtype, device="cuda"):
+def load_hf(directory, dtype, device="cuda", attention="eager"):
     from transformers import LlamaForCausalLM
 
     # transformers 5 calls the argument `dtype`; older 4.x only knows `torch_dtype` and may silently ignore `dtype`.
     for key in ("dtype", "torch_dtype"):
         try:
-            model = LlamaForCausalLM.from_pretrained(str(directory), attn_implementation="eager", **{key: dtype})
+            model = LlamaForCausalLM.from_pretrained(str(directory), attn_implementation=attention, **{key: dtype})
         except TypeError:
             continue
         if all(parameter.dtype == dtype for parameter in model.parameters()):

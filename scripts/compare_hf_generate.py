@@ -99,13 +99,14 @@ def mk_eos_view(directory):
     return []
 
 
-def save_model(spec, directory):
-    """A random bf16 model by save_pretrained, with a generation_config.json that mk and HF read alike."""
+def save_model(spec, directory, config=CONFIG):
+    """A random bf16 model by save_pretrained, with a generation_config.json that mk and HF read alike. config:
+    LlamaConfig arguments, SPECIAL_TOKENS among them."""
     from transformers import GenerationConfig
 
     shutil.rmtree(directory, ignore_errors=True)
     directory.mkdir(parents=True)
-    compare_hf.build_and_save(spec, directory, CONFIG)
+    compare_hf.build_and_save(spec, directory, config)
     if not (directory / "generation_config.json").exists():
         GenerationConfig(**SPECIAL_TOKENS).save_pretrained(str(directory))
     model = compare_hf.load_hf(directory, torch.bfloat16, device="cpu")
@@ -140,7 +141,7 @@ def hf_generate(model, prompts, new_tokens):
 def teacher_forced(model, prompt, new, new_tokens):
     """Logits (steps, vocab) of the model run on prompt + new at the positions that predict each new token."""
     with torch.no_grad():
-        logits = model(input_ids=torch.tensor([prompt + new]), use_cache=False).logits[0].float()
+        logits = model(input_ids=torch.tensor([prompt + new], device=model.device), use_cache=False).logits[0].float()
     return logits[len(prompt) - 1:len(prompt) - 1 + new_tokens]
 
 
@@ -157,9 +158,10 @@ def mk_logits(mk, directory, sequence, new_tokens, prompt_length, timeout):
     return logits[prompt_length - 1:prompt_length - 1 + new_tokens]
 
 
-def run_mk(command, timeout):
+def run_mk(command, timeout, echo=True):
     command = [str(part) for part in command]
-    print("$ " + " ".join(command), flush=True)
+    if echo:
+        print("$ " + " ".join(command), flush=True)
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -176,12 +178,18 @@ def rel_l2(a, b):
 def margins_and_noise(bf16, fp32, ours):
     """Per step and token j (steps, vocab): HF's bf16 margin l16[t] - l16[j] of its token t over j, and the noise
     on it, |e[t] - e[j]| + 2 delta, e = l16 - l32 the bf16 error on the same tokens, delta = max |mk - l32|."""
-    bf16, fp32, ours = bf16.double(), fp32.double(), ours.double()
+    delta = (ours.double() - fp32.double()).abs().max(dim=-1, keepdim=True).values
+    margin, noise = margins_within(bf16, fp32, delta)
+    return margin, noise, delta.max().item()
+
+
+def margins_within(bf16, fp32, delta):
+    """margins_and_noise for an engine known only to stay within delta (steps, 1) of fp32 at each step."""
+    bf16, fp32 = bf16.double(), fp32.double()
     top = bf16.argmax(dim=-1, keepdim=True)
     error = bf16 - fp32
-    delta = (ours - fp32).abs().max(dim=-1, keepdim=True).values
     margin = (bf16.gather(1, top) - bf16).scatter(1, top, float("inf"))
-    return margin, (error.gather(1, top) - error).abs() + 2 * delta, delta.max().item()
+    return margin, (error.gather(1, top) - error).abs() + 2 * delta.double()
 
 
 def build_reference(mk, case, directory, new_tokens, timeout):
@@ -240,6 +248,19 @@ def mk_generate(mk, engine, directory, prompts, new_tokens, timeout):
     return made
 
 
+def first_difference(reference, b, tokens, start=0):
+    """Sequence b's tokens, made from step `start` on, against the reference's: (steps compared, None) if they all
+    match, else (steps up to and including the first difference, that step's entry). The entry's margin is the
+    reference's over the token made; at or below its noise the difference is a near-tie, else a mismatch."""
+    for step in range(start, min(len(reference.tokens[b]), start + len(tokens))):
+        got, want = tokens[step - start], reference.tokens[b][step]
+        if got != want:
+            margin, noise = reference.margin[b, step, got].item(), reference.noise[b, step, got].item()
+            return step - start + 1, {"sequence": b, "step": step, "mk": got, "hf": want, "margin": margin,
+                                      "noise": noise}
+    return min(len(reference.tokens[b]) - start, len(tokens)), None
+
+
 def compare_engine(mk, engine, directory, reference, new_tokens, timeout):
     """mk's tokens against HF's, restarting from HF's path after each near-tie divergence."""
     batch = len(reference.prompts)
@@ -254,21 +275,17 @@ def compare_engine(mk, engine, directory, reference, new_tokens, timeout):
             result["first_run"] = made
         still = []
         for b, tokens in zip(pending, made):
-            for step in range(start[b], new_tokens):
-                got, want = tokens[step - start[b]], reference.tokens[b][step]
-                result["compared"] += 1
-                if got == want:
-                    result["matched"] += 1
-                    continue
-                margin, noise = reference.margin[b, step, got].item(), reference.noise[b, step, got].item()
-                entry = {"sequence": b, "step": step, "mk": got, "hf": want, "margin": margin, "noise": noise}
-                if margin <= noise:
-                    result["near_tie_divergences"].append(entry)
-                    start[b] = step + 1
-                    still += [b] if start[b] < new_tokens else []
-                else:
-                    result["mismatches"].append(entry)
-                break
+            compared, entry = first_difference(reference, b, tokens, start[b])
+            result["compared"] += compared
+            result["matched"] += compared - (entry is not None)
+            if entry is None:
+                continue
+            if entry["margin"] <= entry["noise"]:
+                result["near_tie_divergences"].append(entry)
+                start[b] = entry["step"] + 1
+                still += [b] if start[b] < new_tokens else []
+            else:
+                result["mismatches"].append(entry)
         pending = still
     return result
 
