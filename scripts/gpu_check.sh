@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: configure, build with all cores, then run the requested steps, logging into a folder.
-# Usage: scripts/gpu_check.sh OUT_DIR [steps...]   steps: smoke tests decode trace hf bench sanitize sass
+# Usage: scripts/gpu_check.sh OUT_DIR [steps...]
+#        steps: smoke tests decode bench_decode trace hf bench sanitize sass
 # (run scripts/prepare_gpu_deps.sh here first and carry .gpu-deps: the GPU machine cannot install PCRE2)
 #        (default: all but sanitize)
 set -uo pipefail
@@ -69,6 +70,9 @@ for s in $steps; do
       step decode-1b timeout 600 "$build/mk" generate --preset llama-3.2-1b --engine gpu \
         --prompt-ids "$(seq -s, 1 896)" --max-new-tokens 128 --max-context 1024 --stream none \
         --trace "$out/trace-decode-1b.json"
+      ;;
+    bench_decode)
+      step bench-decode timeout 900 python3 "$root/bench/bench_decode.py" --mk "$build/mk" --out "$out/decode"
       ;;
     hf)
       step hf timeout 600 python3 "$root/scripts/compare_hf.py" --mk "$build/mk" --work /tmp/mk-hf
