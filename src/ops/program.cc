@@ -33,11 +33,10 @@ constexpr Step kPrefillLayer[] = {
 // Decode: one token per sequence. Generation needs an embedding and an LM head (checked by the graph), so every step
 // applies.
 constexpr Step kDecodeBefore[] = {{Opcode::kEmbed, always}};
-// NOTE: o_proj combines the attention partials itself (decode_o_proj_combine): decode_combine then decode_o_proj
-// cost one more dependent hop a layer for the same bits.
 constexpr Step kDecodeLayer[] = {
-    {Opcode::kDecodeQ, always},          {Opcode::kDecodeKv, always},     {Opcode::kDecodeAttention, always},
-    {Opcode::kDecodeOProjCombine, always}, {Opcode::kDecodeGateUp, always}, {Opcode::kDecodeDown, always},
+    {Opcode::kDecodeQ, always},       {Opcode::kDecodeKv, always},     {Opcode::kDecodeAttention, always},
+    {Opcode::kDecodeCombine, always}, {Opcode::kDecodeOProj, always},  {Opcode::kDecodeGateUp, always},
+    {Opcode::kDecodeDown, always},
 };
 constexpr Step kDecodeAfter[] = {{Opcode::kFinalNorm, always}, {Opcode::kDecodeLmHead, always}, {Opcode::kSample, always}};
 

@@ -62,11 +62,12 @@ TEST(DecodeGraph, RegionsOfTheTinyDecodeStep) {
               ElementsAre("write attn_partial[0] rows [3,4) cols [136,272)", "read q[0] rows [1,2) cols [128,256)",
                           "read kv_cache[0] rows [256,512) cols [64,128)",
                           "read kv_cache[0] rows [256,512) cols [192,256)", "read positions rows [1,2) cols [0,1)"));
-  // o_proj combines every head's partials of its rows itself.
-  EXPECT_THAT(regions_of(graph, Opcode::kDecodeOProjCombine, 0, 0, 16),
-              ElementsAre("write hidden_mid[0] rows [0,2) cols [16,32)",
-                          "read attn_partial[0] rows [0,4) cols [0,272)", "read hidden[0] rows [0,2) cols [16,32)",
+  EXPECT_THAT(regions_of(graph, Opcode::kDecodeCombine, 0, 0, 128),
+              ElementsAre("write attn[0] rows [0,2) cols [128,256)", "read attn_partial[0] rows [0,4) cols [136,272)",
                           "read positions rows [0,2) cols [0,1)"));
+  EXPECT_THAT(regions_of(graph, Opcode::kDecodeOProj, 0, 0, 16),
+              ElementsAre("write hidden_mid[0] rows [0,2) cols [16,32)", "read attn[0] rows [0,2) cols [0,256)",
+                          "read hidden[0] rows [0,2) cols [16,32)"));
   EXPECT_THAT(regions_of(graph, Opcode::kSample, kNoLayer, 1, 0),
               ElementsAre("write sampled rows [1,2) cols [0,1)", "read logits rows [1,2) cols [0,384)",
                           "read positions rows [1,2) cols [0,1)"));
@@ -182,7 +183,7 @@ TEST(DecodeGraph, ALlama1BStepSpreadsOverEverySm) {
   for (const Task& t : graph.tasks())
     if (t.layer == 0) ++tasks_of_layer_0[t.opcode];
   EXPECT_EQ(tasks_of_layer_0[Opcode::kDecodeQ] + tasks_of_layer_0[Opcode::kDecodeKv], 3072 / 16);
-  EXPECT_EQ(tasks_of_layer_0[Opcode::kDecodeOProjCombine], 2048 / 16);
+  EXPECT_EQ(tasks_of_layer_0[Opcode::kDecodeOProj], 2048 / 16);
   EXPECT_EQ(tasks_of_layer_0[Opcode::kDecodeGateUp], 8192 / 32);
   EXPECT_EQ(tasks_of_layer_0[Opcode::kDecodeDown], 2048 / 16);
   EXPECT_EQ(tasks_of_layer_0[Opcode::kDecodeAttention], 8 * 8) << "8 kv heads x 8 blocks of 1024 positions";
