@@ -89,3 +89,15 @@ def test_bad_ids_on_the_device(tiny, torch):
 def test_trace_on_the_gpu(tiny, tmp_path):
     summary = tiny.trace(tokens(2, 128, seed=3), tmp_path / "trace.json", engine="gpu")
     assert "trace (gpu)" in summary and (tmp_path / "trace.json").stat().st_size > 0
+
+
+def test_generate_on_the_gpu_equals_mk_generate(tiny, run_mk):
+    """Generation on the megakernel from Python: the same greedy tokens as `mk generate --engine gpu` for a ragged
+    batch, and the streaming iterator gives generate's tokens one step at a time."""
+    prompts = [[1, 2, 3, 4, 5], [7, 8]]
+    new_ids = tiny.generate(prompts, 12, engine="gpu")
+    output = run_mk("generate", "--preset", "tiny", "--engine", "gpu", "--prompt-ids", "1,2,3,4,5;7,8",
+                    "--max-new-tokens", "12")
+    expected = [[int(t) for t in line.split()[1:]] for line in output.splitlines() if line.startswith("tokens: ")]
+    assert [prompt + ids for prompt, ids in zip(prompts, new_ids)] == expected
+    assert list(tiny.stream([7, 8], 12, engine="gpu")) == tiny.generate([7, 8], 12, engine="gpu")
