@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: configure, build with all cores, then run the requested steps, logging into a folder.
 # Usage: scripts/gpu_check.sh OUT_DIR [steps...]
-#        steps: smoke tests decode bench_decode trace hf bench sanitize sass
+#        steps: smoke tests decode bench_decode hf_generate text sanitize_decode trace hf bench sanitize sass
 # (run scripts/prepare_gpu_deps.sh here first and carry .gpu-deps: the GPU machine cannot install PCRE2)
 #        (default: all but sanitize)
 set -uo pipefail
@@ -70,6 +70,20 @@ for s in $steps; do
       step decode-1b timeout 600 "$build/mk" generate --preset llama-3.2-1b --engine gpu \
         --prompt-ids "$(seq -s, 1 896)" --max-new-tokens 128 --max-context 1024 --stream none \
         --trace "$out/trace-decode-1b.json"
+      ;;
+    hf_generate)
+      step hf-generate timeout 600 python3 "$root/scripts/compare_hf_generate.py" --mk "$build/mk" \
+        --work /tmp/mk-hf-generate --engines gpu
+      ;;
+    text)
+      # Text in, text out on the GPU: a small random Llama with the llama3 tokenizer fixture (the text is noise).
+      step text bash -c "python3 '$root/scripts/make_text_model.py' --out /tmp/mk-text &&
+                         '$build/mk' generate --model /tmp/mk-text --engine gpu --prompt 'Hello world' \
+                           --max-new-tokens 24"
+      ;;
+    sanitize_decode)
+      step sanitize-decode timeout 600 compute-sanitizer --tool memcheck --error-exitcode 1 \
+        "$build/mk" generate --preset tiny --engine gpu --prompt-ids '1,2,3,4,5;6,7' --max-new-tokens 8
       ;;
     bench_decode)
       step bench-decode timeout 900 python3 "$root/bench/bench_decode.py" --mk "$build/mk" --out "$out/decode"

@@ -196,6 +196,11 @@ cudaError_t prepare_megakernel() {
   return cudaFuncSetAttribute(megakernel, cudaFuncAttributeMaxDynamicSharedMemorySize, KernelConfig::kSmemBytes);
 }
 
+cudaError_t megakernel_ctas_per_sm(int* ctas) {
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas, megakernel, KernelConfig::kThreads,
+                                                       KernelConfig::kSmemBytes);
+}
+
 cudaError_t launch_megakernel(const MegakernelParams& params, int grid_size, cudaStream_t stream) {
   megakernel<<<grid_size, KernelConfig::kThreads, KernelConfig::kSmemBytes, stream>>>(params);
   return cudaGetLastError();

@@ -9,6 +9,8 @@ namespace mk::gpu {
 
 // Raises the kernel's dynamic shared-memory limit to what KernelConfig needs.
 cudaError_t prepare_megakernel();
+// How many CTAs of the megakernel fit on one SM at once (after prepare_megakernel): a persistent launch needs >= 1.
+cudaError_t megakernel_ctas_per_sm(int* ctas);
 // Launches one persistent CTA per SM of the schedule (grid_size), KernelConfig::kThreads threads each.
 cudaError_t launch_megakernel(const MegakernelParams& params, int grid_size, cudaStream_t stream);
 

@@ -47,6 +47,15 @@ struct GpuEngine::Impl {
 
 namespace {
 
+// A failed launch or kernel leaves the CUDA context unusable (a sticky error), and with it the engine: every later
+// call says so, and this message names the error.
+void check_kernel(bool& broken, cudaError_t status, const char* what) {
+  if (status == cudaSuccess) return;
+  broken = true;
+  throw Error(fmt::format("gpu engine: {} failed: {} ({}); the engine is unusable", what, cudaGetErrorName(status),
+                          cudaGetErrorString(status)));
+}
+
 // What the decode handlers (src/cuda/device/ops/decode_*.cuh) serve, checked before anything is allocated.
 void check_decode_limits(const Graph& graph) {
   const ModelConfig& c = graph.config();
@@ -88,6 +97,12 @@ GpuEngine::GpuEngine(const Graph& graph, const Schedule& schedule, const ModelWe
   // default stream, which a blocking stream waits for before each launch.
   check_cuda(cudaStreamCreate(&impl.stream), "creating a stream");
   check_cuda(gpu::prepare_megakernel(), "raising the megakernel's shared memory limit");
+  int ctas_per_sm = 0;
+  check_cuda(gpu::megakernel_ctas_per_sm(&ctas_per_sm), "querying the megakernel's occupancy");
+  MK_CHECK(ctas_per_sm >= 1,
+           "gpu engine: a megakernel CTA ({} threads, {} KB of shared memory) cannot be resident on an SM of {}: a "
+           "persistent launch needs every CTA resident at once",
+           KernelConfig::kThreads, KernelConfig::kSmemBytes / 1024, info.name);
   const MegakernelParams* shared = nullptr;
   if (options.weights_of != nullptr) {
     const Impl& source = *options.weights_of->impl_;
@@ -125,6 +140,7 @@ GpuEngine::~GpuEngine() = default;
 
 void GpuEngine::set_input(const ref::ModelInput& input) {
   Impl& impl = *impl_;
+  MK_CHECK(!impl.broken, "gpu engine: unusable after an earlier device error");
   const ModelConfig& c = impl.graph.config();
   MK_CHECK(input.shape.batch == impl.graph.shape().batch && input.shape.seq_len == impl.graph.shape().seq_len,
            "gpu engine: input of batch {} x seq {} for an engine built for batch {} x seq {}", input.shape.batch,
@@ -177,7 +193,8 @@ std::vector<float> GpuEngine::time_runs(int launches) {
     }
     impl.params.epoch += 1;
     check_cuda(cudaEventRecord(start, impl.stream), "recording an event");
-    check_cuda(gpu::launch_megakernel(impl.params, impl.num_sms, impl.stream), "launching the megakernel");
+    check_kernel(impl.broken, gpu::launch_megakernel(impl.params, impl.num_sms, impl.stream),
+                 "launching the megakernel");
     check_cuda(cudaEventRecord(stop, impl.stream), "recording an event");
     // Watchdog: the kernel bounds every wait itself; if it still does not finish, no recovery is possible.
     const auto deadline = std::chrono::steady_clock::now() +
@@ -199,9 +216,10 @@ std::vector<float> GpuEngine::time_runs(int launches) {
         std::this_thread::sleep_for(std::chrono::microseconds(20));
       }
     }
-    check_cuda(status, "running the megakernel");
+    check_kernel(impl.broken, status, "running the megakernel");
     gpu::DeviceError error{};
-    check_cuda(cudaMemcpy(&error, impl.params.error, sizeof(error), cudaMemcpyDeviceToHost), "reading the error slot");
+    check_kernel(impl.broken, cudaMemcpy(&error, impl.params.error, sizeof(error), cudaMemcpyDeviceToHost),
+                 "reading the error slot");
     if (error.kind != gpu::kErrorNone) {
       impl.broken = true;
       const std::string task =

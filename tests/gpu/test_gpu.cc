@@ -140,6 +140,27 @@ TEST_F(Gpu, MissingSignalIsReportedNamingTheWait) {
   EXPECT_THAT([&] { gpu.run(); }, testing::ThrowsMessage<Error>(HasSubstr("unusable")));
 }
 
+TEST_F(Gpu, AFaultInTheKernelNamesTheErrorAndLeavesTheEngineUnusable) {
+  const ModelConfig config = find_preset("tiny").config;
+  const RunShape shape{1, 64};
+  const Graph graph(config, shape);
+  Schedule schedule = schedule_for(graph);
+  // An embedding task pointed 2^30 rows past its buffers: its loads fault, a sticky error of the CUDA context.
+  for (Instruction& in : schedule.instructions) {
+    if (in.opcode != Opcode::kEmbed) continue;
+    in.row_begin = 1 << 30;
+    in.row_end = in.row_begin + 1;
+    break;
+  }
+  GpuEngine gpu(graph, schedule, random_weights(config, 1), {.stall_timeout_s = 1.0, .verify = false});
+  gpu.set_input(ref::random_input(config, shape, 2));
+  EXPECT_THAT([&] { gpu.run(); },
+              testing::ThrowsMessage<Error>(HasSubstr("running the megakernel failed: cudaError")));
+  EXPECT_THAT([&] { gpu.run(); }, testing::ThrowsMessage<Error>(HasSubstr("unusable")));
+  EXPECT_THAT([&] { gpu.set_input(ref::random_input(config, shape, 3)); },
+              testing::ThrowsMessage<Error>(HasSubstr("unusable")));
+}
+
 TEST_F(Gpu, RefusesWhatItCannotServe) {
   ModelConfig config = small_config(256, 512, 4, 2, 64, true, true);
   config.vocab_size = 1001;
