@@ -215,7 +215,8 @@ __device__ __forceinline__ void run_decode_combine(const MegakernelParams& p, co
   const int32_t width = in.col_end - in.col_begin;
   for (int32_t i = consumer_thread; i < (in.row_end - in.row_begin) * width; i += KernelConfig::kConsumerThreads) {
     const int32_t b = in.row_begin + i / width, col = in.col_begin + i % width;
-    p.attn[(int64_t(in.layer) * d.batch + b) * d.q_dim + col] = __float2bfloat16_rn(combine_partials(p, in.layer, b, col));
+    const float value = combine_partials(p, in.layer, b, col);
+    p.attn[(int64_t(in.layer) * d.batch + b) * d.q_dim + col] = __float2bfloat16_rn(value);
   }
 }
 
