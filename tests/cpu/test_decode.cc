@@ -230,6 +230,10 @@ TEST(Generate, BadArgumentsAreClearErrors) {
   EXPECT_THAT(error_of([&] { make_reference_decoder(weights, bad); }),
               HasSubstr("max context 2048 exceeds the model's max_position_embeddings 1024"));
   EXPECT_THAT(error_of([&] { make_decoder("tpu", weights, setup_for(1, 8)); }), HasSubstr("unknown engine 'tpu'"));
+  EXPECT_THAT(error_of([&] { engine->trace_step({1}, {0}, "unused.json"); }),
+              HasSubstr("tracing a decode step needs the gpu engine"));
+  EXPECT_EQ(resolve_decode_engine("auto"), query_gpu().usable ? "gpu" : "cpu-vm");
+  EXPECT_EQ(resolve_decode_engine("reference"), "reference");
   if (!query_gpu().usable) {  // where there is one, tests/gpu covers it
     EXPECT_THAT(error_of([&] { make_decoder("gpu", weights, setup_for(1, 8)); }),
                 HasSubstr("gpu engine: " + query_gpu().reason));
