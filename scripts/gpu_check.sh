@@ -86,7 +86,9 @@ for s in $steps; do
         "$build/mk" generate --preset tiny --engine gpu --prompt-ids '1,2,3,4,5;6,7' --max-new-tokens 8
       ;;
     bench_decode)
-      step bench-decode timeout 900 python3 "$root/bench/bench_decode.py" --mk "$build/mk" --out "$out/decode" ${BENCH_DECODE_ARGS:-}
+      # BENCH_DECODE_ARGS: extra flags, split on spaces (sweep specs join their words with _)
+      step bench-decode timeout 900 python3 "$root/bench/bench_decode.py" --mk "$build/mk" --out "$out/decode" \
+        ${BENCH_DECODE_ARGS:-}
       ;;
     hf)
       step hf timeout 600 python3 "$root/scripts/compare_hf.py" --mk "$build/mk" --work /tmp/mk-hf
