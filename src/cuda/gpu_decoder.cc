@@ -16,10 +16,9 @@ namespace {
 
 using namespace decode_inputs;
 
-Schedule verified_schedule(const Graph& graph, const DecodeSetup& setup, int32_t sm_count) {
-  Schedule schedule = make_schedule(graph, derive_dependencies(graph), setup.policy, sm_count);
-  verify_schedule(graph, schedule);
-  return schedule;
+// The GpuEngine each schedule goes to verifies it (GpuOptions::verify).
+Schedule schedule_of(const Graph& graph, const DecodeSetup& setup, int32_t sm_count) {
+  return make_schedule(graph, derive_dependencies(graph), setup.policy, sm_count);
 }
 
 // Every layer's cache, stacked as the decode pass's buffer table stacks kv_cache.
@@ -35,14 +34,14 @@ class GpuDecoder final : public DecodeEngine {
         setup_(checked(weights.config, setup)),
         sm_count_(query_gpu().sm_count),
         decode_graph_(weights.config, decode_shape(setup)),
-        decode_schedule_(verified_schedule(decode_graph_, setup_, sm_count_)),
+        decode_schedule_(schedule_of(decode_graph_, setup_, sm_count_)),
         cache_(allocate_cache(cache_arena_, decode_graph_)),
         decode_(decode_graph_, decode_schedule_, weights, options()) {}
 
   void prefill(const std::vector<int32_t>& tokens, int64_t seq_len) override {
     const ref::ModelInput input = prefill_input(setup_, tokens, seq_len);
     const Graph graph(weights_.config, input.shape);
-    const Schedule schedule = verified_schedule(graph, setup_, sm_count_);
+    const Schedule schedule = schedule_of(graph, setup_, sm_count_);
     GpuOptions prefill_options = options();
     prefill_options.weights_of = &decode_;  // its RoPE table covers the whole cache
     GpuEngine engine(graph, schedule, weights_, prefill_options);

@@ -43,6 +43,8 @@ struct GpuEngine::Impl {
     if (stream != nullptr) cudaStreamDestroy(stream);
   }
   void upload_schedule(const Schedule& schedule);
+  // After a device error (a stall report or a sticky CUDA error) the engine refuses all further work.
+  void check_usable() const { MK_CHECK(!broken, "gpu engine: unusable after an earlier device error"); }
 };
 
 namespace {
@@ -140,7 +142,7 @@ GpuEngine::~GpuEngine() = default;
 
 void GpuEngine::set_input(const ref::ModelInput& input) {
   Impl& impl = *impl_;
-  MK_CHECK(!impl.broken, "gpu engine: unusable after an earlier device error");
+  impl.check_usable();
   const ModelConfig& c = impl.graph.config();
   MK_CHECK(input.shape.batch == impl.graph.shape().batch && input.shape.seq_len == impl.graph.shape().seq_len,
            "gpu engine: input of batch {} x seq {} for an engine built for batch {} x seq {}", input.shape.batch,
@@ -164,7 +166,7 @@ void GpuEngine::set_input(const ref::ModelInput& input) {
 
 void GpuEngine::set_input_device(const void* data) {
   Impl& impl = *impl_;
-  MK_CHECK(!impl.broken, "gpu engine: unusable after an earlier device error");
+  impl.check_usable();
   const ModelConfig& c = impl.graph.config();
   gpu::check_device_pointer(data, "gpu engine: the input");
   const size_t tokens = size_t(impl.graph.shape().tokens());
@@ -181,7 +183,7 @@ void GpuEngine::run() { time_runs(1); }
 
 std::vector<float> GpuEngine::time_runs(int launches) {
   Impl& impl = *impl_;
-  MK_CHECK(!impl.broken, "gpu engine: unusable after an earlier device error");
+  impl.check_usable();
   std::vector<float> times;
   gpu::Event start_event, stop_event;
   cudaEvent_t start = start_event.get(), stop = stop_event.get();
@@ -328,7 +330,7 @@ ref::Matrix GpuEngine::output() const {
 
 void GpuEngine::copy_output_to_device(void* destination) const {
   const Impl& impl = *impl_;
-  MK_CHECK(!impl.broken, "gpu engine: unusable after an earlier device error");
+  impl.check_usable();
   gpu::check_device_pointer(destination, "gpu engine: the output destination");
   const Buffer& buffer = impl.graph.buffers()[impl.graph.output_buffer()];
   const size_t bytes = size_t(buffer.rows * buffer.cols) * sizeof(bf16);
@@ -346,7 +348,7 @@ std::vector<ref::Matrix> GpuEngine::buffers() const {
 }
 
 ref::Matrix GpuEngine::buffer(BufferRef ref) const {
-  MK_CHECK(!impl_->broken, "gpu engine: unusable after an earlier device error");
+  impl_->check_usable();
   const uint32_t id = impl_->graph.buffer_table().id(ref);
   return download_buffer(impl_->graph.buffers()[id], impl_->buffer_address[id]);
 }

@@ -19,13 +19,6 @@ bool bitwise_equal(const float* a, const float* b, int64_t n) {
   return std::memcmp(a, b, size_t(n) * sizeof(float)) == 0;
 }
 
-std::vector<int32_t> random_prompt(const ModelConfig& config, int64_t length, uint64_t seed) {
-  Random random(seed);
-  std::vector<int32_t> prompt(static_cast<size_t>(length));
-  for (int32_t& token : prompt) token = int32_t(random.next_u64() % uint64_t(config.vocab_size));
-  return prompt;
-}
-
 DecodeSetup setup_for(int64_t batch, int64_t max_context, int32_t num_sms = 7) {
   DecodeSetup setup;
   setup.batch = batch;

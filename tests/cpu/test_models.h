@@ -1,5 +1,8 @@
-// Small random model shapes and run shapes shared by the schedule, cpu-vm and op tests.
+// Small random model shapes, run shapes and prompts shared by the schedule, cpu-vm, op, decode and GPU tests.
 #pragma once
+
+#include <cstdint>
+#include <vector>
 
 #include "mk/model_config.h"
 #include "mk/random.h"
@@ -35,6 +38,14 @@ inline ModelConfig random_small_config(Random& random) {
 inline RunShape random_shape(Random& random, uint64_t max_batch, uint64_t max_seq_len) {
   const int64_t batch = int64_t(1 + random.next_u64() % max_batch);
   return {batch, int64_t(1 + random.next_u64() % max_seq_len)};
+}
+
+// `length` token ids drawn uniformly from the model's vocabulary.
+inline std::vector<int32_t> random_prompt(const ModelConfig& config, int64_t length, uint64_t seed) {
+  Random random(seed);
+  std::vector<int32_t> prompt(static_cast<size_t>(length));
+  for (int32_t& token : prompt) token = int32_t(random.next_u64() % uint64_t(config.vocab_size));
+  return prompt;
 }
 
 }  // namespace mk

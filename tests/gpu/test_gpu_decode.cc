@@ -8,18 +8,12 @@
 #include "mk/compare.h"
 #include "mk/generate.h"
 #include "mk/random.h"
+#include "../cpu/test_models.h"
 
 namespace mk {
 namespace {
 
 using ::testing::HasSubstr;
-
-std::vector<int32_t> random_prompt(const ModelConfig& config, int64_t length, uint64_t seed) {
-  Random random(seed);
-  std::vector<int32_t> prompt(static_cast<size_t>(length));
-  for (int32_t& token : prompt) token = int32_t(random.next_u64() % uint64_t(config.vocab_size));
-  return prompt;
-}
 
 // Row `row` of `from` appended to `to` (rows grow by one).
 void append_row(ref::Matrix& to, const ref::Matrix& from, int64_t row) {
