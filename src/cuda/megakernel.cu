@@ -135,6 +135,10 @@ __device__ __forceinline__ void run_consumers(const MegakernelParams& p, const S
         ok = false;
         break;
     }
+    // NOTE: each warpgroup's `ok` comes from its own barrier waits, so on an abort one warpgroup could leave while
+    // the other, its stages already landed, goes on to the next row-wise instruction and waits forever at a
+    // named barrier of all consumers (the watchdog's exit instead of the stall report). Both decide together.
+    if (!rowwise) ok = ptx::named_barrier_and(2, KernelConfig::kConsumerThreads, ok);
     if (!ok) return;
     if (rowwise) {
       // NOTE: stamped here rather than read back: a load of the trace slot would cost a trip to L2 per instruction.

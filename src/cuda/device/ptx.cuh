@@ -84,6 +84,22 @@ __device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence
 // Makes this thread's generic-proxy shared-memory writes visible to later async-proxy (TMA) reads of them.
 __device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
+// A named barrier over `threads` threads that also ANDs `value` across them: every thread gets the same answer.
+__device__ __forceinline__ bool named_barrier_and(uint32_t id, uint32_t threads, bool value) {
+  uint32_t result;
+  asm volatile(
+      "{\n"
+      "  .reg .pred in, out;\n"
+      "  setp.ne.u32 in, %1, 0;\n"
+      "  barrier.cta.red.and.pred out, %2, %3, in;\n"
+      "  selp.u32 %0, 1, 0, out;\n"
+      "}\n"
+      : "=r"(result)
+      : "r"(uint32_t(value)), "r"(id), "r"(threads)
+      : "memory");
+  return result != 0;
+}
+
 // 16 bytes global -> shared without registers (L1 bypassed); src_bytes 0 writes zeros and reads nothing.
 __device__ __forceinline__ void cp_async_16(void* shared, const void* global, uint32_t src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_address(shared)), "l"(global),
