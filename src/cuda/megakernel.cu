@@ -87,7 +87,11 @@ __device__ __forceinline__ void run_consumers(const MegakernelParams& p, const S
       if (i + 1 < end && is_decode_gemm(p.instructions[i + 1].opcode))
         prefetch_decode_weights(p, p.instructions[i + 1], consumer_thread);
     }
-    if (rowwise && !consumers_wait(p, s, in, site, consumer_thread)) return;
+    const bool weights_sent = is_decode_gemm(in.opcode) && early_weight_prologue(p, s, in, consumer_thread);
+    if (rowwise && !consumers_wait(p, s, in, site, consumer_thread)) {
+      ptx::cp_async_wait<0>();  // the early weight copies land before the CTA leaves
+      return;
+    }
     if (trace) trace[kTraceWaitsDone] = clock64();
     bool ok = true;
     switch (in.opcode) {
@@ -119,7 +123,7 @@ __device__ __forceinline__ void run_consumers(const MegakernelParams& p, const S
       case Opcode::kDecodeDown:
       case Opcode::kDecodeLmHead:
       case Opcode::kDecodeOProjCombine:
-        run_decode_gemm(p, s, in, consumer_thread);
+        run_decode_gemm(p, s, in, weights_sent, consumer_thread);
         break;
       case Opcode::kDecodeAttention:
         run_decode_attention(p, s, in, consumer_thread);

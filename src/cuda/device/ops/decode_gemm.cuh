@@ -220,29 +220,51 @@ __device__ __forceinline__ void issue_weight_step(const MegakernelParams& p, con
   }
 }
 
-// Every output pair of the task for staged rows [b0, b0 + rows), rows <= kRows: warp w takes pairs w, w + 8, ...,
-// their steps one stream.
+// One warp's stream of weight steps through its ring: warp w takes pairs w, w + 8, ..., their steps one stream.
+struct WeightStream {
+  int warp, lane;
+  int32_t steps_per_pair, steps;
+  uint4* own;  // this warp's kStepBuffers steps
+
+  __device__ __forceinline__ WeightStream(const DecodeGemmTask& t, uint4* ring, int consumer_thread) {
+    constexpr int kWarps = KernelConfig::kConsumerWarps;
+    warp = consumer_thread / 32;
+    lane = consumer_thread % 32;
+    const int32_t chunks = t.k / 8;
+    steps_per_pair = (chunks + kStepChunks * 32 - 1) / (kStepChunks * 32);
+    steps = (warp < t.pairs ? (t.pairs - warp + kWarps - 1) / kWarps : 0) * steps_per_pair;
+    own = ring + warp * kStepBuffers * kStepUint4s;
+  }
+  __device__ __forceinline__ int32_t pair_of(int32_t step) const {
+    return warp + step / steps_per_pair * KernelConfig::kConsumerWarps;
+  }
+  __device__ __forceinline__ void issue(const MegakernelParams& p, const Instruction& in, const DecodeGemmTask& t,
+                                        int32_t step) const {
+    if (step < steps)
+      issue_weight_step(p, in, t, pair_of(step), step % steps_per_pair, own + step % kStepBuffers * kStepUint4s, lane);
+    ptx::cp_async_commit();  // empty groups too: one group per step keeps the wait count exact
+  }
+  __device__ __forceinline__ void issue_prologue(const MegakernelParams& p, const Instruction& in,
+                                                 const DecodeGemmTask& t) const {
+    for (int32_t step = 0; step < kStepBuffers - 1; ++step) issue(p, in, t, step);
+  }
+};
+
+// Every output pair of the task for staged rows [b0, b0 + rows), rows <= kRows. `prologue_issued`: the stream's
+// first steps are already on their way (sent before the task's counter wait: weights depend on nothing).
 template <int kRows>
 __device__ __forceinline__ void decode_gemm_rows(const MegakernelParams& p, const Instruction& in,
                                                  const DecodeGemmTask& t, const uint4* staged, uint4* ring,
-                                                 int32_t b0, int32_t rows, int consumer_thread) {
-  constexpr int kWarps = KernelConfig::kConsumerWarps;
-  const int warp = consumer_thread / 32, lane = consumer_thread % 32;
-  const int32_t chunks = t.k / 8;
-  const int32_t steps_per_pair = (chunks + kStepChunks * 32 - 1) / (kStepChunks * 32);
-  const int32_t pairs = warp < t.pairs ? (t.pairs - warp + kWarps - 1) / kWarps : 0;
-  const int32_t steps = pairs * steps_per_pair;
-  uint4* own = ring + warp * kStepBuffers * kStepUint4s;
-  auto issue = [&](int32_t step) {
-    if (step < steps)
-      issue_weight_step(p, in, t, warp + step / steps_per_pair * kWarps, step % steps_per_pair,
-                        own + step % kStepBuffers * kStepUint4s, lane);
-    ptx::cp_async_commit();  // empty groups too: one group per step keeps the wait count exact
-  };
-  for (int32_t step = 0; step < kStepBuffers - 1; ++step) issue(step);
+                                                 int32_t b0, int32_t rows, bool prologue_issued,
+                                                 int consumer_thread) {
+  const WeightStream stream(t, ring, consumer_thread);
+  const int lane = stream.lane;
+  const int32_t chunks = t.k / 8, steps = stream.steps, steps_per_pair = stream.steps_per_pair;
+  uint4* own = stream.own;
+  if (!prologue_issued) stream.issue_prologue(p, in, t);
   float acc[kRows][2] = {};
   for (int32_t step = 0; step < steps; ++step) {
-    issue(step + kStepBuffers - 1);  // into the buffer the previous step used
+    stream.issue(p, in, t, step + kStepBuffers - 1);  // into the buffer the previous step used
     ptx::cp_async_wait<kStepBuffers - 1>();
     const uint4* buffer = own + step % kStepBuffers * kStepUint4s;
     const int32_t k_step = step % steps_per_pair;
@@ -259,7 +281,7 @@ __device__ __forceinline__ void decode_gemm_rows(const MegakernelParams& p, cons
       }
     }
     if (k_step + 1 < steps_per_pair) continue;
-    const int32_t pair = warp + step / steps_per_pair * kWarps;
+    const int32_t pair = stream.pair_of(step);
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       const float x0 = warp_sum(acc[r][0]), x1 = warp_sum(acc[r][1]);
@@ -293,8 +315,20 @@ __device__ __forceinline__ void prefetch_decode_weights(const MegakernelParams& 
 // A decode GEMM task: its batch rows in passes of up to kDecodeMaxRows, staged at the start of the (otherwise idle)
 // stage ring, the weight steps streamed through its end. NOTE: decode schedules have no TMA ops, so no producer is
 // using the ring.
+// The first steps of decode GEMM `in`'s weight stream, sent before its counter wait (weights depend on nothing), so
+// that a tile of ~64 KB of weights is mostly in shared memory when its inputs arrive. Not for
+// decode_o_proj_combine, whose staging uses the ring.
+__device__ __forceinline__ bool early_weight_prologue(const MegakernelParams& p, const SharedState& s,
+                                                      const Instruction& in, int consumer_thread) {
+  if (in.opcode == Opcode::kDecodeOProjCombine) return false;
+  const DecodeGemmTask t = decode_gemm_task(p, in);
+  const WeightStream stream(t, reinterpret_cast<uint4*>(s.stages + kStagedRowBytes), consumer_thread);
+  stream.issue_prologue(p, in, t);
+  return true;
+}
+
 __device__ __forceinline__ void run_decode_gemm(const MegakernelParams& p, const SharedState& s, const Instruction& in,
-                                                int consumer_thread) {
+                                                bool prologue_issued, int consumer_thread) {
   const DecodeGemmTask t = decode_gemm_task(p, in);
   uint4* staged = reinterpret_cast<uint4*>(s.stages);
   uint4* ring = reinterpret_cast<uint4*>(s.stages + kStagedRowBytes);
@@ -303,12 +337,13 @@ __device__ __forceinline__ void run_decode_gemm(const MegakernelParams& p, const
   for (int32_t b0 = t.batch_begin; b0 < t.batch_end; b0 += per_pass) {
     const int32_t rows = min(per_pass, t.batch_end - b0);
     stage_decode_rows(p, in, t, b0, rows, staged, inv_rms, consumer_thread);
+    const bool issued = prologue_issued && b0 == t.batch_begin;  // later passes stream the weights again
     if (rows == 1) {
-      decode_gemm_rows<1>(p, in, t, staged, ring, b0, rows, consumer_thread);
+      decode_gemm_rows<1>(p, in, t, staged, ring, b0, rows, issued, consumer_thread);
     } else if (rows == 2) {
-      decode_gemm_rows<2>(p, in, t, staged, ring, b0, rows, consumer_thread);
+      decode_gemm_rows<2>(p, in, t, staged, ring, b0, rows, issued, consumer_thread);
     } else {
-      decode_gemm_rows<kDecodeMaxRows>(p, in, t, staged, ring, b0, rows, consumer_thread);
+      decode_gemm_rows<kDecodeMaxRows>(p, in, t, staged, ring, b0, rows, issued, consumer_thread);
     }
     ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);  // the next pass restages
   }
