@@ -26,6 +26,10 @@ __device__ void run_producer(const MegakernelParams& p, const SharedState& s, ui
   OutputState output;
   const uint32_t begin = p.sm_begin[sm];
   const uint32_t end = p.sm_begin[sm + 1];
+  if (p.dims.decode) {
+    if (p.decode_lookahead_bytes > 0) prefetch_decode_weights_ahead(p, s, begin, end);
+    return;
+  }
   for (uint32_t i = begin; i < end; ++i) {
     const Instruction in = p.instructions[i];
     const bool attention = in.opcode == Opcode::kAttention;
@@ -71,24 +75,23 @@ __device__ __forceinline__ void run_consumers(const MegakernelParams& p, const S
   OutputState output;
   const uint32_t begin = p.sm_begin[sm];
   const uint32_t end = p.sm_begin[sm + 1];
+  // NOTE: on an abort, GEMM and attention waits fail in some threads while others' stages had landed. A thread
+  // leaving alone would hang the rest at the next all-consumer named barrier (the watchdog's exit instead of the
+  // stall report), and one skipping a wgmma would break its warpgroup's. So failed threads go on (every later wait
+  // fails at once; the tiles are garbage) to the next row-wise instruction, whose first barrier tells all to leave.
+  bool healthy = true;
   for (uint32_t i = begin; i < end; ++i) {
     const Instruction in = p.instructions[i];
     const Site site{sm, i - begin, in.task};
+    const bool gemm = is_gemm(in.opcode);
+    const bool rowwise = !gemm && in.opcode != Opcode::kAttention;
     uint64_t* trace = consumer_thread == 0 ? trace_slots(p, i) : nullptr;
     if (trace) trace[kTraceStart] = clock64();
     // NOTE: what consumers read through the stage ring and the output tile is ordered by their barriers (the
     // producer waited on the counters before loading); only row-wise ops read other SMs' results with plain loads.
-    const bool gemm = is_gemm(in.opcode);
-    const bool rowwise = !gemm && in.opcode != Opcode::kAttention;
-    // Decode: the weights of this SM's next tile start for L2 before this one's wait (only there: the read of the
-    // next instruction would delay a forward GEMM's first warp).
-    if (p.dims.decode && consumer_thread < 32) {
-      if (i == begin && is_decode_gemm(in.opcode)) prefetch_decode_weights(p, in, consumer_thread);
-      if (i + 1 < end && is_decode_gemm(p.instructions[i + 1].opcode))
-        prefetch_decode_weights(p, p.instructions[i + 1], consumer_thread);
-    }
+    if (p.dims.decode && consumer_thread == 0) *s.consumer_at = i;  // moves the producer's prefetch window
     const bool weights_sent = is_decode_gemm(in.opcode) && early_weight_prologue(p, s, in, consumer_thread);
-    if (rowwise && !consumers_wait(p, s, in, site, consumer_thread)) {
+    if (rowwise && !consumers_wait(p, s, in, site, consumer_thread, healthy)) {
       ptx::cp_async_wait<0>();  // the early weight copies land before the CTA leaves
       return;
     }
@@ -139,11 +142,8 @@ __device__ __forceinline__ void run_consumers(const MegakernelParams& p, const S
         ok = false;
         break;
     }
-    // NOTE: each warpgroup's `ok` comes from its own barrier waits, so on an abort one warpgroup could leave while
-    // the other, its stages already landed, goes on to the next row-wise instruction and waits forever at a
-    // named barrier of all consumers (the watchdog's exit instead of the stall report). Both decide together.
-    if (!rowwise) ok = ptx::named_barrier_and(2, KernelConfig::kConsumerThreads, ok);
-    if (!ok) return;
+    if (!ok && rowwise) return;
+    healthy &= ok;
     if (rowwise) {
       // NOTE: stamped here rather than read back: a load of the trace slot would cost a trip to L2 per instruction.
       if (trace) trace[kTraceMathDone] = clock64();
@@ -172,6 +172,7 @@ __global__ void __launch_bounds__(KernelConfig::kThreads, 1) megakernel(const __
   s.output_free = s.staged + 1;
   s.loaded = s.output_free + 1;
   s.flag = reinterpret_cast<volatile uint32_t*>(s.loaded + 1);
+  s.consumer_at = s.flag + 1;
 
   if (threadIdx.x == 0) {
     for (int i = 0; i < KernelConfig::kNumStages; ++i) {
@@ -181,6 +182,7 @@ __global__ void __launch_bounds__(KernelConfig::kThreads, 1) megakernel(const __
     ptx::mbarrier_init(s.staged, KernelConfig::kConsumerWarps);
     ptx::mbarrier_init(s.output_free, 1);
     ptx::mbarrier_init(s.loaded, 1);
+    *s.consumer_at = p.sm_begin[blockIdx.x];
     ptx::fence_mbarrier_init();
   }
   __syncthreads();

@@ -31,6 +31,7 @@ struct SharedState {
   uint64_t* output_free;     // the storer's TMA store has read the output tile
   uint64_t* loaded;          // a TMA load into the output tile has landed (a GEMM's residual, attention's Q)
   volatile uint32_t* flag;   // consumer broadcast: did the counter waits succeed
+  volatile uint32_t* consumer_at;  // decode: the instruction the consumers are at (for the producer's prefetch)
   __device__ __forceinline__ uint8_t* stage(uint32_t index) const { return stages + index * KernelConfig::kStageBytes; }
 };
 
@@ -101,12 +102,13 @@ __device__ __forceinline__ bool wait_barrier(const MegakernelParams& p, uint64_t
 }
 
 // All consumer threads: thread 0 waits on the instruction's counters (bounded) and tells the others, so that all
-// consumers go on, or leave on an abort, together.
+// consumers go on, or leave on an abort, together. `healthy`: this thread's warpgroup has seen no failed wait since
+// the last row-wise instruction; the barrier ANDs it over both warpgroups at no extra cost.
 __device__ __forceinline__ bool consumers_wait(const MegakernelParams& p, const SharedState& s, const Instruction& in,
-                                               Site site, int consumer_thread) {
+                                               Site site, int consumer_thread, bool healthy) {
   if (consumer_thread == 0) *s.flag = wait_all_counters(p, in, site) ? 1u : 0u;
-  ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
-  const bool ok = *s.flag != 0;
+  const bool all_healthy = ptx::named_barrier_and(1, KernelConfig::kConsumerThreads, healthy);
+  const bool ok = all_healthy && *s.flag != 0;
   // The flag is rewritten at the next instruction only after publish's barrier, which every thread passes after
   // reading it here.
   return ok;

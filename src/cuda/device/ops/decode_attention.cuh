@@ -228,6 +228,34 @@ __device__ __forceinline__ void keep_best(float& value, int32_t& id, float other
   }
 }
 
+// This thread's best (logit, id) of one row of logits: 16-byte loads, kSampleBatch of them in flight at once (one
+// scalar load at a time made the LM head's 128k logits a 60 us chain of round trips on one SM).
+constexpr int kSampleBatch = 8;
+__device__ __forceinline__ void best_of_row(const __nv_bfloat16* logits, int32_t vocab, int consumer_thread,
+                                            float& value, int32_t& id) {
+  constexpr int kThreads = KernelConfig::kConsumerThreads;
+  const int32_t chunks = vocab % 8 == 0 ? vocab / 8 : 0;  // rows are 16-byte aligned only then
+  const uint4* row = reinterpret_cast<const uint4*>(logits);
+  for (int32_t first = consumer_thread; first < chunks; first += kSampleBatch * kThreads) {
+    uint4 batch[kSampleBatch];
+#pragma unroll
+    for (int u = 0; u < kSampleBatch; ++u) {
+      const int32_t chunk = first + u * kThreads;
+      batch[u] = chunk < chunks ? __ldcg(row + chunk) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kSampleBatch; ++u) {
+      const int32_t chunk = first + u * kThreads;
+      const __nv_bfloat16* x = reinterpret_cast<const __nv_bfloat16*>(&batch[u]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e)
+        if (chunk < chunks) keep_best(value, id, __bfloat162float(x[e]), 8 * chunk + e);
+    }
+  }
+  for (int32_t i = 8 * chunks + consumer_thread; i < vocab; i += kThreads)
+    keep_best(value, id, __bfloat162float(__ldcg(logits + i)), i);
+}
+
 // sampled[rows] <- argmax of logits[rows] (greedy), ties to the lower id.
 __device__ __forceinline__ void run_sample(const MegakernelParams& p, const SharedState& s, const Instruction& in,
                                            int consumer_thread) {
@@ -239,8 +267,7 @@ __device__ __forceinline__ void run_sample(const MegakernelParams& p, const Shar
     const __nv_bfloat16* logits = p.logits + int64_t(b) * vocab;
     float value = -INFINITY;
     int32_t id = vocab;
-    for (int32_t i = consumer_thread; i < vocab; i += KernelConfig::kConsumerThreads)
-      keep_best(value, id, __bfloat162float(__ldcg(logits + i)), i);
+    best_of_row(logits, vocab, consumer_thread, value, id);
 #pragma unroll
     for (int offset = 16; offset > 0; offset /= 2)
       keep_best(value, id, __shfl_xor_sync(0xffffffff, value, offset), __shfl_xor_sync(0xffffffff, id, offset));

@@ -298,17 +298,42 @@ __device__ __forceinline__ bool is_decode_gemm(Opcode opcode) {
          opcode == Opcode::kDecodeOProjCombine;
 }
 
-// Asks L2 for the weight rows of decode GEMM `in` (weights depend on nothing), one row per lane of one warp at a
-// time, up to kDecodePrefetchBytes: an SM runs one tile ahead, so 132 SMs keep at most ~17 MB of L2 for it.
-constexpr int64_t kDecodePrefetchBytes = 128 << 10;
-__device__ __forceinline__ void prefetch_decode_weights(const MegakernelParams& p, const Instruction& in, int lane) {
+// Bytes of weights decode GEMM `in` streams; 0 for any other instruction.
+__device__ __forceinline__ int64_t decode_weight_bytes(const MegakernelParams& p, const Instruction& in) {
+  if (!is_decode_gemm(in.opcode)) return 0;
   const DecodeGemmTask t = decode_gemm_task(p, in);
-  const uint32_t row_bytes = uint32_t(t.k) * 2;
-  const int32_t pairs = min(t.pairs, int32_t(kDecodePrefetchBytes / (2 * row_bytes)));
-  for (int32_t pair = lane; pair < pairs; pair += 32) {
-    const int2 rows = decode_weight_rows(p, in, pair);
-    ptx::prefetch_l2_bulk(t.w + int64_t(rows.x) * t.k, row_bytes);
-    ptx::prefetch_l2_bulk(t.w + int64_t(rows.y) * t.k, row_bytes);
+  return int64_t(t.pairs) * 2 * t.k * 2;
+}
+
+// Decode, run by the producer thread (a decode pass has no TMA loads for it): asks L2 for the weights of this SM's
+// decode GEMMs [begin, end) in order, keeping up to decode_lookahead_bytes requested ahead of the instruction the
+// consumers are at. Weights depend on nothing, so HBM streams them while the SM waits on a dependency; the window
+// bounds how much of L2 the 132 SMs claim.
+__device__ __forceinline__ void prefetch_decode_weights_ahead(const MegakernelParams& p, const SharedState& s,
+                                                              uint32_t begin, uint32_t end) {
+  uint32_t next = begin;
+  while (next < end) {
+    const uint32_t at = *s.consumer_at;
+    next = max(next, at);
+    int64_t ahead = 0;
+    for (uint32_t j = at; j < next; ++j) ahead += decode_weight_bytes(p, p.instructions[j]);
+    const Instruction in = p.instructions[next];
+    const int64_t bytes = decode_weight_bytes(p, in);
+    if (ahead > 0 && ahead + bytes > p.decode_lookahead_bytes) {
+      if (aborting(p)) return;
+      __nanosleep(256);
+      continue;
+    }
+    if (bytes > 0) {
+      const DecodeGemmTask t = decode_gemm_task(p, in);
+      const uint32_t row_bytes = uint32_t(t.k) * 2;
+      for (int32_t pair = 0; pair < t.pairs; ++pair) {
+        const int2 rows = decode_weight_rows(p, in, pair);
+        ptx::prefetch_l2_bulk(t.w + int64_t(rows.x) * t.k, row_bytes);
+        ptx::prefetch_l2_bulk(t.w + int64_t(rows.y) * t.k, row_bytes);
+      }
+    }
+    ++next;
   }
 }
 
