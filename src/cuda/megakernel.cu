@@ -26,10 +26,6 @@ __device__ void run_producer(const MegakernelParams& p, const SharedState& s, ui
   OutputState output;
   const uint32_t begin = p.sm_begin[sm];
   const uint32_t end = p.sm_begin[sm + 1];
-  if (p.dims.decode) {
-    if (p.decode_lookahead_bytes > 0) prefetch_decode_weights_ahead(p, s, begin, end);
-    return;
-  }
   for (uint32_t i = begin; i < end; ++i) {
     const Instruction in = p.instructions[i];
     const bool attention = in.opcode == Opcode::kAttention;
@@ -89,7 +85,6 @@ __device__ __forceinline__ void run_consumers(const MegakernelParams& p, const S
     if (trace) trace[kTraceStart] = clock64();
     // NOTE: what consumers read through the stage ring and the output tile is ordered by their barriers (the
     // producer waited on the counters before loading); only row-wise ops read other SMs' results with plain loads.
-    if (p.dims.decode && consumer_thread == 0) *s.consumer_at = i;  // moves the producer's prefetch window
     const bool weights_sent = is_decode_gemm(in.opcode) && early_weight_prologue(p, s, in, consumer_thread);
     if (rowwise && !consumers_wait(p, s, in, site, consumer_thread, healthy)) {
       ptx::cp_async_wait<0>();  // the early weight copies land before the CTA leaves
@@ -172,7 +167,6 @@ __global__ void __launch_bounds__(KernelConfig::kThreads, 1) megakernel(const __
   s.output_free = s.staged + 1;
   s.loaded = s.output_free + 1;
   s.flag = reinterpret_cast<volatile uint32_t*>(s.loaded + 1);
-  s.consumer_at = s.flag + 1;
 
   if (threadIdx.x == 0) {
     for (int i = 0; i < KernelConfig::kNumStages; ++i) {
@@ -182,7 +176,6 @@ __global__ void __launch_bounds__(KernelConfig::kThreads, 1) megakernel(const __
     ptx::mbarrier_init(s.staged, KernelConfig::kConsumerWarps);
     ptx::mbarrier_init(s.output_free, 1);
     ptx::mbarrier_init(s.loaded, 1);
-    *s.consumer_at = p.sm_begin[blockIdx.x];
     ptx::fence_mbarrier_init();
   }
   __syncthreads();

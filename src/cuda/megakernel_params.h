@@ -102,8 +102,6 @@ struct MegakernelParams {
   uint32_t epoch;                   // 1 for the first launch, then 2, ...
   uint64_t stall_timeout_ns;
   DeviceError* error;
-  // Decode: how many bytes of weights the producer asks L2 for ahead of the instruction the consumers are at.
-  int64_t decode_lookahead_bytes;
 
   // Tracing, off when null: clock64 stamps per instruction (kTraceSlots each, see TraceSlot) and per SM
   // (globaltimer and clock64 at the start and the end, to turn clocks into a common time line).

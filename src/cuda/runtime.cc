@@ -76,18 +76,6 @@ void check_decode_limits(const Graph& graph) {
            "gpu engine: a decode input row of {} values does not fit the megakernel's shared memory", widest);
 }
 
-// Decode: bytes of weights each SM's producer keeps requested from L2 ahead of its consumers (132 SMs x 256 KB is
-// ~34 MB of the H200's 50 MB L2). MK_DECODE_LOOKAHEAD_KB overrides it for tuning runs (bench/, docs/perf.md).
-int64_t decode_lookahead_bytes() {
-  constexpr int64_t kDefaultKb = 256;
-  const char* text = std::getenv("MK_DECODE_LOOKAHEAD_KB");
-  if (text == nullptr || *text == '\0') return kDefaultKb << 10;
-  char* end = nullptr;
-  const long long kb = std::strtoll(text, &end, 10);
-  MK_CHECK(*end == '\0' && kb >= 0 && kb <= (1 << 20), "MK_DECODE_LOOKAHEAD_KB must be 0..1048576 KB, not '{}'", text);
-  return int64_t(kb) << 10;
-}
-
 }  // namespace
 
 GpuEngine::GpuEngine(const Graph& graph, const Schedule& schedule, const ModelWeights& weights,
@@ -129,7 +117,6 @@ GpuEngine::GpuEngine(const Graph& graph, const Schedule& schedule, const ModelWe
   impl.buffer_address = gpu::upload_model(impl.arena, graph, weights, options.kv_cache, shared, impl.params);
   impl.upload_schedule(schedule);
   impl.params.stall_timeout_ns = uint64_t(options.stall_timeout_s * 1e9);
-  impl.params.decode_lookahead_bytes = decode_lookahead_bytes();
   impl.params.epoch = 0;
 }
 

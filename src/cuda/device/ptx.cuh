@@ -113,11 +113,6 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
 }
 
-// Starts bringing [address, address + bytes) into L2 without waiting for it; both 16-byte aligned.
-__device__ __forceinline__ void prefetch_l2_bulk(const void* address, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(address), "r"(bytes) : "memory");
-}
-
 __device__ __forceinline__ uint32_t load_acquire(const uint32_t* address) {
   uint32_t value;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(value) : "l"(address) : "memory");

@@ -13,8 +13,10 @@ namespace mk::gpu {
 
 // NOTE: a decode tile is one or a few batch rows against tens of weight rows: far too thin for wgmma, and the whole
 // step is weight bytes / bandwidth. Each warp streams weight rows through shared memory with cp.async (below),
-// against the tile's input rows held there too (normalized once per tile). The weights of an SM's next decode GEMM
-// are prefetched into L2 while it waits for the current one's inputs.
+// against the tile's input rows held there too (normalized once per tile). A tile's first weight steps are sent
+// before it waits for its inputs. NOTE: asking L2 for weights further ahead (the next tile's, or up to 1 MB of an
+// SM's upcoming tiles from the idle producer thread) made steps slower, 1.35 -> 1.43-1.50 ms (docs/perf.md):
+// the prefetches delay the latency-bound tiles' own loads.
 constexpr int kDecodeMaxRows = 4;  // batch rows one pass holds; more rows take more passes over the same weights
 
 // One decode GEMM task: out (rows, pairs) from a (batch, k) @ w^T, two weight rows per output pair.
@@ -296,45 +298,6 @@ __device__ __forceinline__ bool is_decode_gemm(Opcode opcode) {
   return opcode == Opcode::kDecodeQ || opcode == Opcode::kDecodeKv || opcode == Opcode::kDecodeOProj ||
          opcode == Opcode::kDecodeGateUp || opcode == Opcode::kDecodeDown || opcode == Opcode::kDecodeLmHead ||
          opcode == Opcode::kDecodeOProjCombine;
-}
-
-// Bytes of weights decode GEMM `in` streams; 0 for any other instruction.
-__device__ __forceinline__ int64_t decode_weight_bytes(const MegakernelParams& p, const Instruction& in) {
-  if (!is_decode_gemm(in.opcode)) return 0;
-  const DecodeGemmTask t = decode_gemm_task(p, in);
-  return int64_t(t.pairs) * 2 * t.k * 2;
-}
-
-// Decode, run by the producer thread (a decode pass has no TMA loads for it): asks L2 for the weights of this SM's
-// decode GEMMs [begin, end) in order, keeping up to decode_lookahead_bytes requested ahead of the instruction the
-// consumers are at. Weights depend on nothing, so HBM streams them while the SM waits on a dependency; the window
-// bounds how much of L2 the 132 SMs claim.
-__device__ __forceinline__ void prefetch_decode_weights_ahead(const MegakernelParams& p, const SharedState& s,
-                                                              uint32_t begin, uint32_t end) {
-  uint32_t next = begin;
-  while (next < end) {
-    const uint32_t at = *s.consumer_at;
-    next = max(next, at);
-    int64_t ahead = 0;
-    for (uint32_t j = at; j < next; ++j) ahead += decode_weight_bytes(p, p.instructions[j]);
-    const Instruction in = p.instructions[next];
-    const int64_t bytes = decode_weight_bytes(p, in);
-    if (ahead > 0 && ahead + bytes > p.decode_lookahead_bytes) {
-      if (aborting(p)) return;
-      __nanosleep(256);
-      continue;
-    }
-    if (bytes > 0) {
-      const DecodeGemmTask t = decode_gemm_task(p, in);
-      const uint32_t row_bytes = uint32_t(t.k) * 2;
-      for (int32_t pair = 0; pair < t.pairs; ++pair) {
-        const int2 rows = decode_weight_rows(p, in, pair);
-        ptx::prefetch_l2_bulk(t.w + int64_t(rows.x) * t.k, row_bytes);
-        ptx::prefetch_l2_bulk(t.w + int64_t(rows.y) * t.k, row_bytes);
-      }
-    }
-    ++next;
-  }
 }
 
 // A decode GEMM task: its batch rows in passes of up to kDecodeMaxRows, staged at the start of the (otherwise idle)
