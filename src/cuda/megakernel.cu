@@ -85,9 +85,11 @@ __device__ __forceinline__ void run_consumers(const MegakernelParams& p, const S
     if (trace) trace[kTraceStart] = clock64();
     // NOTE: what consumers read through the stage ring and the output tile is ordered by their barriers (the
     // producer waited on the counters before loading); only row-wise ops read other SMs' results with plain loads.
+    // Decode: what depends on nothing in this launch (weights, older cache rows) starts before the wait.
     const bool weights_sent = is_decode_gemm(in.opcode) && early_weight_prologue(p, s, in, consumer_thread);
+    if (in.opcode == Opcode::kDecodeAttention) prestage_decode_attention(p, s, in, consumer_thread);
     if (rowwise && !consumers_wait(p, s, in, site, consumer_thread, healthy)) {
-      ptx::cp_async_wait<0>();  // the early weight copies land before the CTA leaves
+      ptx::cp_async_wait<0>();  // the early copies land before the CTA leaves
       return;
     }
     if (trace) trace[kTraceWaitsDone] = clock64();

@@ -69,7 +69,7 @@ void check_decode_limits(const Graph& graph) {
   // NOTE: decode ops stage their input rows in the stage ring, which is free only because no TMA op shares the
   // schedule.
   for (const Task& task : graph.tasks())
-    MK_CHECK(task.opcode >= Opcode::kKvAppend || task.opcode == Opcode::kEmbed || task.opcode == Opcode::kFinalNorm,
+    MK_CHECK(task.opcode >= Opcode::kKvAppend || task.opcode == Opcode::kEmbed,
              "internal error: a decode pass with the TMA op {}", opcode_name(task.opcode));
   const int64_t widest = std::max({c.d_model, c.q_dim(), c.d_ff});
   MK_CHECK(2 * widest <= KernelConfig::kDecodeStagedRowBytes,

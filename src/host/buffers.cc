@@ -27,6 +27,8 @@ bool forward_or_prefill(const ModelConfig&, PK pass) { return pass != PK::kDecod
 bool with_lm_head(const ModelConfig& c, PK pass) { return c.has_lm_head && pass != PK::kPrefill; }
 bool with_cache(const ModelConfig&, PK pass) { return pass != PK::kForward; }
 bool decode_only(const ModelConfig&, PK pass) { return pass == PK::kDecode; }
+// decode_lm_head normalizes its rows itself
+bool forward_with_lm_head(const ModelConfig& c, PK pass) { return c.has_lm_head && pass == PK::kForward; }
 bool never_host_written(const ModelConfig&, int32_t) { return false; }
 bool host_written(const ModelConfig&, int32_t) { return true; }
 
@@ -48,8 +50,8 @@ constexpr BufferKindInfo kKinds[] = {
      forward_or_prefill, never_host_written},
     {BufferKind::kAct, "act", Multiplicity::kPerLayer, ElementType::kBf16, [](const ModelConfig& c) { return c.d_ff; },
      token_rows, always, never_host_written},
-    {BufferKind::kFinalNorm, "final_norm", Multiplicity::kOne, ElementType::kBf16, d_model, token_rows, with_lm_head,
-     never_host_written},
+    {BufferKind::kFinalNorm, "final_norm", Multiplicity::kOne, ElementType::kBf16, d_model, token_rows,
+     forward_with_lm_head, never_host_written},
     {BufferKind::kLogits, "logits", Multiplicity::kOne, ElementType::kBf16,
      [](const ModelConfig& c) { return c.vocab_size; }, token_rows, with_lm_head, never_host_written},
     {BufferKind::kKvCache, "kv_cache", Multiplicity::kPerLayer, ElementType::kBf16,

@@ -191,9 +191,19 @@ struct DecodeDownOp : DecodeGemmOp<DecodeDownOp, DownOp> {
   static constexpr const char* kName = "decode_down";
 };
 
+// The final norm is fused: each tile normalizes hidden[n_layers] itself, one dependent phase fewer per step.
 struct DecodeLmHeadOp : DecodeGemmOp<DecodeLmHeadOp, LmHeadOp> {
   static constexpr Opcode kOpcode = Opcode::kDecodeLmHead;
   static constexpr const char* kName = "decode_lm_head";
+  static BufferRef input(const ModelConfig& c) { return {BK::kHidden, int32_t(c.n_layers)}; }
+  static void reads(const OpContext& ctx, const Task& t, TaskRegions& r) {
+    r.read(full_rows(ctx, input(ctx.config), t));
+  }
+  static void run_cpu(const CpuTile& cpu, const Task& t, ref::Matrix& out) {
+    const ref::Matrix normed =
+        normalized(cpu.in(input(cpu.config)), cpu.operands.weights.final_norm, cpu.config.rms_norm_eps, rows_of(t));
+    ref::linear_tile(normed, cpu.operands.lm_head, out, rows_of(t), cols_of(t));
+  }
 };
 
 }  // namespace mk::ops

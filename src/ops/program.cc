@@ -38,7 +38,7 @@ constexpr Step kDecodeLayer[] = {
     {Opcode::kDecodeCombine, always}, {Opcode::kDecodeOProj, always},  {Opcode::kDecodeGateUp, always},
     {Opcode::kDecodeDown, always},
 };
-constexpr Step kDecodeAfter[] = {{Opcode::kFinalNorm, always}, {Opcode::kDecodeLmHead, always}, {Opcode::kSample, always}};
+constexpr Step kDecodeAfter[] = {{Opcode::kDecodeLmHead, always}, {Opcode::kSample, always}};
 
 double device_bytes_of(const BufferTable& table, BufferRef ref) {
   return device_bytes(table.buffers()[table.id(ref)]);

@@ -34,7 +34,7 @@ TEST(DecodeGraph, BuffersOfEachPass) {
   // tiny: q_dim 256, kv_dim 128, 2 kv heads of 64; 2 KV blocks of 128 per sequence, one split each.
   EXPECT_THAT(names, ElementsAre("tokens 2x1", "hidden[0] 2x256", "hidden[1] 2x256", "hidden[2] 2x256", "attn[0] 2x256",
                                  "attn[1] 2x256", "hidden_mid[0] 2x256", "hidden_mid[1] 2x256", "act[0] 2x512",
-                                 "act[1] 2x512", "final_norm 2x256", "logits 2x384", "kv_cache[0] 512x256",
+                                 "act[1] 2x512", "logits 2x384", "kv_cache[0] 512x256",
                                  "kv_cache[1] 512x256", "q[0] 2x256", "q[1] 2x256", "attn_partial[0] 4x272",
                                  "attn_partial[1] 4x272", "positions 2x1", "sampled 2x1"));
   const BufferTable prefill(config, {2, 40, PassKind::kPrefill, 256});

@@ -1,6 +1,6 @@
 // Split-KV decode attention (one partial per KV block: unnormalized output, max and sum per query head; the block's
-// K and V staged in shared memory), the combine that merges a sequence's partials in block order, and greedy
-// sampling: run by the consumer warps with plain loads.
+// K and V staged in shared memory, its older keys before the counter wait), the combine that merges a sequence's
+// partials in block order, and greedy sampling: run by the consumer warps with plain loads.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -30,18 +30,70 @@ __device__ __forceinline__ float warp_max(float value) {
 // Row stride of the K block in shared memory: 16 bytes of padding spread the rows of consecutive keys over the banks.
 __device__ __forceinline__ int32_t k_stride(int32_t head_dim) { return head_dim + 8; }
 
-// The block's K (rows padded) and V rows of one kv head into shared memory: every 16-byte load in flight at once.
-__device__ __forceinline__ void stage_kv_block(const ModelDims& d, const __nv_bfloat16* k, int32_t keys,
-                                               __nv_bfloat16* k_block, __nv_bfloat16* v_block, int consumer_thread) {
-  const int32_t chunks = d.head_dim / 8;
+// Keys [key_begin, key_end) of a block's K (rows padded) and V for one kv head into shared memory with cp.async,
+// every 16-byte copy in flight at once, leaving out key `skip` (-1: none). The caller waits for the copies.
+__device__ __forceinline__ void stage_kv_rows(const ModelDims& d, const __nv_bfloat16* k, int32_t key_begin,
+                                              int32_t key_end, int32_t skip, __nv_bfloat16* k_block,
+                                              __nv_bfloat16* v_block, int consumer_thread) {
+  const int32_t chunks = d.head_dim / 8, keys = key_end - key_begin;
   for (int32_t i = consumer_thread; i < 2 * keys * chunks; i += KernelConfig::kConsumerThreads) {
     const bool value = i >= keys * chunks;
-    const int32_t j = value ? i - keys * chunks : i, key = j / chunks, chunk = j % chunks;
-    const uint4 packed =
-        __ldcg(reinterpret_cast<const uint4*>(k + int64_t(key) * 2 * d.kv_dim + (value ? d.kv_dim : 0)) + chunk);
+    const int32_t j = value ? i - keys * chunks : i, key = key_begin + j / chunks, chunk = j % chunks;
+    if (key == skip) continue;
+    const uint4* source =
+        reinterpret_cast<const uint4*>(k + int64_t(key) * 2 * d.kv_dim + (value ? d.kv_dim : 0)) + chunk;
     __nv_bfloat16* target = value ? v_block + key * d.head_dim : k_block + key * k_stride(d.head_dim);
-    reinterpret_cast<uint4*>(target)[chunk] = packed;
+    ptx::cp_async_16(reinterpret_cast<uint4*>(target) + chunk, source, 16);
   }
+}
+
+// Where a decode attention tile keeps q, scores, stats and the staged block in the (otherwise idle) stage ring.
+struct DecodeAttentionSmem {
+  float* q;                  // (G, head_dim)
+  float* scores;             // (G, kDecodeKvBlock)
+  float* stats;              // (G, 2): max, sum
+  __nv_bfloat16* k_block;    // (keys, k_stride)
+  __nv_bfloat16* v_block;    // (keys, head_dim)
+  __device__ __forceinline__ explicit DecodeAttentionSmem(const SharedState& s)
+      : q(reinterpret_cast<float*>(s.stages)),
+        scores(q + kMaxGroup * kMaxHeadDim),
+        stats(scores + kMaxGroup * kDecodeKvBlock),
+        k_block(reinterpret_cast<__nv_bfloat16*>(stats + 2 * kMaxGroup)),
+        v_block(k_block + kDecodeKvBlock * k_stride(kMaxHeadDim)) {}
+};
+
+// The keys of partial row `row` of a decode attention tile: block `first_key / kDecodeKvBlock`, `keys` of them
+// (0 for a block past the sequence's position).
+struct KvBlockKeys {
+  int32_t first_key;
+  int32_t keys;
+};
+__device__ __forceinline__ KvBlockKeys kv_block_keys(const ModelDims& d, const Instruction& in, int32_t row,
+                                                     int32_t position) {
+  const int32_t local = row - in.sequence * d.kv_splits * d.kv_blocks_per_split;
+  const int32_t block = (local % d.kv_blocks_per_split) * d.kv_splits + local / d.kv_blocks_per_split;
+  const int32_t first_key = block * kDecodeKvBlock;
+  return {first_key, block < d.kv_blocks ? min(kDecodeKvBlock, position + 1 - first_key) : 0};
+}
+
+// The cache's K of kv head in.head at `first_key` of the tile's sequence (V is kv_dim further along each row).
+__device__ __forceinline__ const __nv_bfloat16* cache_keys(const MegakernelParams& p, const Instruction& in,
+                                                           int32_t first_key) {
+  const ModelDims& d = p.dims;
+  return p.kv_cache + ((int64_t(in.layer) * d.batch + in.sequence) * d.max_context + first_key) * 2 * d.kv_dim +
+         in.head * d.head_dim;
+}
+
+// Before the tile's counter wait: its first block's K and V but the newest key, which this step's decode_kv writes;
+// the others were written by earlier steps and the prefill, so they depend on nothing in this launch.
+__device__ __forceinline__ void prestage_decode_attention(const MegakernelParams& p, const SharedState& s,
+                                                          const Instruction& in, int consumer_thread) {
+  const int32_t position = p.positions[in.sequence];
+  const KvBlockKeys block = kv_block_keys(p.dims, in, in.row_begin, position);
+  const DecodeAttentionSmem smem(s);
+  stage_kv_rows(p.dims, cache_keys(p, in, block.first_key), 0, block.keys, position - block.first_key, smem.k_block,
+                smem.v_block, consumer_thread);
+  ptx::cp_async_commit();
 }
 
 // scores[h][key] <- (q_h . k_key) / sqrt(head_dim): one thread per (query head, key).
@@ -84,58 +136,66 @@ __device__ __forceinline__ void decode_softmax(const ModelDims& d, int32_t keys,
   }
 }
 
+// One block's partial record for the G query heads of the tile (q and the block's K and V staged): scores, softmax,
+// P V, and the block's max and sum. Ends with the consumers synchronized (scores are reused by the next block).
+__device__ __forceinline__ void decode_block_partial(const ModelDims& d, const DecodeAttentionSmem& smem,
+                                                     int32_t keys, float* record, int warp, int lane,
+                                                     int consumer_thread) {
+  const int32_t G = d.group_size, hd = d.head_dim, stride = hd + kPartialStats;
+  decode_scores(d, smem.q, smem.k_block, keys, smem.scores, consumer_thread);
+  ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
+  decode_softmax(d, keys, smem.scores, smem.stats, warp, lane);
+  ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
+  for (int32_t i = consumer_thread; i < G * hd; i += KernelConfig::kConsumerThreads) {
+    const int32_t h = i / hd, e = i % hd;
+    const float* weights = smem.scores + h * kDecodeKvBlock;
+    float acc = 0.0f;
+    for (int32_t key = 0; key < keys; ++key) acc = fmaf(weights[key], __bfloat162float(smem.v_block[key * hd + e]), acc);
+    record[h * stride + e] = acc;
+  }
+  if (consumer_thread < G) {
+    float* tail = record + consumer_thread * stride + hd;
+    tail[0] = smem.stats[2 * consumer_thread];
+    tail[1] = smem.stats[2 * consumer_thread + 1];
+    tail[2] = tail[3] = 0.0f;
+  }
+  ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
+}
+
 // attn_partial[l][rows] for sequence in.sequence, kv head in.head: one partial record per query head of the kv head
 // and per KV block of the split (blocks past the sequence's position are empty: max -inf, left out by the combine).
+// The first block was prestaged but for its newest key (prestage_decode_attention).
 __device__ __forceinline__ void run_decode_attention(const MegakernelParams& p, const SharedState& s,
                                                      const Instruction& in, int consumer_thread) {
   const ModelDims& d = p.dims;
   const int warp = consumer_thread / 32, lane = consumer_thread % 32;
-  const int64_t B = d.batch, C = d.max_context, layer = in.layer;
+  const int64_t B = d.batch, layer = in.layer;
   const int32_t G = d.group_size, hd = d.head_dim, stride = hd + kPartialStats;
   const int32_t rows_per_sequence = d.kv_splits * d.kv_blocks_per_split;
   const int32_t position = p.positions[in.sequence];
-  float* q = reinterpret_cast<float*>(s.stages);      // (G, head_dim)
-  float* scores = q + kMaxGroup * kMaxHeadDim;         // (G, kDecodeKvBlock)
-  float* stats = scores + kMaxGroup * kDecodeKvBlock;  // (G, 2): max, sum
-  __nv_bfloat16* k_block = reinterpret_cast<__nv_bfloat16*>(stats + 2 * kMaxGroup);  // (keys, k_stride)
-  __nv_bfloat16* v_block = k_block + kDecodeKvBlock * k_stride(kMaxHeadDim);          // (keys, head_dim)
+  const DecodeAttentionSmem smem(s);
   const __nv_bfloat16* q_heads = p.decode_q + (layer * B + in.sequence) * d.q_dim + in.head * G * hd;
   for (int32_t i = consumer_thread; i < G * hd; i += KernelConfig::kConsumerThreads)
-    q[i] = __bfloat162float(__ldcg(q_heads + i));
-  ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
+    smem.q[i] = __bfloat162float(__ldcg(q_heads + i));
   for (int32_t row = in.row_begin; row < in.row_end; ++row) {
-    const int32_t local = row - in.sequence * rows_per_sequence;
-    const int32_t block = (local % d.kv_blocks_per_split) * d.kv_splits + local / d.kv_blocks_per_split;
-    const int32_t first_key = block * kDecodeKvBlock;
-    const int32_t keys = block < d.kv_blocks ? min(kDecodeKvBlock, position + 1 - first_key) : 0;
+    const KvBlockKeys block = kv_block_keys(d, in, row, position);
     float* record = p.attn_partial + (layer * B * rows_per_sequence + row) * int64_t(d.q_dim / hd) * stride +
                     int64_t(in.head) * G * stride;
-    if (keys <= 0) {
+    if (block.keys <= 0) {
       for (int32_t i = consumer_thread; i < G * stride; i += KernelConfig::kConsumerThreads)
         record[i] = i % stride == hd ? -INFINITY : 0.0f;
       continue;
     }
-    const __nv_bfloat16* k = p.kv_cache + ((layer * B + in.sequence) * C + first_key) * 2 * d.kv_dim + in.head * hd;
-    stage_kv_block(d, k, keys, k_block, v_block, consumer_thread);
+    // The prestaged first block lacks only its newest key, if it holds it.
+    const int32_t newest = min(position - block.first_key, block.keys);
+    const bool prestaged = row == in.row_begin;
+    stage_kv_rows(d, cache_keys(p, in, block.first_key), prestaged ? newest : 0,
+                  prestaged ? min(newest + 1, block.keys) : block.keys, -1, smem.k_block, smem.v_block,
+                  consumer_thread);
+    ptx::cp_async_commit();
+    ptx::cp_async_wait<0>();
     ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
-    decode_scores(d, q, k_block, keys, scores, consumer_thread);
-    ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
-    decode_softmax(d, keys, scores, stats, warp, lane);
-    ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
-    for (int32_t i = consumer_thread; i < G * hd; i += KernelConfig::kConsumerThreads) {
-      const int32_t h = i / hd, e = i % hd;
-      const float* weights = scores + h * kDecodeKvBlock;
-      float acc = 0.0f;
-      for (int32_t key = 0; key < keys; ++key) acc = fmaf(weights[key], __bfloat162float(v_block[key * hd + e]), acc);
-      record[h * stride + e] = acc;
-    }
-    if (consumer_thread < G) {
-      float* tail = record + consumer_thread * stride + hd;
-      tail[0] = stats[2 * consumer_thread];
-      tail[1] = stats[2 * consumer_thread + 1];
-      tail[2] = tail[3] = 0.0f;
-    }
-    ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);  // scores are reused by the next block
+    decode_block_partial(d, smem, block.keys, record, warp, lane, consumer_thread);
   }
 }
 
@@ -228,28 +288,27 @@ __device__ __forceinline__ void keep_best(float& value, int32_t& id, float other
   }
 }
 
-// This thread's best (logit, id) of one row of logits: 16-byte loads, kSampleBatch of them in flight at once (one
-// scalar load at a time made the LM head's 128k logits a 60 us chain of round trips on one SM).
-constexpr int kSampleBatch = 8;
-__device__ __forceinline__ void best_of_row(const __nv_bfloat16* logits, int32_t vocab, int consumer_thread,
-                                            float& value, int32_t& id) {
+// This thread's best (logit, id) of one row of logits. The row goes through shared memory in passes of up to
+// kSampleStageBytes, every 16-byte copy of a pass in flight at once: loads into registers, even 8 deep, left the
+// 128k logits of a Llama vocabulary a chain of round trips on this one SM (27-63 us).
+constexpr int kSampleStageBytes = 128 * 1024;
+static_assert(kSampleStageBytes <= KernelConfig::kNumStages * KernelConfig::kStageBytes, "a pass fits the ring");
+__device__ __forceinline__ void best_of_row(const __nv_bfloat16* logits, int32_t vocab, uint4* stage,
+                                            int consumer_thread, float& value, int32_t& id) {
   constexpr int kThreads = KernelConfig::kConsumerThreads;
+  constexpr int32_t kPassChunks = kSampleStageBytes / 16;
   const int32_t chunks = vocab % 8 == 0 ? vocab / 8 : 0;  // rows are 16-byte aligned only then
   const uint4* row = reinterpret_cast<const uint4*>(logits);
-  for (int32_t first = consumer_thread; first < chunks; first += kSampleBatch * kThreads) {
-    uint4 batch[kSampleBatch];
+  for (int32_t first = 0; first < chunks; first += kPassChunks) {
+    const int32_t pass_chunks = min(kPassChunks, chunks - first);
+    for (int32_t c = consumer_thread; c < pass_chunks; c += kThreads) ptx::cp_async_16(stage + c, row + first + c, 16);
+    ptx::cp_async_commit();
+    ptx::cp_async_wait<0>();  // each thread scans the chunks it copied: no barrier
+    for (int32_t c = consumer_thread; c < pass_chunks; c += kThreads) {
+      const uint4 packed = stage[c];
+      const __nv_bfloat16* x = reinterpret_cast<const __nv_bfloat16*>(&packed);
 #pragma unroll
-    for (int u = 0; u < kSampleBatch; ++u) {
-      const int32_t chunk = first + u * kThreads;
-      batch[u] = chunk < chunks ? __ldcg(row + chunk) : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int u = 0; u < kSampleBatch; ++u) {
-      const int32_t chunk = first + u * kThreads;
-      const __nv_bfloat16* x = reinterpret_cast<const __nv_bfloat16*>(&batch[u]);
-#pragma unroll
-      for (int e = 0; e < 8; ++e)
-        if (chunk < chunks) keep_best(value, id, __bfloat162float(x[e]), 8 * chunk + e);
+      for (int e = 0; e < 8; ++e) keep_best(value, id, __bfloat162float(x[e]), 8 * (first + c) + e);
     }
   }
   for (int32_t i = 8 * chunks + consumer_thread; i < vocab; i += kThreads)
@@ -267,7 +326,7 @@ __device__ __forceinline__ void run_sample(const MegakernelParams& p, const Shar
     const __nv_bfloat16* logits = p.logits + int64_t(b) * vocab;
     float value = -INFINITY;
     int32_t id = vocab;
-    best_of_row(logits, vocab, consumer_thread, value, id);
+    best_of_row(logits, vocab, reinterpret_cast<uint4*>(s.stages) + 16, consumer_thread, value, id);
 #pragma unroll
     for (int offset = 16; offset > 0; offset /= 2)
       keep_best(value, id, __shfl_xor_sync(0xffffffff, value, offset), __shfl_xor_sync(0xffffffff, id, offset));

@@ -51,8 +51,9 @@ __device__ __forceinline__ DecodeGemmTask decode_gemm_task(const MegakernelParam
     case Opcode::kDecodeDown:
       return {p.act + layer * B * d.d_ff, nullptr, p.w_down + layer * D * d.d_ff, d.d_ff, in.row_begin, in.row_end,
               width / 2};
-    default:  // kDecodeLmHead
-      return {p.final_norm, nullptr, p.lm_head, d.d_model, in.row_begin, in.row_end, width / 2};
+    default:  // kDecodeLmHead: the final norm fused
+      return {p.hidden + int64_t(d.n_layers) * B * D, p.final_norm_weight, p.lm_head, d.d_model, in.row_begin,
+              in.row_end, width / 2};
   }
 }
 
