@@ -23,10 +23,14 @@ constexpr int64_t kL2ResidentWeightBytes = int64_t(24) << 20;  // half the H200'
 
 // ---- decode (one token per sequence): weight streaming at M = batch rows ----
 // NOTE: a decode step reads every weight once for a handful of rows, so its time is weight bytes / bandwidth only
-// if every SM streams: GEMM tiles are as narrow as it takes to make at least kDecodeSpreadTasks of them (the H200's
-// SM count; a tiling hint, schedules run on any SM count), but no narrower than kDecodeMinBlockN weight rows.
+// if every SM streams; and each GEMM waits for the whole previous op, so a second round of its tiles on some SMs is a
+// second tile's latency on the critical path (measured: qkv's 192 tiles of 16 columns, 1B shape). GEMM tiles are
+// the narrowest power of two of kDecodeMinBlockN..kDecodeMaxBlockN columns that makes at most kDecodeSpreadTasks
+// of them (the H200's SM count, one round; a tiling hint, schedules run on any SM count); wider outputs get tiles of
+// kDecodeMaxBlockN.
 constexpr int32_t kDecodeSpreadTasks = 132;
 constexpr int32_t kDecodeMinBlockN = 16;
+constexpr int32_t kDecodeMaxBlockN = 128;
 // Split-KV attention: each sequence's cache is cut into blocks of kDecodeKvBlock keys, the unit of one partial
 // (max, sum, unnormalized output); the reference's full-sequence attention uses the same blocks, so the two agree
 // bit for bit.

@@ -24,9 +24,9 @@ KvSplit kv_split(const ModelConfig& config, const RunShape& shape) {
 }
 
 int32_t decode_block_n(int64_t n) {
-  for (int32_t width = 128; width > tiles::kDecodeMinBlockN; width /= 2)
-    if (ceil_div(n, width) >= tiles::kDecodeSpreadTasks) return width;
-  return tiles::kDecodeMinBlockN;
+  for (int32_t width = tiles::kDecodeMinBlockN; width < tiles::kDecodeMaxBlockN; width *= 2)
+    if (ceil_div(n, width) <= tiles::kDecodeSpreadTasks) return width;
+  return tiles::kDecodeMaxBlockN;
 }
 
 void check_pass_shape(const ModelConfig& c, const RunShape& shape) {

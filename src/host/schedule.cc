@@ -297,6 +297,7 @@ nlohmann::json tiles_json() {
           {"block_q", tiles::kBlockQ},       {"block_kv", tiles::kBlockKv}, {"block_rows", tiles::kBlockRows},
           {"group_m", tiles::kGroupM},       {"l2_resident_weight_bytes", tiles::kL2ResidentWeightBytes},
           {"decode_spread_tasks", tiles::kDecodeSpreadTasks}, {"decode_min_block_n", tiles::kDecodeMinBlockN},
+          {"decode_max_block_n", tiles::kDecodeMaxBlockN},
           {"decode_kv_block", tiles::kDecodeKvBlock},         {"decode_partial_stats", tiles::kDecodePartialStats},
           {"decode_combine_rows", tiles::kDecodeCombineRows}};
 }
