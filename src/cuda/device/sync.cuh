@@ -66,6 +66,9 @@ __device__ __forceinline__ bool wait_counter(const MegakernelParams& p, const Wa
   uint32_t value = ptx::load_acquire(counter);
   if (value >= target) return true;
   const uint64_t start = ptx::global_timer_ns();
+  // NOTE: a decode step is a chain of short dependent phases, each wait ending a phase's critical path, so decode
+  // polls more often (one poller per SM; the forward's long GEMM phases keep the gentler backoff).
+  const uint32_t max_sleep_ns = p.dims.decode ? 64 : 512;
   uint32_t sleep_ns = 32;
   while (true) {
     value = ptx::load_acquire(counter);
@@ -76,7 +79,7 @@ __device__ __forceinline__ bool wait_counter(const MegakernelParams& p, const Wa
       return false;
     }
     __nanosleep(sleep_ns);
-    sleep_ns = sleep_ns < 512 ? 2 * sleep_ns : sleep_ns;
+    sleep_ns = sleep_ns < max_sleep_ns ? 2 * sleep_ns : sleep_ns;
   }
 }
 
