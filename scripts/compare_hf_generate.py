@@ -121,7 +121,10 @@ def save_model(spec, directory, config=CONFIG):
     compare_hf.build_and_save(spec, directory, config)
     if not (directory / "generation_config.json").exists():
         GenerationConfig(**SPECIAL_TOKENS).save_pretrained(str(directory))
-    model = compare_hf.load_hf(directory, torch.bfloat16, device="cpu")
+    # NOTE: on the CPU whatever default device the caller builds under (bench/decode_sweep.py builds on the GPU):
+    # transformers makes some buffers (RoPE's inv_freq) on the default device.
+    with torch.device("cpu"):
+        model = compare_hf.load_hf(directory, torch.bfloat16, device="cpu")
     hf_eos = model.generation_config.eos_token_id
     hf_eos = sorted(hf_eos if isinstance(hf_eos, list) else [] if hf_eos is None else [hf_eos])
     if hf_eos != mk_eos_view(directory):
