@@ -147,35 +147,45 @@ __device__ __forceinline__ void decode_epilogue(const MegakernelParams& p, const
 }
 
 // Input rows [b0, b0 + rows) into shared memory as bf16 (rows, k), normalized when the task fuses a norm (the way
-// the forward's norm op rounds them), combined from the partials for decode_o_proj_combine. Ends with the consumers
-// synchronized.
+// the forward's norm op rounds them), combined from the partials for decode_o_proj_combine. `scratch` (at least
+// 256 + 2 k bytes, the output tile) holds each row's 1 / rms and the norm weight. Ends with the consumers
+// synchronized. NOTE: the rows and the norm weight arrive in one round of cp.async copies, and the sums of squares
+// are taken from shared memory: reading the rows twice from L2 (sums, then staging) put an extra round trip on the
+// critical path of every normalizing tile.
 __device__ __forceinline__ void stage_decode_rows(const MegakernelParams& p, const Instruction& in,
                                                   const DecodeGemmTask& t, int32_t b0, int32_t rows, uint4* staged,
-                                                  float* inv_rms, int consumer_thread) {
+                                                  float* scratch, int consumer_thread) {
+  constexpr int kThreads = KernelConfig::kConsumerThreads;
   const int warp = consumer_thread / 32, lane = consumer_thread % 32;
   const int32_t chunks = t.k / 8;
-  if (t.norm_weight != nullptr && warp < rows) {
-    const uint4* x = reinterpret_cast<const uint4*>(t.a + int64_t(b0 + warp) * t.k);
-    float sum = 0.0f;
-    for (int32_t chunk = lane; chunk < chunks; chunk += 32) sum += sum_of_squares_of_chunk(__ldcg(x + chunk));
-    sum = warp_sum(sum);
-    if (lane == 0) inv_rms[warp] = 1.0f / sqrtf(sum / float(t.k) + p.dims.rms_norm_eps);
-  }
-  ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
   if (in.opcode == Opcode::kDecodeOProjCombine) {  // the weight ring is idle while a tile stages
-    float* scratch = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(staged) + KernelConfig::kDecodeStagedRowBytes);
+    float* records = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(staged) + KernelConfig::kDecodeStagedRowBytes);
     for (int32_t r = 0; r < rows; ++r)
-      stage_combined_row(p, in.layer, b0 + r, reinterpret_cast<__nv_bfloat16*>(staged) + int64_t(r) * t.k, scratch,
+      stage_combined_row(p, in.layer, b0 + r, reinterpret_cast<__nv_bfloat16*>(staged) + int64_t(r) * t.k, records,
                          KernelConfig::kDecodeWeightRingBytes, consumer_thread);
     return;
   }
-  const uint4* weight = reinterpret_cast<const uint4*>(t.norm_weight);
-  for (int32_t i = consumer_thread; i < rows * chunks; i += KernelConfig::kConsumerThreads) {
-    const int32_t r = i / chunks, chunk = i % chunks;
-    const uint4 x = __ldcg(reinterpret_cast<const uint4*>(t.a + int64_t(b0 + r) * t.k) + chunk);
-    staged[i] = weight != nullptr ? normalize_chunk(x, weight[chunk], inv_rms[r]) : x;
+  float* inv_rms = scratch;                                   // (kDecodeMaxRows)
+  uint4* norm_weight = reinterpret_cast<uint4*>(scratch + 64);  // (chunks)
+  const uint4* x = reinterpret_cast<const uint4*>(t.a + int64_t(b0) * t.k);
+  for (int32_t i = consumer_thread; i < rows * chunks; i += kThreads) ptx::cp_async_16(staged + i, x + i, 16);
+  if (t.norm_weight != nullptr)
+    for (int32_t c = consumer_thread; c < chunks; c += kThreads)
+      ptx::cp_async_16(norm_weight + c, reinterpret_cast<const uint4*>(t.norm_weight) + c, 16);
+  ptx::cp_async_commit();
+  ptx::cp_async_wait<0>();
+  ptx::named_barrier_sync(1, kThreads);
+  if (t.norm_weight == nullptr) return;
+  if (warp < rows) {
+    float sum = 0.0f;
+    for (int32_t chunk = lane; chunk < chunks; chunk += 32) sum += sum_of_squares_of_chunk(staged[warp * chunks + chunk]);
+    sum = warp_sum(sum);
+    if (lane == 0) inv_rms[warp] = 1.0f / sqrtf(sum / float(t.k) + p.dims.rms_norm_eps);
   }
-  ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
+  ptx::named_barrier_sync(1, kThreads);
+  for (int32_t i = consumer_thread; i < rows * chunks; i += kThreads)
+    staged[i] = normalize_chunk(staged[i], norm_weight[i % chunks], inv_rms[i / chunks]);
+  ptx::named_barrier_sync(1, kThreads);
 }
 
 // a . w over 8 bf16 of each.
@@ -321,11 +331,11 @@ __device__ __forceinline__ void run_decode_gemm(const MegakernelParams& p, const
   const DecodeGemmTask t = decode_gemm_task(p, in);
   uint4* staged = reinterpret_cast<uint4*>(s.stages);
   uint4* ring = reinterpret_cast<uint4*>(s.stages + kStagedRowBytes);
-  float* inv_rms = reinterpret_cast<float*>(s.output);
+  float* scratch = reinterpret_cast<float*>(s.output);
   const int32_t per_pass = min(kDecodeMaxRows, kStagedRowBytes / (2 * t.k));
   for (int32_t b0 = t.batch_begin; b0 < t.batch_end; b0 += per_pass) {
     const int32_t rows = min(per_pass, t.batch_end - b0);
-    stage_decode_rows(p, in, t, b0, rows, staged, inv_rms, consumer_thread);
+    stage_decode_rows(p, in, t, b0, rows, staged, scratch, consumer_thread);
     const bool issued = prologue_issued && b0 == t.batch_begin;  // later passes stream the weights again
     if (rows == 1) {
       decode_gemm_rows<1>(p, in, t, staged, ring, b0, rows, issued, consumer_thread);
