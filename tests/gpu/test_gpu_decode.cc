@@ -69,8 +69,10 @@ void check_generation(const ModelConfig& config, const std::vector<int64_t>& pro
 TEST_F(Gpu, GenerationReproducesTheForwardPassOnRaggedBatches) {
   // GQA 2:1, head_dim 64; steps cross the first KV block (128 keys), and the cache has empty blocks past them.
   check_generation(small_config(256, 512, 4, 2, 64, true, true), {100, 37}, 40, 512, 21);
-  // GQA 4:1, head_dim 128, batch 6: more rows than one pass of a decode GEMM holds.
+  // GQA 4:1, head_dim 128, batch 6: a pass of 6 of a decode GEMM's 8 rows.
   check_generation(small_config(512, 1024, 8, 2, 128, true, true), {20, 3, 17, 1, 9, 30}, 12, 256, 22);
+  // Batch 11: more rows than one pass holds (8, then 3).
+  check_generation(small_config(256, 512, 4, 2, 64, true, true), {9, 2, 14, 5, 1, 7, 3, 12, 6, 4, 10}, 6, 128, 26);
   // Multi-head without RoPE, one layer.
   check_generation(small_config(256, 768, 2, 2, 128, false, true, 1), {5}, 20, 128, 23);
 }

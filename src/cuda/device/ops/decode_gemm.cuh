@@ -17,7 +17,10 @@ namespace mk::gpu {
 // before it waits for its inputs. NOTE: asking L2 for weights further ahead (the next tile's, or up to 1 MB of an
 // SM's upcoming tiles from the idle producer thread) made steps slower, 1.35 -> 1.43-1.50 ms (docs/perf.md):
 // the prefetches delay the latency-bound tiles' own loads.
-constexpr int kDecodeMaxRows = 4;  // batch rows one pass holds; more rows take more passes over the same weights
+// Batch rows one pass holds (at most one per consumer warp: each warp takes one row's sum of squares); more rows
+// take more passes over the same weights.
+constexpr int kDecodeMaxRows = 8;
+static_assert(kDecodeMaxRows <= KernelConfig::kConsumerWarps, "a warp per staged row's norm");
 
 // One decode GEMM task: out (rows, pairs) from a (batch, k) @ w^T, two weight rows per output pair.
 struct DecodeGemmTask {
@@ -341,6 +344,8 @@ __device__ __forceinline__ void run_decode_gemm(const MegakernelParams& p, const
       decode_gemm_rows<1>(p, in, t, staged, ring, b0, rows, issued, consumer_thread);
     } else if (rows == 2) {
       decode_gemm_rows<2>(p, in, t, staged, ring, b0, rows, issued, consumer_thread);
+    } else if (rows <= 4) {
+      decode_gemm_rows<4>(p, in, t, staged, ring, b0, rows, issued, consumer_thread);
     } else {
       decode_gemm_rows<kDecodeMaxRows>(p, in, t, staged, ring, b0, rows, issued, consumer_thread);
     }
