@@ -236,11 +236,24 @@ __device__ __forceinline__ void wgmma_m64n64k16_rs_nmajor(float (&d)[32], const 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1u));
 }
 
-// Keeps the compiler from moving accumulator reads/writes across the asynchronous MMAs.
+// The same value, which the compiler can no longer trace to where it was computed: what is derived from it is
+// computed here rather than hoisted out of the enclosing loop into registers.
+__device__ __forceinline__ uint64_t opaque(uint64_t value) {
+  asm volatile("" : "+l"(value));
+  return value;
+}
+
+// Keeps the compiler from moving reads/writes of MMA register operands (accumulators, A fragments) across the
+// asynchronous MMAs.
 template <int kCount>
 __device__ __forceinline__ void fence_registers(float (&values)[kCount]) {
 #pragma unroll
   for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(values[i])::"memory");
+}
+template <int kCount>
+__device__ __forceinline__ void fence_registers(uint32_t (&values)[kCount]) {
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) asm volatile("" : "+r"(values[i])::"memory");
 }
 
 }  // namespace mk::ptx

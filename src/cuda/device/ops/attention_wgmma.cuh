@@ -1,8 +1,9 @@
 // Causal attention tiles with wgmma: one (sequence, 128-query block, query head) per instruction. The producer loads
 // Q into the output tile, then K and V blocks of 128 keys into separate stages of the ring; each consumer warpgroup
-// owns 64 queries: S = Q K^T (wgmma, both operands in shared memory), online softmax in registers (base 2), then
-// O += P V (wgmma with P from registers, V N-major in shared memory). O replaces Q in the output tile and the storer
-// stores it with TMA.
+// owns 64 queries: S = Q K^T (wgmma, both operands in shared memory), online softmax in registers (base 2), and
+// O += P V (wgmma with P from registers, V N-major in shared memory), pipelined so that the P V of one key block
+// runs on the tensor cores during the softmax of the next. O replaces Q in the output tile and the storer stores it
+// with TMA.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -54,60 +55,85 @@ __device__ __forceinline__ bool produce_attention(const MegakernelParams& p, con
 // ---- consumers ----
 
 constexpr int kScoreValues = KernelConfig::kBlockKv / 2;  // S registers per thread: 64 queries x 128 keys
+constexpr int kKeySteps = KernelConfig::kBlockKv / 16;    // k16 steps of P V over a key block
+
+// P as the A operand of P V: bf16 pairs, one m64k16 fragment per 16 keys.
+using ProbabilityFragments = uint32_t[kKeySteps][4];
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&pair);
 }
 
-// S (64 queries of this warpgroup x 128 keys) = Q K^T, Q from the output tile and K from a stage, both K-major.
+// The producer loads K_j into ring position 2j of the instruction and V_j into 2j + 1, so a cursor that follows only
+// the K (or only the V) blocks steps over the other kind's stage.
+__device__ __forceinline__ void next_block(PipelineState& cursor) {
+  cursor.advance();
+  cursor.advance();
+}
+
+// Issues S (64 queries of this warpgroup x 128 keys) = Q K^T as one commit group, Q from the output tile and K from
+// a stage, both K-major. The caller fences before and waits after.
 template <int kHeadDim>
-__device__ __forceinline__ void attention_scores(const uint8_t* q_tile, const uint8_t* k_tile, int warpgroup,
-                                                 float (&score)[kScoreValues]) {
-  ptx::wgmma_fence();
+__device__ __forceinline__ void issue_attention_scores(const uint8_t* q_tile, const uint8_t* k_tile, int warpgroup,
+                                                       float (&score)[kScoreValues]) {
+  // NOTE: the steps are added to one descriptor per operand (the start address, in 16-byte units, cannot carry out:
+  // shared memory is below 256 KB). Q's is opaque: otherwise the compiler keeps Q's eight descriptors, the same for
+  // every key block, in 16 registers through the loop, and the kernel spills.
+  const uint64_t desc_q = ptx::opaque(ptx::wgmma_descriptor_k_major_sw128(q_tile + warpgroup * 64 * 128));
+  const uint64_t desc_k = ptx::wgmma_descriptor_k_major_sw128(k_tile);
 #pragma unroll
   for (int kk = 0; kk < kHeadDim / 16; ++kk) {
     // 16 head dimensions are 32 bytes of a 128-byte row: 2 in the descriptor's 16-byte units; 64 per box
-    const uint64_t desc_q = ptx::wgmma_descriptor_k_major_sw128(q_tile + (kk / 4) * KernelConfig::kOutputBoxBytes +
-                                                                warpgroup * 64 * 128) + 2 * (kk % 4);
-    const uint64_t desc_k =
-        ptx::wgmma_descriptor_k_major_sw128(k_tile + (kk / 4) * KernelConfig::kBlockKv * 128) + 2 * (kk % 4);
-    ptx::wgmma_m64n128k16(score, desc_q, desc_k, kk > 0 ? 1 : 0);
+    const uint32_t q_step = (kk / 4) * (KernelConfig::kOutputBoxBytes >> 4) + 2 * (kk % 4);
+    const uint32_t k_step = (kk / 4) * (KernelConfig::kBlockKv * 128 >> 4) + 2 * (kk % 4);
+    ptx::wgmma_m64n128k16(score, desc_q + q_step, desc_k + k_step, kk > 0 ? 1 : 0);
   }
   ptx::wgmma_commit_group();
-  ptx::wgmma_wait_group<0>();
-  ptx::fence_registers(score);
 }
 
-// O (64 x kHeadDim) += P (64 x 128 keys, bf16 from the scores' registers) V (128 keys x kHeadDim, N-major).
+// Issues O (64 x kHeadDim) += P (64 x 128 keys) V (128 keys x kHeadDim, N-major) as one commit group. The fragments
+// and O belong to the MMA until the caller's wait retires the group.
 template <int kHeadDim>
-__device__ __forceinline__ void attention_values(const float (&probability)[kScoreValues], const uint8_t* v_tile,
-                                                 float (&o)[kHeadDim / 2]) {
-  constexpr int kSteps = KernelConfig::kBlockKv / 16;
-  // The m64k16 A fragment of keys [16 kc, 16 kc + 16) is the score accumulator's column groups 2 kc and 2 kc + 1.
-  // NOTE: all fragments are packed before the wgmma fence: a register written between the fence and the MMA that
-  // reads it makes ptxas serialize every wgmma of the kernel.
-  uint32_t a[kSteps][4];
+__device__ __forceinline__ void issue_attention_values(const ProbabilityFragments& probability, const uint8_t* v_tile,
+                                                       float (&o)[kHeadDim / 2]) {
+  const uint64_t desc_v = ptx::wgmma_descriptor_mn_major_sw128(v_tile, KernelConfig::kBlockKv * 128);
 #pragma unroll
-  for (int kc = 0; kc < kSteps; ++kc) {
-#pragma unroll
-    for (int r = 0; r < 4; ++r) a[kc][r] = pack_bf16(probability[8 * kc + 2 * r], probability[8 * kc + 2 * r + 1]);
-  }
-  ptx::fence_registers(o);
-  ptx::wgmma_fence();
-#pragma unroll
-  for (int kc = 0; kc < kSteps; ++kc) {
-    const uint64_t desc_v =
-        ptx::wgmma_descriptor_mn_major_sw128(v_tile + kc * 16 * 128, KernelConfig::kBlockKv * 128);
+  for (int kc = 0; kc < kKeySteps; ++kc) {
+    const uint32_t v_step = kc * (16 * 128 >> 4);  // 16 keys are 16 rows of 128 bytes
     if constexpr (kHeadDim == 128) {
-      ptx::wgmma_m64n128k16_rs_nmajor(o, a[kc], desc_v);
+      ptx::wgmma_m64n128k16_rs_nmajor(o, probability[kc], desc_v + v_step);
     } else {
-      ptx::wgmma_m64n64k16_rs_nmajor(o, a[kc], desc_v);
+      ptx::wgmma_m64n64k16_rs_nmajor(o, probability[kc], desc_v + v_step);
     }
   }
   ptx::wgmma_commit_group();
-  ptx::wgmma_wait_group<0>();
+}
+
+// The m64k16 A fragment of keys [16 kc, 16 kc + 16) is the score accumulator's column groups 2 kc and 2 kc + 1.
+__device__ __forceinline__ void pack_probabilities(const float (&score)[kScoreValues],
+                                                   ProbabilityFragments& probability) {
+#pragma unroll
+  for (int kc = 0; kc < kKeySteps; ++kc) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) probability[kc][r] = pack_bf16(score[8 * kc + 2 * r], score[8 * kc + 2 * r + 1]);
+  }
+}
+
+// Keeps the compiler from moving accesses to O and P across a wgmma fence or wait.
+// NOTE: a register written between the wgmma fence and the MMA that reads it makes ptxas serialize every wgmma of
+// the kernel, so the rescale of O and the packing of P are complete before the fence.
+template <int kHeadDim>
+__device__ __forceinline__ void fence_value_operands(float (&o)[kHeadDim / 2], ProbabilityFragments& probability) {
   ptx::fence_registers(o);
+#pragma unroll
+  for (int kc = 0; kc < kKeySteps; ++kc) ptx::fence_registers(probability[kc]);
+}
+
+template <int kHeadDim>
+__device__ __forceinline__ void rescale_output(float (&o)[kHeadDim / 2], float2 correction) {
+#pragma unroll
+  for (int i = 0; i < kHeadDim / 2; ++i) o[i] *= (i / 2) % 2 == 0 ? correction.x : correction.y;
 }
 
 // Online softmax of one block of scores, in place (scores become unnormalized probabilities); returns the factor
@@ -146,42 +172,93 @@ __device__ __forceinline__ float2 online_softmax(float (&score)[kScoreValues], f
   return make_float2(correction[0], correction[1]);
 }
 
+// The tile's key blocks, pipelined within the warpgroup: S_j = Q K_j^T and O += P_{j-1} V_{j-1} are issued together,
+// so that the tensor cores work through P V while the softmax of S_j runs; O takes block j's correction after
+// P_{j-1} V_{j-1} is in it and before P_j V_j is. Stages are freed as their MMAs retire, K_j before V_{j-1}: each
+// stage has its own empty barrier, and the producer refills one only after every consumer warp freed it.
+// Returns false when a wait gave up (aborting): there is no early exit, since wgmma must stay warpgroup-convergent.
+// NOTE: the waits for the next blocks (V_j, K_{j+1}) sit between the softmax and the P V wait: ptxas issues a wgmma
+// wait as early as its basic block allows, ahead of the softmax it should overlap, and the barrier waits end the
+// block. At the top of the loop they made the kernel spill (ptxas -v), as did waiting for Q in the caller.
+template <int kHeadDim>
+__device__ __forceinline__ bool attention_mainloop(const MegakernelParams& p, const SharedState& s,
+                                                   const Instruction& in, PipelineState& state, OutputState& output,
+                                                   Site site, int warpgroup, int thread_in_wg, float (&o)[kHeadDim / 2],
+                                                   float (&row_sum)[2], uint64_t* trace) {
+  const ModelDims& d = p.dims;
+  const int32_t query_begin = in.row_begin - in.sequence * d.seq_len;
+  // position (within the sequence) of this thread's first accumulator row; the second is 8 further
+  const int32_t query0 = query_begin + warpgroup * 64 + (thread_in_wg / 32) * 16 + (thread_in_wg % 32) / 4;
+  const int32_t kv_blocks = attention_kv_blocks(p, in);
+  float row_max[2] = {-INFINITY, -INFINITY};
+  // Only the last block meets the diagonal: earlier blocks end before the tile's first query.
+  auto softmax = [&](float(&score)[kScoreValues], int32_t kb) {
+    return online_softmax(score, row_max, row_sum, d.softmax_scale_log2, kb == kv_blocks - 1,
+                          kb * KernelConfig::kBlockKv, query0, thread_in_wg);
+  };
+  PipelineState key = state;
+  PipelineState value = state;
+  value.advance();
+  float score[kScoreValues];
+  ProbabilityFragments probability;
+
+  bool ok = wait_barrier(p, s.loaded, output.loaded_parity(), site);  // Q
+  if (trace) trace[kTraceDataReady] = clock64();
+  ok &= wait_barrier(p, &s.full[key.stage], key.phase, site);
+  ptx::wgmma_fence();
+  issue_attention_scores<kHeadDim>(s.output, s.stage(key.stage), warpgroup, score);
+  ptx::wgmma_wait_group<0>();
+  ptx::fence_registers(score);
+  release_stage(s, key.stage);
+  next_block(key);
+  softmax(score, 0);  // its correction would scale an O that is still zero
+  pack_probabilities(score, probability);
+  ok &= wait_barrier(p, &s.full[value.stage], value.phase, site);
+  if (kv_blocks > 1) ok &= wait_barrier(p, &s.full[key.stage], key.phase, site);
+
+  for (int32_t kb = 1; kb < kv_blocks; ++kb) {
+    fence_value_operands<kHeadDim>(o, probability);
+    ptx::wgmma_fence();
+    issue_attention_scores<kHeadDim>(s.output, s.stage(key.stage), warpgroup, score);  // committed first: retires first
+    issue_attention_values<kHeadDim>(probability, s.stage(value.stage), o);
+    const uint32_t pending_value_stage = value.stage;
+    next_block(value);
+    ptx::wgmma_wait_group<1>();
+    ptx::fence_registers(score);
+    release_stage(s, key.stage);
+    next_block(key);
+    const float2 correction = softmax(score, kb);
+    ok &= wait_barrier(p, &s.full[value.stage], value.phase, site);
+    if (kb + 1 < kv_blocks) ok &= wait_barrier(p, &s.full[key.stage], key.phase, site);
+    ptx::wgmma_wait_group<0>();
+    fence_value_operands<kHeadDim>(o, probability);
+    ptx::fence_registers(score);  // P_j is packed only now: until the wait P_{j-1} is read, and both would be live
+    release_stage(s, pending_value_stage);
+    rescale_output<kHeadDim>(o, correction);
+    pack_probabilities(score, probability);
+  }
+
+  fence_value_operands<kHeadDim>(o, probability);
+  ptx::wgmma_fence();
+  issue_attention_values<kHeadDim>(probability, s.stage(value.stage), o);
+  ptx::wgmma_wait_group<0>();
+  ptx::fence_registers(o);
+  release_stage(s, value.stage);
+  state = key;  // position 2 kv_blocks: the next instruction's first stage
+  return ok;
+}
+
 template <int kHeadDim>
 __device__ __forceinline__ bool consume_attention_head_dim(const MegakernelParams& p, const SharedState& s,
                                                            const Instruction& in, PipelineState& state,
                                                            OutputState& output, Site site, int warpgroup,
                                                            int thread_in_wg, uint64_t* trace) {
-  const ModelDims& d = p.dims;
-  const int32_t query_begin = in.row_begin - in.sequence * d.seq_len;
-  // position (within the sequence) of this thread's first accumulator row; the second is 8 further
-  const int32_t query0 = query_begin + warpgroup * 64 + (thread_in_wg / 32) * 16 + (thread_in_wg % 32) / 4;
-  bool ok = wait_barrier(p, s.loaded, output.loaded_parity(), site);  // Q
-  if (trace) trace[kTraceDataReady] = clock64();
-
   float o[kHeadDim / 2];
 #pragma unroll
   for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
-  float row_max[2] = {-INFINITY, -INFINITY};
   float row_sum[2] = {0.0f, 0.0f};  // this thread's share; summed over the quad at the end
-  const int32_t kv_blocks = attention_kv_blocks(p, in);
-  for (int32_t kb = 0; kb < kv_blocks; ++kb) {
-    float score[kScoreValues];
-    ok &= wait_barrier(p, &s.full[state.stage], state.phase, site);
-    attention_scores<kHeadDim>(s.output, s.stage(state.stage), warpgroup, score);
-    release_stage(s, state.stage);
-    state.advance();
-
-    const bool diagonal = kb == kv_blocks - 1;  // earlier blocks end before the tile's first query
-    const float2 correction = online_softmax(score, row_max, row_sum, d.softmax_scale_log2, diagonal,
-                                             kb * KernelConfig::kBlockKv, query0, thread_in_wg);
-#pragma unroll
-    for (int i = 0; i < kHeadDim / 2; ++i) o[i] *= (i / 2) % 2 == 0 ? correction.x : correction.y;
-
-    ok &= wait_barrier(p, &s.full[state.stage], state.phase, site);
-    attention_values<kHeadDim>(score, s.stage(state.stage), o);
-    release_stage(s, state.stage);
-    state.advance();
-  }
+  const bool ok =
+      attention_mainloop<kHeadDim>(p, s, in, state, output, site, warpgroup, thread_in_wg, o, row_sum, trace);
   if (trace) trace[kTraceMathDone] = clock64();
 
   float inverse[2];
