@@ -290,7 +290,8 @@ __device__ __forceinline__ void keep_best(float& value, int32_t& id, float other
 
 // This thread's best (logit, id) of one row of logits. The row goes through shared memory in passes of up to
 // kSampleStageBytes, every 16-byte copy of a pass in flight at once: loads into registers, even 8 deep, left the
-// 128k logits of a Llama vocabulary a chain of round trips on this one SM (27-63 us).
+// 128k logits of a Llama vocabulary a chain of round trips on this one SM (27-63 us). NOTE: the loops stay rolled:
+// unrolled, they pushed the kernel past its 168 registers (ptxas spilled kernel-wide values, not these).
 constexpr int kSampleStageBytes = 128 * 1024;
 static_assert(kSampleStageBytes <= KernelConfig::kNumStages * KernelConfig::kStageBytes, "a pass fits the ring");
 __device__ __forceinline__ void best_of_row(const __nv_bfloat16* logits, int32_t vocab, uint4* stage,
@@ -301,9 +302,11 @@ __device__ __forceinline__ void best_of_row(const __nv_bfloat16* logits, int32_t
   const uint4* row = reinterpret_cast<const uint4*>(logits);
   for (int32_t first = 0; first < chunks; first += kPassChunks) {
     const int32_t pass_chunks = min(kPassChunks, chunks - first);
+#pragma unroll 1
     for (int32_t c = consumer_thread; c < pass_chunks; c += kThreads) ptx::cp_async_16(stage + c, row + first + c, 16);
     ptx::cp_async_commit();
     ptx::cp_async_wait<0>();  // each thread scans the chunks it copied: no barrier
+#pragma unroll 1
     for (int32_t c = consumer_thread; c < pass_chunks; c += kThreads) {
       const uint4 packed = stage[c];
       const __nv_bfloat16* x = reinterpret_cast<const __nv_bfloat16*>(&packed);
