@@ -71,7 +71,7 @@ def expected_inv_freq(rope, head_dim):
                 smooth = (context / wavelength - low) / (high - low)
                 scaled.append((1 - smooth) * freq / factor + smooth * freq)
         freqs = scaled
-    return torch.tensor(freqs, dtype=torch.float64)
+    return torch.tensor(freqs, dtype=torch.float64, device="cpu")  # whatever default device the caller builds under
 
 
 def inv_freq_mismatch(model, spec):
