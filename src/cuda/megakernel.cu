@@ -6,6 +6,7 @@
 #include "device/ops/attention_wgmma.cuh"
 #include "device/ops/decode_attention.cuh"
 #include "device/ops/decode_gemm.cuh"
+#include "device/ops/decode_gemm_mma.cuh"
 #include "device/ops/gemm_epilogue.cuh"
 #include "device/ops/gemm_sm90.cuh"
 #include "device/ops/rowwise.cuh"
@@ -78,17 +79,21 @@ __device__ __forceinline__ void run_consumers(const MegakernelParams& p, const S
   bool healthy = true;
   for (uint32_t i = begin; i < end; ++i) {
     const Instruction in = p.instructions[i];
+    // NOTE: opaque: what the row-wise and decode ops derive from the thread index (lanes, shared addresses) is
+    // computed per instruction instead of hoisted out of this loop, where it stayed live across the GEMM tiles'
+    // accumulators (ptxas spilled once the tensor-core decode path was added).
+    const int thread = ptx::opaque(consumer_thread);
     const Site site{sm, i - begin, in.task};
     const bool gemm = is_gemm(in.opcode);
     const bool rowwise = !gemm && in.opcode != Opcode::kAttention;
-    uint64_t* trace = consumer_thread == 0 ? trace_slots(p, i) : nullptr;
+    uint64_t* trace = thread == 0 ? trace_slots(p, i) : nullptr;
     if (trace) trace[kTraceStart] = clock64();
     // NOTE: what consumers read through the stage ring and the output tile is ordered by their barriers (the
     // producer waited on the counters before loading); only row-wise ops read other SMs' results with plain loads.
     // Decode: what depends on nothing in this launch (weights, older cache rows) starts before the wait.
-    const bool weights_sent = is_decode_gemm(in.opcode) && early_weight_prologue(p, s, in, consumer_thread);
-    if (in.opcode == Opcode::kDecodeAttention) prestage_decode_attention(p, s, in, consumer_thread);
-    if (rowwise && !consumers_wait(p, s, in, site, consumer_thread, healthy)) {
+    const bool weights_sent = is_decode_gemm(in.opcode) && early_weight_prologue(p, s, in, thread);
+    if (in.opcode == Opcode::kDecodeAttention) prestage_decode_attention(p, s, in, thread);
+    if (rowwise && !consumers_wait(p, s, in, site, thread, healthy)) {
       ptx::cp_async_wait<0>();  // the early copies land before the CTA leaves
       return;
     }
@@ -96,12 +101,12 @@ __device__ __forceinline__ void run_consumers(const MegakernelParams& p, const S
     bool ok = true;
     switch (in.opcode) {
       case Opcode::kEmbed:
-        run_embed(p, in, consumer_thread);
+        run_embed(p, in, thread);
         break;
       case Opcode::kAttnNorm:
       case Opcode::kMlpNorm:
       case Opcode::kFinalNorm:
-        run_rmsnorm(p, in, consumer_thread);
+        run_rmsnorm(p, in, thread);
         break;
       case Opcode::kAttention:
         ok = consume_attention(p, s, in, state, output, site, warpgroup, thread_in_wg, trace);
@@ -114,7 +119,7 @@ __device__ __forceinline__ void run_consumers(const MegakernelParams& p, const S
         ok = consume_gemm(p, s, in, state, output, site, warpgroup, thread_in_wg, trace);
         break;
       case Opcode::kKvAppend:
-        run_kv_append(p, in, consumer_thread);
+        run_kv_append(p, in, thread);
         break;
       case Opcode::kDecodeQ:
       case Opcode::kDecodeKv:
@@ -123,19 +128,19 @@ __device__ __forceinline__ void run_consumers(const MegakernelParams& p, const S
       case Opcode::kDecodeDown:
       case Opcode::kDecodeLmHead:
       case Opcode::kDecodeOProjCombine:
-        run_decode_gemm(p, s, in, weights_sent, consumer_thread);
+        run_decode_gemm(p, s, in, weights_sent, thread);
         break;
       case Opcode::kDecodeAttention:
-        run_decode_attention(p, s, in, consumer_thread);
+        run_decode_attention(p, s, in, thread);
         break;
       case Opcode::kDecodeCombine:
-        run_decode_combine(p, in, consumer_thread);
+        run_decode_combine(p, in, thread);
         break;
       case Opcode::kSample:
-        run_sample(p, s, in, consumer_thread);
+        run_sample(p, s, in, thread);
         break;
       default:
-        if (consumer_thread == 0) report_error(p, kErrorBadInstruction, site, ~0u, uint32_t(in.opcode), 0);
+        if (thread == 0) report_error(p, kErrorBadInstruction, site, ~0u, uint32_t(in.opcode), 0);
         ok = false;
         break;
     }
@@ -144,7 +149,7 @@ __device__ __forceinline__ void run_consumers(const MegakernelParams& p, const S
     if (rowwise) {
       // NOTE: stamped here rather than read back: a load of the trace slot would cost a trip to L2 per instruction.
       if (trace) trace[kTraceMathDone] = clock64();
-      publish(p, in.signal_counter, consumer_thread);  // the storer publishes GEMM and attention tiles
+      publish(p, in.signal_counter, thread);  // the storer publishes GEMM and attention tiles
     }
     if (trace) trace[kTraceEnd] = clock64();
   }

@@ -69,10 +69,13 @@ void check_generation(const ModelConfig& config, const std::vector<int64_t>& pro
 TEST_F(Gpu, GenerationReproducesTheForwardPassOnRaggedBatches) {
   // GQA 2:1, head_dim 64; steps cross the first KV block (128 keys), and the cache has empty blocks past them.
   check_generation(small_config(256, 512, 4, 2, 64, true, true), {100, 37}, 40, 512, 21);
-  // GQA 4:1, head_dim 128, batch 6: a pass of 6 of a decode GEMM's 8 rows.
+  // GQA 4:1, head_dim 128, batch 6: tensor-core passes of 6 of the mma's 16 rows, K split over 2-4 warps.
   check_generation(small_config(512, 1024, 8, 2, 128, true, true), {20, 3, 17, 1, 9, 30}, 12, 256, 22);
-  // Batch 11: more rows than one pass holds (8, then 3).
+  // Batch 11: one tensor-core pass of 11 rows.
   check_generation(small_config(256, 512, 4, 2, 64, true, true), {9, 2, 14, 5, 1, 7, 3, 12, 6, 4, 10}, 6, 128, 26);
+  // Batch 18: more rows than one pass holds: 16 (the mma's whole M), then 2 on the CUDA cores.
+  check_generation(small_config(256, 512, 4, 2, 64, true, true),
+                   {9, 2, 14, 5, 1, 7, 3, 12, 6, 4, 10, 8, 11, 13, 2, 6, 15, 1}, 4, 128, 27);
   // Multi-head without RoPE, one layer.
   check_generation(small_config(256, 768, 2, 2, 128, false, true, 1), {5}, 20, 128, 23);
 }
@@ -86,6 +89,9 @@ TEST_F(Gpu, GenerationOfALlama1bShapedModel) {
   config.n_layers = 2;
   config.vocab_size = 4096;  // keeps the CPU forward passes of the check short
   check_generation(config, {64}, 8, 1024, 25);
+  // Batch 5: tensor-core passes at the real widths (two groups a warp for gate_up, K split 4 ways for o_proj and
+  // down), and down's k = 8192 leaves 4 rows a pass: 4, then 1 on the CUDA cores.
+  check_generation(config, {64, 9, 30, 17, 41}, 4, 1024, 28);
 }
 
 TEST_F(Gpu, DecodeRefusesWhatItCannotServe) {

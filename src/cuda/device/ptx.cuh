@@ -1,4 +1,4 @@
-// Thin wrappers over the PTX the megakernel uses: mbarriers, TMA, wgmma, fences, atomics.
+// Thin wrappers over the PTX the megakernel uses: mbarriers, TMA, wgmma, mma.sync and ldmatrix, fences, atomics.
 // Nothing here decides anything; each function is one instruction (or a short fixed sequence) with its operands.
 #pragma once
 
@@ -147,6 +147,26 @@ __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegisters));
 }
 
+// ---- warp-level tensor-core MMA (sm_80+) ----
+
+// Four 8x8 matrices of 16-bit elements from shared memory: lanes 8i..8i+7 give the addresses of matrix i's 8 rows
+// (16 bytes each); register i of lane l gets elements 2 (l % 4) and 2 (l % 4) + 1 of row l / 4 of matrix i.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address)
+               : "memory");
+}
+
+// D (16 x 8, fp32) += A (16 x 16, bf16, row-major fragment a) * B (16 x 8, bf16, column-major fragment b0 b1).
+__device__ __forceinline__ void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 // ---- wgmma (sm_90a) ----
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
@@ -240,6 +260,11 @@ __device__ __forceinline__ void wgmma_m64n64k16_rs_nmajor(float (&d)[32], const 
 // computed here rather than hoisted out of the enclosing loop into registers.
 __device__ __forceinline__ uint64_t opaque(uint64_t value) {
   asm volatile("" : "+l"(value));
+  return value;
+}
+
+__device__ __forceinline__ int32_t opaque(int32_t value) {
+  asm volatile("" : "+r"(value));
   return value;
 }
 

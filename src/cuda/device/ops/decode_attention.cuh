@@ -228,17 +228,18 @@ __device__ __forceinline__ float combine_partials(const MegakernelParams& p, int
 // Row b's attention output (q_dim values) into `out` as bf16, from its partial records of every block, first copied
 // into `scratch` (scratch_bytes) with every 16-byte load in flight at once: decode_o_proj_combine's staging. Each
 // tile needs the whole row, so loading record by record, value by value, would be a chain of L2 trips per value.
-// Rows whose records do not fit the scratch are combined from global memory. Ends with the consumers synchronized.
+// Rows whose records do not fit the scratch are combined from global memory. Element i goes to out[i ^ swizzle]
+// (the staged rows' chunk swizzle, decode_gemm.cuh). Ends with the consumers synchronized.
 __device__ __forceinline__ void stage_combined_row(const MegakernelParams& p, int64_t layer, int32_t b,
-                                                   __nv_bfloat16* out, float* scratch, int32_t scratch_bytes,
-                                                   int consumer_thread) {
+                                                   __nv_bfloat16* out, int32_t swizzle, float* scratch,
+                                                   int32_t scratch_bytes, int consumer_thread) {
   const ModelDims& d = p.dims;
   const int32_t hd = d.head_dim, stride = hd + kPartialStats, record_floats = d.q_dim / hd * stride;
   const int32_t rows_per_sequence = d.kv_splits * d.kv_blocks_per_split;
   const int32_t blocks = p.positions[b] / kDecodeKvBlock + 1;
   if (blocks * record_floats * 4 > scratch_bytes) {
     for (int32_t i = consumer_thread; i < d.q_dim; i += KernelConfig::kConsumerThreads)
-      out[i] = __float2bfloat16_rn(combine_partials(p, layer, b, i));
+      out[i ^ swizzle] = __float2bfloat16_rn(combine_partials(p, layer, b, i));
     ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
     return;
   }
@@ -262,7 +263,7 @@ __device__ __forceinline__ void stage_combined_row(const MegakernelParams& p, in
       sum = fmaf(weight, r[hd + 1], sum);
       acc = fmaf(weight, r[i % hd], acc);
     }
-    out[i] = __float2bfloat16_rn(acc / sum);
+    out[i ^ swizzle] = __float2bfloat16_rn(acc / sum);
   }
   ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
 }

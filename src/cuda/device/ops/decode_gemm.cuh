@@ -1,5 +1,5 @@
-// Decode GEMMs (M = batch rows: weight streaming on the CUDA cores, RMSNorm fused where a norm precedes them) and the
-// prefill's cache append, run by the consumer warps with plain loads.
+// Decode GEMMs (M = batch rows, RMSNorm fused where a norm precedes them): their tasks, input staging, epilogues and
+// the CUDA-core path for passes of 1-2 rows; and the prefill's cache append, run by the consumer warps.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -16,11 +16,11 @@ namespace mk::gpu {
 // against the tile's input rows held there too (normalized once per tile). A tile's first weight steps are sent
 // before it waits for its inputs. NOTE: asking L2 for weights further ahead (the next tile's, or up to 1 MB of an
 // SM's upcoming tiles from the idle producer thread) made steps slower, 1.35 -> 1.43-1.50 ms (docs/perf.md):
-// the prefetches delay the latency-bound tiles' own loads.
-// Batch rows one pass holds (at most one per consumer warp: each warp takes one row's sum of squares); more rows
-// take more passes over the same weights.
-constexpr int kDecodeMaxRows = 8;
-static_assert(kDecodeMaxRows <= KernelConfig::kConsumerWarps, "a warp per staged row's norm");
+// the prefetches delay the latency-bound tiles' own loads. Passes of 3 or more rows go to the tensor cores instead
+// (decode_gemm_mma.cuh), with the same staging and epilogues.
+// Batch rows one pass holds: the M of the tensor-core path's mma; more rows take more passes over the same weights.
+constexpr int kDecodeMaxRows = 16;
+static_assert(kDecodeMaxRows <= 64, "each staged row's 1 / rms fits the 256 bytes of scratch before the norm weight");
 
 // One decode GEMM task: out (rows, pairs) from a (batch, k) @ w^T, two weight rows per output pair.
 struct DecodeGemmTask {
@@ -149,12 +149,20 @@ __device__ __forceinline__ void decode_epilogue(const MegakernelParams& p, const
   }
 }
 
-// Input rows [b0, b0 + rows) into shared memory as bf16 (rows, k), normalized when the task fuses a norm (the way
-// the forward's norm op rounds them), combined from the partials for decode_o_proj_combine. `scratch` (at least
-// 256 + 2 k bytes, the output tile) holds each row's 1 / rms and the norm weight. Ends with the consumers
-// synchronized. NOTE: the rows and the norm weight arrive in one round of cp.async copies, and the sums of squares
-// are taken from shared memory: reading the rows twice from L2 (sums, then staging) put an extra round trip on the
-// critical path of every normalizing tile.
+// Where logical chunk `chunk` (16 bytes) of staged row `row` is: each row's chunks are XORed with the row's low 3
+// bits, so that an ldmatrix's 8 rows at one chunk hit 8 different bank groups (rows are a multiple of 128 bytes long,
+// so unswizzled they would all hit the same 16 bytes of the banks: 8-way conflicts). NOTE: a swizzle rather than a
+// padded row stride: padding would cost a row of k = 8192 (16 KB) its fourth place in the 64 KB staging space.
+__device__ __forceinline__ int32_t staged_index(int32_t row, int32_t chunks, int32_t chunk) {
+  return row * chunks + (chunk ^ (row & 7));
+}
+
+// Input rows [b0, b0 + rows) into shared memory as bf16 (rows, k) in staged_index order, normalized when the task
+// fuses a norm (the way the forward's norm op rounds them), combined from the partials for decode_o_proj_combine.
+// `scratch` (at least 256 + 2 k bytes, the output tile) holds each row's 1 / rms and the norm weight. Ends with the
+// consumers synchronized. NOTE: the rows and the norm weight arrive in one round of cp.async copies, and the sums of
+// squares are taken from shared memory: reading the rows twice from L2 (sums, then staging) put an extra round trip
+// on the critical path of every normalizing tile.
 __device__ __forceinline__ void stage_decode_rows(const MegakernelParams& p, const Instruction& in,
                                                   const DecodeGemmTask& t, int32_t b0, int32_t rows, uint4* staged,
                                                   float* scratch, int consumer_thread) {
@@ -164,14 +172,15 @@ __device__ __forceinline__ void stage_decode_rows(const MegakernelParams& p, con
   if (in.opcode == Opcode::kDecodeOProjCombine) {  // the weight ring is idle while a tile stages
     float* records = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(staged) + KernelConfig::kDecodeStagedRowBytes);
     for (int32_t r = 0; r < rows; ++r)
-      stage_combined_row(p, in.layer, b0 + r, reinterpret_cast<__nv_bfloat16*>(staged) + int64_t(r) * t.k, records,
-                         KernelConfig::kDecodeWeightRingBytes, consumer_thread);
+      stage_combined_row(p, in.layer, b0 + r, reinterpret_cast<__nv_bfloat16*>(staged) + int64_t(r) * t.k,
+                         (r & 7) * 8, records, KernelConfig::kDecodeWeightRingBytes, consumer_thread);
     return;
   }
   float* inv_rms = scratch;                                   // (kDecodeMaxRows)
   uint4* norm_weight = reinterpret_cast<uint4*>(scratch + 64);  // (chunks)
   const uint4* x = reinterpret_cast<const uint4*>(t.a + int64_t(b0) * t.k);
-  for (int32_t i = consumer_thread; i < rows * chunks; i += kThreads) ptx::cp_async_16(staged + i, x + i, 16);
+  for (int32_t i = consumer_thread; i < rows * chunks; i += kThreads)
+    ptx::cp_async_16(staged + staged_index(i / chunks, chunks, i % chunks), x + i, 16);
   if (t.norm_weight != nullptr)
     for (int32_t c = consumer_thread; c < chunks; c += kThreads)
       ptx::cp_async_16(norm_weight + c, reinterpret_cast<const uint4*>(t.norm_weight) + c, 16);
@@ -179,15 +188,17 @@ __device__ __forceinline__ void stage_decode_rows(const MegakernelParams& p, con
   ptx::cp_async_wait<0>();
   ptx::named_barrier_sync(1, kThreads);
   if (t.norm_weight == nullptr) return;
-  if (warp < rows) {
+  for (int32_t r = warp; r < rows; r += KernelConfig::kConsumerWarps) {  // a sum needs no unswizzling
     float sum = 0.0f;
-    for (int32_t chunk = lane; chunk < chunks; chunk += 32) sum += sum_of_squares_of_chunk(staged[warp * chunks + chunk]);
+    for (int32_t chunk = lane; chunk < chunks; chunk += 32) sum += sum_of_squares_of_chunk(staged[r * chunks + chunk]);
     sum = warp_sum(sum);
-    if (lane == 0) inv_rms[warp] = 1.0f / sqrtf(sum / float(t.k) + p.dims.rms_norm_eps);
+    if (lane == 0) inv_rms[r] = 1.0f / sqrtf(sum / float(t.k) + p.dims.rms_norm_eps);
   }
   ptx::named_barrier_sync(1, kThreads);
-  for (int32_t i = consumer_thread; i < rows * chunks; i += kThreads)
-    staged[i] = normalize_chunk(staged[i], norm_weight[i % chunks], inv_rms[i / chunks]);
+  for (int32_t i = consumer_thread; i < rows * chunks; i += kThreads) {
+    const int32_t r = i / chunks, chunk = i % chunks, at = staged_index(r, chunks, chunk);
+    staged[at] = normalize_chunk(staged[at], norm_weight[chunk], inv_rms[r]);
+  }
   ptx::named_barrier_sync(1, kThreads);
 }
 
@@ -291,7 +302,7 @@ __device__ __forceinline__ void decode_gemm_rows(const MegakernelParams& p, cons
       const uint4 w0 = buffer[u * 32 + lane], w1 = buffer[(kStepChunks + u) * 32 + lane];
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
-        const uint4 a = staged[r * chunks + chunk];
+        const uint4 a = staged[staged_index(r, chunks, chunk)];
         acc[r][0] = dot_chunk(a, w0, acc[r][0]);
         acc[r][1] = dot_chunk(a, w1, acc[r][1]);
       }
@@ -314,43 +325,9 @@ __device__ __forceinline__ bool is_decode_gemm(Opcode opcode) {
          opcode == Opcode::kDecodeOProjCombine;
 }
 
-// A decode GEMM task: its batch rows in passes of up to kDecodeMaxRows, staged at the start of the (otherwise idle)
-// stage ring, the weight steps streamed through its end. NOTE: decode schedules have no TMA ops, so no producer is
-// using the ring.
-// The first steps of decode GEMM `in`'s weight stream, sent before its counter wait (weights depend on nothing), so
-// that a tile of ~64 KB of weights is mostly in shared memory when its inputs arrive. Not for
-// decode_o_proj_combine, whose staging uses the ring.
-__device__ __forceinline__ bool early_weight_prologue(const MegakernelParams& p, const SharedState& s,
-                                                      const Instruction& in, int consumer_thread) {
-  if (in.opcode == Opcode::kDecodeOProjCombine) return false;
-  const DecodeGemmTask t = decode_gemm_task(p, in);
-  const WeightStream stream(t, reinterpret_cast<uint4*>(s.stages + kStagedRowBytes), consumer_thread);
-  stream.issue_prologue(p, in, t);
-  return true;
-}
-
-__device__ __forceinline__ void run_decode_gemm(const MegakernelParams& p, const SharedState& s, const Instruction& in,
-                                                bool prologue_issued, int consumer_thread) {
-  const DecodeGemmTask t = decode_gemm_task(p, in);
-  uint4* staged = reinterpret_cast<uint4*>(s.stages);
-  uint4* ring = reinterpret_cast<uint4*>(s.stages + kStagedRowBytes);
-  float* scratch = reinterpret_cast<float*>(s.output);
-  const int32_t per_pass = min(kDecodeMaxRows, kStagedRowBytes / (2 * t.k));
-  for (int32_t b0 = t.batch_begin; b0 < t.batch_end; b0 += per_pass) {
-    const int32_t rows = min(per_pass, t.batch_end - b0);
-    stage_decode_rows(p, in, t, b0, rows, staged, scratch, consumer_thread);
-    const bool issued = prologue_issued && b0 == t.batch_begin;  // later passes stream the weights again
-    if (rows == 1) {
-      decode_gemm_rows<1>(p, in, t, staged, ring, b0, rows, issued, consumer_thread);
-    } else if (rows == 2) {
-      decode_gemm_rows<2>(p, in, t, staged, ring, b0, rows, issued, consumer_thread);
-    } else if (rows <= 4) {
-      decode_gemm_rows<4>(p, in, t, staged, ring, b0, rows, issued, consumer_thread);
-    } else {
-      decode_gemm_rows<kDecodeMaxRows>(p, in, t, staged, ring, b0, rows, issued, consumer_thread);
-    }
-    ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);  // the next pass restages
-  }
+// Batch rows per pass of task t: as many as the staging space holds, up to kDecodeMaxRows.
+__device__ __forceinline__ int32_t decode_rows_per_pass(const DecodeGemmTask& t) {
+  return min(kDecodeMaxRows, kStagedRowBytes / (2 * t.k));
 }
 
 // Prefill: kv_cache[l][rows] <- the K (into pair order) and V columns of the matching qkv rows; rows are cache rows

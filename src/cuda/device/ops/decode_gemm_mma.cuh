@@ -1,0 +1,254 @@
+// Decode GEMMs on the tensor cores for passes of 3 or more batch rows (mma.sync m16n8k16: the pass's rows as M, 8
+// weight rows as N), and the dispatch of a decode GEMM task between them and the CUDA-core path (decode_gemm.cuh).
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include "../config.cuh"
+#include "../ptx.cuh"
+#include "decode_gemm.cuh"
+
+namespace mk::gpu {
+
+// NOTE: at 8 rows the CUDA-core path converts every weight value once per row and reads every staged row per weight
+// chunk: the step took 3.2x the batch-1 step (docs/perf.md, run 5). One mma here takes the pass's rows (up to 16,
+// the rest repeats of its last row whose outputs are dropped) against a group of 4 output pairs = 8 weight rows,
+// so each A fragment read from shared memory serves 4 pairs; the weights still stream through each warp's cp.async
+// ring as on the CUDA cores.
+constexpr int kMmaRows = 16;
+constexpr int kMinMmaRows = 3;   // passes of 1-2 rows stay on the CUDA cores: bandwidth-bound there already
+constexpr int kGroupPairs = 4;   // output pairs of one mma's N = 8 weight rows
+static_assert(kDecodeMaxRows == kMmaRows, "a pass is at most one mma's M");
+static_assert(KernelConfig::kConsumerWarps * 2 * 4 * 32 * 4 <= KernelConfig::kOutputBytes,
+              "the K-slices' C fragments (reduce_slices) fit the output tile");
+
+// NOTE: how a tile's groups and its K spread over the 8 consumer warps. Every warp must stream, or the SM's bytes
+// in flight (3 steps of 4 KB a warp) fall short of its share of HBM. With G <= 8 groups (decode_o_proj and
+// decode_down at 16 columns: G = 2; qkv at 32: G = 4), warp w takes group w % G over K-slice w / G (8 / G slices
+// of whole steps, at most one per step of K; G of 5-7 leave 8 - G warps idle), and the slices' C fragments are
+// added through shared memory before the epilogue. With G > 8 (gate_up and the LM head at 64 or 128 pairs: 16 or 32
+// groups), a warp takes two groups at once (kGroups = 2, N = 16 a step; units of two groups, warp w taking units w,
+// w + 8, ... over the whole K) rather than one after the other: each A fragment then feeds two mmas, 12
+// shared-memory wavefronts per 512 weight bytes (A 4, B 4, their copies 4) instead of 16, and half the A ldmatrix.
+__device__ __forceinline__ int mma_groups_per_warp(const DecodeGemmTask& t) {
+  return (t.pairs + kGroupPairs - 1) / kGroupPairs > KernelConfig::kConsumerWarps ? 2 : 1;
+}
+
+// One warp's stream of weight steps (4 KB: kRows weight rows x kChunks 16-byte chunks) through its ring. A job is
+// (unit of kGroups groups, K-slice), job j = unit + slice units; warp w takes jobs w, w + 8, ..., their steps one
+// stream (more than one job only when there is one slice). In a step buffer (kRows, kChunks), row n's chunks are
+// XORed with n % 8 (ldmatrix reads 8 rows at one chunk: no bank conflicts).
+template <int kGroups>
+struct MmaStream {
+  static constexpr int kRows = 8 * kGroups;
+  static constexpr int kChunks = kStepUint4s / kRows;
+  static constexpr int kCopies = kStepUint4s / 32;  // cp.async per lane per step
+  int warp, lane;
+  int32_t units, slices, steps_per_slice, steps;
+  int32_t first_unit, first_slice_step;  // of this warp's first job
+  uint4* own;                            // this warp's kStepBuffers steps
+
+  __device__ __forceinline__ MmaStream(const DecodeGemmTask& t, uint4* ring, int consumer_thread) {
+    constexpr int kWarps = KernelConfig::kConsumerWarps;
+    warp = consumer_thread / 32;
+    lane = consumer_thread % 32;
+    const int32_t groups = (t.pairs + kGroupPairs - 1) / kGroupPairs;
+    units = (groups + kGroups - 1) / kGroups;
+    const int32_t steps_per_row = (t.k / 8 + kChunks - 1) / kChunks;
+    slices = max(1, min(kWarps / units, steps_per_row));
+    steps_per_slice = (steps_per_row + slices - 1) / slices;
+    const int32_t jobs = units * slices;
+    steps = (warp < jobs ? (jobs - warp + kWarps - 1) / kWarps : 0) * steps_per_slice;
+    first_unit = warp % units;
+    first_slice_step = warp / units * steps_per_slice;
+    own = ring + warp * kStepBuffers * kStepUint4s;
+  }
+  __device__ __forceinline__ int32_t unit_of(int32_t step) const {
+    return first_unit + step / steps_per_slice * KernelConfig::kConsumerWarps;
+  }
+  // The first K chunk of step `step`.
+  __device__ __forceinline__ int32_t first_chunk(int32_t step) const {
+    return (first_slice_step + step % steps_per_slice) * kChunks;
+  }
+  // Lane l copies row l % kRows: one weight row address a lane. Pairs past the tile's (its last group may have
+  // fewer than 4) and chunks past the row are zeros, read from nowhere.
+  __device__ __forceinline__ void issue(const MegakernelParams& p, const Instruction& in, const DecodeGemmTask& t,
+                                        int32_t step) const {
+    if (step < steps) {
+      const int n = lane % kRows;
+      const int32_t pair = (unit_of(step) * kGroups + n / 8) * kGroupPairs + n % 8 / 2;
+      const bool real = pair < t.pairs;
+      const int2 rows = decode_weight_rows(p, in, real ? pair : 0);
+      const uint4* row = reinterpret_cast<const uint4*>(t.w + int64_t(n % 2 == 0 ? rows.x : rows.y) * t.k);
+      uint4* buffer = own + step % kStepBuffers * kStepUint4s + n * kChunks;
+      const int32_t first = first_chunk(step), chunks = t.k / 8;
+#pragma unroll
+      for (int i = 0; i < kCopies; ++i) {
+        const int c = lane / kRows + i * (32 / kRows);
+        const bool valid = real && first + c < chunks;
+        ptx::cp_async_16(buffer + (c ^ (n % 8)), row + (valid ? first + c : 0), valid ? 16 : 0);
+      }
+    }
+    ptx::cp_async_commit();  // empty groups too: one group per step keeps the wait count exact
+  }
+  __device__ __forceinline__ void issue_prologue(const MegakernelParams& p, const Instruction& in,
+                                                 const DecodeGemmTask& t) const {
+    for (int32_t step = 0; step < kStepBuffers - 1; ++step) issue(p, in, t, step);
+  }
+};
+
+// This lane's ldmatrix rows. A (x4: rows 0-7, then rows 8-15, at k 0-7 of a k16 step, then both at k 8-15: the
+// a0-a3 registers of the mma's A fragment): lane l points at staged row l % 8 + 8 (l / 8 % 2), chunk + l / 16; rows
+// past the pass repeat its last one (their C rows are dropped). B (x4: one group's 8 rows at 4 consecutive chunks,
+// the b0 b1 registers of two k16 steps): lane l points at row l % 8, chunk + l / 8.
+struct MmaLane {
+  uint32_t a_row;  // shared address of the staged row
+  int a_half, a_swizzle;
+  int b_row, b_chunk;
+};
+
+__device__ __forceinline__ MmaLane mma_lane(const uint4* staged, int32_t chunks, int32_t rows, int lane) {
+  const int row = min(lane % 8 + lane / 8 % 2 * 8, rows - 1);
+  return {ptx::smem_address(staged + row * chunks), lane / 16, row & 7, lane % 8, lane / 8};
+}
+
+// The mmas of one step: acc[g] += the staged rows' chunks [first, first + kChunks) . group g's 8 weight rows.
+template <int kGroups>
+__device__ __forceinline__ void mma_step(const MmaLane& m, const uint4* buffer, int32_t first, int32_t chunks,
+                                         float (&acc)[kGroups][4]) {
+  constexpr int kChunks = MmaStream<kGroups>::kChunks;
+  const uint32_t b_base = ptx::smem_address(buffer);
+#pragma unroll
+  for (int q = 0; q < kChunks / 4; ++q) {
+    if (first + 4 * q >= chunks) break;  // k is a multiple of 64: whole blocks of 4 chunks
+    uint32_t a[2][4];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      ptx::ldmatrix_x4(a[h], m.a_row + uint32_t(first + ((4 * q + 2 * h + m.a_half) ^ m.a_swizzle)) * 16);
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) {
+      uint32_t b[4];
+      const int row = g * 8 + m.b_row;
+      ptx::ldmatrix_x4(b, b_base + uint32_t(row * kChunks + ((4 * q + m.b_chunk) ^ m.b_row)) * 16);
+      ptx::mma_m16n8k16_bf16(acc[g], a[0], b[0], b[1]);
+      ptx::mma_m16n8k16_bf16(acc[g], a[1], b[2], b[3]);
+    }
+  }
+}
+
+// The epilogues of one unit: lane (g = lane / 4, t = lane % 4) holds C[g][2t, 2t + 1] and C[g + 8][2t, 2t + 1] of
+// each group, the two dot products of the group's pair t for batch rows g and g + 8 of the pass.
+template <int kGroups>
+__device__ __forceinline__ void mma_epilogue(const MegakernelParams& p, const Instruction& in, const DecodeGemmTask& t,
+                                             int32_t unit, int32_t b0, int32_t rows, const float (&acc)[kGroups][4],
+                                             int lane) {
+  const int row = lane / 4;
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    const int32_t pair = (unit * kGroups + g) * kGroupPairs + lane % 4;
+    if (pair >= t.pairs) continue;
+    if (row < rows) decode_epilogue(p, in, pair, b0 + row, acc[g][0], acc[g][1]);
+    if (row + 8 < rows) decode_epilogue(p, in, pair, b0 + row + 8, acc[g][2], acc[g][3]);
+  }
+}
+
+// K split over slices (then one job a warp, job = warp): the warps of slices 1.. leave their C fragments in
+// `scratch` (free once the pass is staged), and each unit's slice-0 warp adds them up and runs the epilogues.
+template <int kGroups>
+__device__ __forceinline__ void reduce_slices(const MegakernelParams& p, const Instruction& in,
+                                              const DecodeGemmTask& t, const MmaStream<kGroups>& stream,
+                                              float* scratch, int32_t b0, int32_t rows, float (&acc)[kGroups][4]) {
+  constexpr int kValues = kGroups * 4;
+  float* partials = scratch;  // (kConsumerWarps, kValues, 32): each warp's C fragments, lane-minor
+  const int warp = stream.warp, lane = stream.lane;
+  const bool busy = warp < stream.units * stream.slices;
+  const int32_t slice = warp / stream.units;
+  if (busy && slice > 0) {
+#pragma unroll
+    for (int v = 0; v < kValues; ++v) partials[(warp * kValues + v) * 32 + lane] = acc[v / 4][v % 4];
+  }
+  ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
+  if (!busy || slice > 0) return;
+#pragma unroll 1
+  for (int32_t s = 1; s < stream.slices; ++s) {
+    const int other = warp + s * stream.units;
+#pragma unroll
+    for (int v = 0; v < kValues; ++v) acc[v / 4][v % 4] += partials[(other * kValues + v) * 32 + lane];
+  }
+  mma_epilogue<kGroups>(p, in, t, warp, b0, rows, acc, lane);
+}
+
+// Every output pair of the task for staged rows [b0, b0 + rows), 3 <= rows <= kMmaRows. `prologue_issued`: as in
+// decode_gemm_rows.
+template <int kGroups>
+__device__ __forceinline__ void decode_gemm_mma(const MegakernelParams& p, const Instruction& in,
+                                                const DecodeGemmTask& t, const uint4* staged, uint4* ring,
+                                                float* scratch, int32_t b0, int32_t rows, bool prologue_issued,
+                                                int consumer_thread) {
+  const MmaStream<kGroups> stream(t, ring, consumer_thread);
+  const int32_t chunks = t.k / 8;
+  const MmaLane lane = mma_lane(staged, chunks, rows, stream.lane);
+  if (!prologue_issued) stream.issue_prologue(p, in, t);
+  float acc[kGroups][4] = {};
+  for (int32_t step = 0; step < stream.steps; ++step) {
+    __syncwarp();  // every lane's reads of the buffer refilled next (the previous step's) are done
+    stream.issue(p, in, t, step + kStepBuffers - 1);
+    ptx::cp_async_wait<kStepBuffers - 1>();
+    __syncwarp();  // and the other lanes' copies of this step have landed
+    mma_step<kGroups>(lane, stream.own + step % kStepBuffers * kStepUint4s, stream.first_chunk(step), chunks, acc);
+    if ((step + 1) % stream.steps_per_slice != 0 || stream.slices > 1) continue;
+    mma_epilogue<kGroups>(p, in, t, stream.unit_of(step), b0, rows, acc, stream.lane);
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) acc[g][0] = acc[g][1] = acc[g][2] = acc[g][3] = 0.0f;
+  }
+  ptx::cp_async_wait<0>();  // the trailing empty groups
+  if (stream.slices > 1) reduce_slices<kGroups>(p, in, t, stream, scratch, b0, rows, acc);
+}
+
+// The first steps of decode GEMM `in`'s weight stream (the stream its first pass will use), sent before its counter
+// wait (weights depend on nothing), so that a tile of ~64 KB of weights is mostly in shared memory when its inputs
+// arrive. Not for decode_o_proj_combine, whose staging uses the ring.
+__device__ __forceinline__ bool early_weight_prologue(const MegakernelParams& p, const SharedState& s,
+                                                      const Instruction& in, int consumer_thread) {
+  if (in.opcode == Opcode::kDecodeOProjCombine) return false;
+  const DecodeGemmTask t = decode_gemm_task(p, in);
+  uint4* ring = reinterpret_cast<uint4*>(s.stages + kStagedRowBytes);
+  const int32_t rows = min(decode_rows_per_pass(t), t.batch_end - t.batch_begin);
+  if (rows < kMinMmaRows) {
+    WeightStream(t, ring, consumer_thread).issue_prologue(p, in, t);
+  } else if (mma_groups_per_warp(t) == 1) {
+    MmaStream<1>(t, ring, consumer_thread).issue_prologue(p, in, t);
+  } else {
+    MmaStream<2>(t, ring, consumer_thread).issue_prologue(p, in, t);
+  }
+  return true;
+}
+
+// A decode GEMM task: its batch rows in passes of up to decode_rows_per_pass, staged at the start of the (otherwise
+// idle) stage ring, the weight steps streamed through its end. NOTE: decode schedules have no TMA ops, so no
+// producer is using the ring.
+__device__ __forceinline__ void run_decode_gemm(const MegakernelParams& p, const SharedState& s, const Instruction& in,
+                                                bool prologue_issued, int consumer_thread) {
+  const DecodeGemmTask t = decode_gemm_task(p, in);
+  uint4* staged = reinterpret_cast<uint4*>(s.stages);
+  uint4* ring = reinterpret_cast<uint4*>(s.stages + kStagedRowBytes);
+  float* scratch = reinterpret_cast<float*>(s.output);
+  const int32_t per_pass = decode_rows_per_pass(t);
+  for (int32_t b0 = t.batch_begin; b0 < t.batch_end; b0 += per_pass) {
+    const int32_t rows = min(per_pass, t.batch_end - b0);
+    stage_decode_rows(p, in, t, b0, rows, staged, scratch, consumer_thread);
+    const bool issued = prologue_issued && b0 == t.batch_begin;  // later passes stream the weights again
+    if (rows == 1) {
+      decode_gemm_rows<1>(p, in, t, staged, ring, b0, rows, issued, consumer_thread);
+    } else if (rows == 2) {
+      decode_gemm_rows<2>(p, in, t, staged, ring, b0, rows, issued, consumer_thread);
+    } else if (mma_groups_per_warp(t) == 1) {
+      decode_gemm_mma<1>(p, in, t, staged, ring, scratch, b0, rows, issued, consumer_thread);
+    } else {
+      decode_gemm_mma<2>(p, in, t, staged, ring, scratch, b0, rows, issued, consumer_thread);
+    }
+    ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);  // the next pass restages
+  }
+}
+
+}  // namespace mk::gpu
