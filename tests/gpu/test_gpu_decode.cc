@@ -80,6 +80,14 @@ TEST_F(Gpu, GenerationReproducesTheForwardPassOnRaggedBatches) {
   check_generation(small_config(256, 768, 2, 2, 128, false, true, 1), {5}, 20, 128, 23);
 }
 
+TEST_F(Gpu, TensorCoreDecodeTilesAtTheirEdges) {
+  // d_ff 8704: gate_up tiles of 128 pairs, 16 units of two groups, so warps take two jobs each; vocab 8440: LM head
+  // tiles of 64 columns, the last one 56 (7 groups: one warp idle); a batch of 3: the smallest tensor-core pass.
+  ModelConfig config = small_config(256, 8704, 4, 2, 64, true, true, 1);
+  config.vocab_size = 8440;
+  check_generation(config, {12, 5, 30}, 6, 128, 29);
+}
+
 TEST_F(Gpu, GenerationOnTheTinyPresetMatchesTheForwardPass) {
   check_generation(find_preset("tiny").config, {8, 5}, 16, 64, 24);
 }

@@ -43,6 +43,7 @@ struct MmaStream {
   static constexpr int kRows = 8 * kGroups;
   static constexpr int kChunks = kStepUint4s / kRows;
   static constexpr int kCopies = kStepUint4s / 32;  // cp.async per lane per step
+  static_assert(kChunks % 8 == 0, "a step's chunks of a row are whole blocks of the staged rows' 8-chunk swizzle");
   int warp, lane;
   int32_t units, slices, steps_per_slice, steps;
   int32_t first_unit, first_slice_step;  // of this warp's first job
@@ -120,7 +121,7 @@ __device__ __forceinline__ void mma_step(const MmaLane& m, const uint4* buffer, 
   const uint32_t b_base = ptx::smem_address(buffer);
 #pragma unroll
   for (int q = 0; q < kChunks / 4; ++q) {
-    if (first + 4 * q >= chunks) break;  // k is a multiple of 64: whole blocks of 4 chunks
+    if (first + 4 * q >= chunks) break;  // k % 64 == 0 (GemmOp::check): whole 8-chunk blocks, as the swizzle needs
     uint32_t a[2][4];
 #pragma unroll
     for (int h = 0; h < 2; ++h)
