@@ -24,6 +24,34 @@ step() {  # step NAME COMMAND...: runs the command, logs to $out/NAME.log, remem
   tail -n 25 "$out/$name.log"
 }
 
+# step_with_clocks NAME COMMAND...: step, with the SM clock sampled every 100 ms and summarized at its log's end.
+# NOTE: long timed runs are power-capped (docs/perf.md, fourth session, run 7: 1740-1755 MHz against a 1980 MHz
+# boost), so a benchmark's figures carry the clock they ran at.
+step_with_clocks() {
+  local name=$1
+  local samples
+  samples=$(mktemp)
+  nvidia-smi --query-gpu=clocks.sm,clocks_throttle_reasons.sw_power_cap --format=csv,noheader,nounits -lms 100 \
+    >"$samples" 2>/dev/null &
+  local sampler=$!
+  step "$@"
+  kill "$sampler" 2>/dev/null
+  wait "$sampler" 2>/dev/null
+  clock_summary "$samples" | tee -a "$out/$name.log"
+  rm -f "$samples"
+}
+
+# clock_summary CSV: the SM clock of the samples under load (above 1 GHz) and how often the power cap held it.
+clock_summary() {
+  awk -F', *' '$1 + 0 > 1000 { print $1 + 0, ($2 ~ /^Active/) }' "$1" | sort -n | awk '
+    { n++; mhz[n] = $1; capped += $2 }
+    END {
+      if (n == 0) { print "clocks: no samples under load"; exit }
+      printf "clocks: %d samples under load, SM clock median %d MHz (min %d, max %d), software power cap %d%%\n",
+        n, mhz[int((n + 1) / 2)], mhz[1], mhz[n], 100 * capped / n
+    }'
+}
+
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --format=csv >"$out/gpu.txt" 2>&1
 cat "$out/gpu.txt"
 git -C "$root" log -1 --format='commit %h %s' >"$out/commit.txt" 2>/dev/null || echo "commit unknown" >"$out/commit.txt"
@@ -87,14 +115,15 @@ for s in $steps; do
       ;;
     bench_decode)
       # BENCH_DECODE_ARGS: extra flags, split on spaces (sweep specs join their words with _)
-      step bench-decode timeout 900 python3 "$root/bench/bench_decode.py" --mk "$build/mk" --out "$out/decode" \
+      step_with_clocks bench-decode timeout 900 python3 "$root/bench/bench_decode.py" --mk "$build/mk" \
+        --out "$out/decode" \
         ${BENCH_DECODE_ARGS:-}
       ;;
     hf)
       step hf timeout 600 python3 "$root/scripts/compare_hf.py" --mk "$build/mk" --work /tmp/mk-hf
       ;;
     bench)
-      step bench timeout 900 python3 "$root/bench/bench.py" --mk "$build/mk" --out "$out"
+      step_with_clocks bench timeout 900 python3 "$root/bench/bench.py" --mk "$build/mk" --out "$out"
       ;;
     sanitize)
       for tool in memcheck racecheck synccheck; do

@@ -150,7 +150,8 @@ __device__ __forceinline__ void decode_block_partial(const ModelDims& d, const D
     const int32_t h = i / hd, e = i % hd;
     const float* weights = smem.scores + h * kDecodeKvBlock;
     float acc = 0.0f;
-    for (int32_t key = 0; key < keys; ++key) acc = fmaf(weights[key], __bfloat162float(smem.v_block[key * hd + e]), acc);
+    for (int32_t key = 0; key < keys; ++key)
+      acc = fmaf(weights[key], __bfloat162float(smem.v_block[key * hd + e]), acc);
     record[h * stride + e] = acc;
   }
   if (consumer_thread < G) {

@@ -190,7 +190,8 @@ __device__ __forceinline__ void stage_decode_rows(const MegakernelParams& p, con
   if (t.norm_weight == nullptr) return;
   for (int32_t r = warp; r < rows; r += KernelConfig::kConsumerWarps) {  // a sum needs no unswizzling
     float sum = 0.0f;
-    for (int32_t chunk = lane; chunk < chunks; chunk += 32) sum += sum_of_squares_of_chunk(staged[r * chunks + chunk]);
+    for (int32_t chunk = lane; chunk < chunks; chunk += 32)
+      sum += sum_of_squares_of_chunk(staged[r * chunks + chunk]);
     sum = warp_sum(sum);
     if (lane == 0) inv_rms[r] = 1.0f / sqrtf(sum / float(t.k) + p.dims.rms_norm_eps);
   }
