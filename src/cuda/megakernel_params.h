@@ -91,6 +91,23 @@ struct ModelDims {
   int32_t decode;              // 1 in decode passes: no TMA ops, weights streamed with plain loads
 };
 
+// The model's weights on the device as plain pointers (the GEMMs also reach them through the tensor maps).
+struct DeviceWeights {
+  // read outside the GEMMs
+  const __nv_bfloat16* embedding;          // (vocab_size, d_model)
+  const __nv_bfloat16* attn_norm_weight;   // (n_layers, d_model)
+  const __nv_bfloat16* mlp_norm_weight;    // (n_layers, d_model)
+  const __nv_bfloat16* final_norm_weight;  // (d_model)
+  const float* rope_cos;                   // (max(seq_len, max_context), head_dim / 2)
+  const float* rope_sin;                   // (max(seq_len, max_context), head_dim / 2)
+  // the GEMM weights again as plain pointers, for the decode GEMMs' plain loads (the same memory as the tensor maps)
+  const __nv_bfloat16* wqkv;       // (n_layers, qkv_dim, d_model)
+  const __nv_bfloat16* wo;         // (n_layers, d_model, q_dim)
+  const __nv_bfloat16* w_gate_up;  // (n_layers, gate_up_rows, d_model): per 128 columns, 128 gate rows then 128 up
+  const __nv_bfloat16* w_down;     // (n_layers, d_model, d_ff)
+  const __nv_bfloat16* lm_head;    // (vocab_size, d_model)
+};
+
 struct MegakernelParams {
   CUtensorMap maps[kNumMaps];
   ModelDims dims;
@@ -126,19 +143,8 @@ struct MegakernelParams {
   const int32_t* positions;   // (B) the cache row of the token each sequence feeds
   int32_t* sampled;           // (B) the next token of each sequence
 
-  // weights read outside the GEMMs
-  const __nv_bfloat16* embedding;          // (vocab_size, d_model)
-  const __nv_bfloat16* attn_norm_weight;   // (n_layers, d_model)
-  const __nv_bfloat16* mlp_norm_weight;    // (n_layers, d_model)
-  const __nv_bfloat16* final_norm_weight;  // (d_model)
-  const float* rope_cos;                   // (max(seq_len, max_context), head_dim / 2)
-  const float* rope_sin;                   // (max(seq_len, max_context), head_dim / 2)
-  // the GEMM weights again as plain pointers, for the decode GEMMs' plain loads (the same memory as the tensor maps)
-  const __nv_bfloat16* wqkv;       // (n_layers, qkv_dim, d_model)
-  const __nv_bfloat16* wo;         // (n_layers, d_model, q_dim)
-  const __nv_bfloat16* w_gate_up;  // (n_layers, gate_up_rows, d_model): per 128 columns, 128 gate rows then 128 up
-  const __nv_bfloat16* w_down;     // (n_layers, d_model, d_ff)
-  const __nv_bfloat16* lm_head;    // (vocab_size, d_model)
+  // Every weight the kernel reads through plain pointers, in one struct: engines of one model share it whole.
+  DeviceWeights weights;
 };
 
 }  // namespace mk::gpu

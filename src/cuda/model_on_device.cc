@@ -92,38 +92,23 @@ void upload_weights(DeviceArena& arena, const ModelConfig& c, const ModelWeights
     return reinterpret_cast<const __nv_bfloat16*>(arena.upload(bits, what));
   };
   p.dims.gate_up_rows = int32_t(int64_t(w_gate_up.size()) / std::max<int64_t>(1, c.n_layers * c.d_model));
-  p.wqkv = bf16_upload(wqkv, "uploading wq/wk/wv");
-  p.wo = bf16_upload(wo, "uploading wo");
-  p.w_gate_up = bf16_upload(w_gate_up, "uploading w_gate/w_up");
-  p.w_down = bf16_upload(w_down, "uploading w_down");
-  p.attn_norm_weight = bf16_upload(attn_norm_w, "uploading norm weights");
-  p.mlp_norm_weight = bf16_upload(mlp_norm_w, "uploading norm weights");
-  if (c.has_embedding) p.embedding = bf16_upload(bits_of(weights.embedding), "uploading the embedding");
+  p.weights.wqkv = bf16_upload(wqkv, "uploading wq/wk/wv");
+  p.weights.wo = bf16_upload(wo, "uploading wo");
+  p.weights.w_gate_up = bf16_upload(w_gate_up, "uploading w_gate/w_up");
+  p.weights.w_down = bf16_upload(w_down, "uploading w_down");
+  p.weights.attn_norm_weight = bf16_upload(attn_norm_w, "uploading norm weights");
+  p.weights.mlp_norm_weight = bf16_upload(mlp_norm_w, "uploading norm weights");
+  if (c.has_embedding) p.weights.embedding = bf16_upload(bits_of(weights.embedding), "uploading the embedding");
   if (c.has_lm_head) {
-    p.final_norm_weight = bf16_upload(bits_of(weights.final_norm), "uploading the final norm");
-    p.lm_head = c.tie_word_embeddings ? p.embedding : bf16_upload(bits_of(weights.lm_head), "uploading the LM head");
+    p.weights.final_norm_weight = bf16_upload(bits_of(weights.final_norm), "uploading the final norm");
+    p.weights.lm_head = c.tie_word_embeddings ? p.weights.embedding
+                                              : bf16_upload(bits_of(weights.lm_head), "uploading the LM head");
   }
   if (c.rope.type != RopeType::kNone) {
     const ref::RopeTable rope = ref::make_rope_table(c, rope_positions);
-    p.rope_cos = arena.upload(rope.cos, "uploading RoPE tables");
-    p.rope_sin = arena.upload(rope.sin, "uploading RoPE tables");
+    p.weights.rope_cos = arena.upload(rope.cos, "uploading RoPE tables");
+    p.weights.rope_sin = arena.upload(rope.sin, "uploading RoPE tables");
   }
-}
-
-// The weight pointers (and gate/up packing) of another engine's parameters, for a model already on the device.
-void share_weights(const MegakernelParams& from, MegakernelParams& p) {
-  p.dims.gate_up_rows = from.dims.gate_up_rows;
-  p.wqkv = from.wqkv;
-  p.wo = from.wo;
-  p.w_gate_up = from.w_gate_up;
-  p.w_down = from.w_down;
-  p.attn_norm_weight = from.attn_norm_weight;
-  p.mlp_norm_weight = from.mlp_norm_weight;
-  p.embedding = from.embedding;
-  p.final_norm_weight = from.final_norm_weight;
-  p.lm_head = from.lm_head;
-  p.rope_cos = from.rope_cos;
-  p.rope_sin = from.rope_sin;
 }
 
 // One allocation per buffer kind, its buffers stacked as (count, rows, cols) the way the buffer table numbers them;
@@ -163,16 +148,16 @@ void make_tensor_maps(const Graph& graph, MegakernelParams& p) {
   p.maps[kMapAttn] = make_tensor_map(p.attn, L, T, c.q_dim(), rows_m, "attn");
   p.maps[kMapMlpNorm] = make_tensor_map(p.mlp_norm, L, T, D, rows_m, "mlp_norm");
   p.maps[kMapAct] = make_tensor_map(p.act, L, T, c.d_ff, rows_m, "act");
-  p.maps[kMapWqkv] = make_tensor_map(p.wqkv, L, c.qkv_dim(), D, rows_n, "wqkv");
-  p.maps[kMapWo] = make_tensor_map(p.wo, L, D, c.q_dim(), rows_n, "wo");
-  p.maps[kMapWgateUp] = make_tensor_map(p.w_gate_up, L, p.dims.gate_up_rows, D, 2 * rows_n, "w_gate_up");
-  p.maps[kMapWdown] = make_tensor_map(p.w_down, L, D, c.d_ff, rows_n, "w_down");
+  p.maps[kMapWqkv] = make_tensor_map(p.weights.wqkv, L, c.qkv_dim(), D, rows_n, "wqkv");
+  p.maps[kMapWo] = make_tensor_map(p.weights.wo, L, D, c.q_dim(), rows_n, "wo");
+  p.maps[kMapWgateUp] = make_tensor_map(p.weights.w_gate_up, L, p.dims.gate_up_rows, D, 2 * rows_n, "w_gate_up");
+  p.maps[kMapWdown] = make_tensor_map(p.weights.w_down, L, D, c.d_ff, rows_n, "w_down");
   p.maps[kMapQkv] = make_tensor_map(p.qkv, L, T, c.qkv_dim(), rows_m, "qkv");
   p.maps[kMapHidden] = make_tensor_map(p.hidden, L + 1, T, D, rows_m, "hidden");
   p.maps[kMapHiddenMid] = make_tensor_map(p.hidden_mid, L, T, D, rows_m, "hidden_mid");
   if (graph.buffer_table().has(BufferKind::kLogits)) {  // prefill stops before the LM head
     p.maps[kMapFinalNorm] = make_tensor_map(p.final_norm, 1, T, D, rows_m, "final_norm");
-    p.maps[kMapLmHead] = make_tensor_map(p.lm_head, 1, c.vocab_size, D, rows_n, "lm_head");
+    p.maps[kMapLmHead] = make_tensor_map(p.weights.lm_head, 1, c.vocab_size, D, rows_n, "lm_head");
     p.maps[kMapLogits] = make_tensor_map(p.logits, 1, T, c.vocab_size, rows_m, "logits");
   }
   // Attention addresses each sequence as its own plane, so that boxes past its end read zeros and store nothing.
@@ -201,7 +186,8 @@ std::vector<void*> upload_model(DeviceArena& arena, const Graph& graph, const Mo
     p.dims.decode = shape.pass == PassKind::kDecode ? 1 : 0;
   }
   if (shared_weights != nullptr) {
-    share_weights(*shared_weights, p);
+    p.weights = shared_weights->weights;
+    p.dims.gate_up_rows = shared_weights->dims.gate_up_rows;  // how w_gate_up is packed
   } else {
     // Decode rotates at any cache position; forward and prefill at positions below seq_len.
     upload_weights(arena, c, weights, std::max(shape.seq_len, shape.max_context), p);

@@ -34,7 +34,6 @@ using Result = mk::testing_util::MkResult;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-
 // The ids of the last line starting with `prefix`.
 std::vector<int32_t> ids_after(const std::string& output, const std::string& prefix) {
   const size_t at = output.rfind("\n" + prefix);

@@ -35,27 +35,28 @@ struct DecodeGemmTask {
 
 __device__ __forceinline__ DecodeGemmTask decode_gemm_task(const MegakernelParams& p, const Instruction& in) {
   const ModelDims& d = p.dims;
+  const DeviceWeights& w = p.weights;
   const int64_t B = d.batch, D = d.d_model, layer = in.layer;
   const int32_t width = in.col_end - in.col_begin;
   switch (in.opcode) {
     case Opcode::kDecodeQ:
-      return {p.hidden + layer * B * D, p.attn_norm_weight + layer * D, p.wqkv + layer * d.qkv_dim * D, d.d_model,
+      return {p.hidden + layer * B * D, w.attn_norm_weight + layer * D, w.wqkv + layer * d.qkv_dim * D, d.d_model,
               in.row_begin, in.row_end, width / 2};
     case Opcode::kDecodeKv:  // rows are cache rows [b0 C, b1 C)
-      return {p.hidden + layer * B * D, p.attn_norm_weight + layer * D, p.wqkv + layer * d.qkv_dim * D, d.d_model,
+      return {p.hidden + layer * B * D, w.attn_norm_weight + layer * D, w.wqkv + layer * d.qkv_dim * D, d.d_model,
               in.row_begin / d.max_context, (in.row_end + d.max_context - 1) / d.max_context, width / 2};
     case Opcode::kDecodeOProj:
     case Opcode::kDecodeOProjCombine:  // a: the partials, combined as they are staged
-      return {p.attn + layer * B * d.q_dim, nullptr, p.wo + layer * D * d.q_dim, d.q_dim, in.row_begin, in.row_end,
+      return {p.attn + layer * B * d.q_dim, nullptr, w.wo + layer * D * d.q_dim, d.q_dim, in.row_begin, in.row_end,
               width / 2};
     case Opcode::kDecodeGateUp:  // a pair is the gate and the up row of one output column
-      return {p.hidden_mid + layer * B * D, p.mlp_norm_weight + layer * D,
-              p.w_gate_up + layer * int64_t(d.gate_up_rows) * D, d.d_model, in.row_begin, in.row_end, width};
+      return {p.hidden_mid + layer * B * D, w.mlp_norm_weight + layer * D,
+              w.w_gate_up + layer * int64_t(d.gate_up_rows) * D, d.d_model, in.row_begin, in.row_end, width};
     case Opcode::kDecodeDown:
-      return {p.act + layer * B * d.d_ff, nullptr, p.w_down + layer * D * d.d_ff, d.d_ff, in.row_begin, in.row_end,
+      return {p.act + layer * B * d.d_ff, nullptr, w.w_down + layer * D * d.d_ff, d.d_ff, in.row_begin, in.row_end,
               width / 2};
     default:  // kDecodeLmHead: the final norm fused
-      return {p.hidden + int64_t(d.n_layers) * B * D, p.final_norm_weight, p.lm_head, d.d_model, in.row_begin,
+      return {p.hidden + int64_t(d.n_layers) * B * D, w.final_norm_weight, w.lm_head, d.d_model, in.row_begin,
               in.row_end, width / 2};
   }
 }
@@ -104,7 +105,7 @@ __device__ __forceinline__ float2 rotate(const MegakernelParams& p, float x1, fl
   if (!p.dims.rope) return {x1, x2};
   const int32_t half = p.dims.head_dim / 2;
   const int64_t at = int64_t(position) * half + (col % p.dims.head_dim) / 2;
-  const float cos = p.rope_cos[at], sin = p.rope_sin[at];
+  const float cos = p.weights.rope_cos[at], sin = p.weights.rope_sin[at];
   return {x1 * cos + (-x2) * sin, x2 * cos + x1 * sin};
 }
 

@@ -35,8 +35,8 @@ __device__ __forceinline__ void epilogue_rope(const MegakernelParams& p, const I
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int32_t position = (row0 + 8 * half) % p.dims.seq_len;
-      const float2 cos = *reinterpret_cast<const float2*>(p.rope_cos + int64_t(position) * kHalf + freq);
-      const float2 sin = *reinterpret_cast<const float2*>(p.rope_sin + int64_t(position) * kHalf + freq);
+      const float2 cos = *reinterpret_cast<const float2*>(p.weights.rope_cos + int64_t(position) * kHalf + freq);
+      const float2 sin = *reinterpret_cast<const float2*>(p.weights.rope_sin + int64_t(position) * kHalf + freq);
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const float cs = e == 0 ? cos.x : cos.y;

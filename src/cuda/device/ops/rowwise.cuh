@@ -15,7 +15,7 @@ __device__ __forceinline__ void run_embed(const MegakernelParams& p, const Instr
   const int lane = consumer_thread % 32;
   for (int32_t row = in.row_begin + warp; row < in.row_end; row += KernelConfig::kConsumerWarps) {
     const int32_t token = p.tokens[row];
-    const uint4* source = reinterpret_cast<const uint4*>(p.embedding + int64_t(token) * d_model);
+    const uint4* source = reinterpret_cast<const uint4*>(p.weights.embedding + int64_t(token) * d_model);
     uint4* target = reinterpret_cast<uint4*>(p.hidden + int64_t(row) * d_model);
     for (int32_t chunk = lane; chunk < d_model / 8; chunk += 32) target[chunk] = source[chunk];
   }
@@ -116,17 +116,17 @@ __device__ __forceinline__ void run_rmsnorm(const MegakernelParams& p, const Ins
   switch (in.opcode) {
     case Opcode::kAttnNorm:
       x = p.hidden + in.layer * T * d.d_model;
-      weight = p.attn_norm_weight + in.layer * d.d_model;
+      weight = p.weights.attn_norm_weight + in.layer * d.d_model;
       out = p.attn_norm + in.layer * T * d.d_model;
       break;
     case Opcode::kMlpNorm:
       x = p.hidden_mid + in.layer * T * d.d_model;
-      weight = p.mlp_norm_weight + in.layer * d.d_model;
+      weight = p.weights.mlp_norm_weight + in.layer * d.d_model;
       out = p.mlp_norm + in.layer * T * d.d_model;
       break;
     default:  // kFinalNorm
       x = p.hidden + d.n_layers * T * d.d_model;
-      weight = p.final_norm_weight;
+      weight = p.weights.final_norm_weight;
       out = p.final_norm;
       break;
   }
