@@ -149,7 +149,7 @@ __device__ __forceinline__ float2 online_softmax(float (&score)[kScoreValues], f
       const int half = e / 2;
       const int32_t key = first_key + 8 * j + 2 * (thread_in_wg % 4) + (e % 2);
       float& value = score[4 * j + e];
-      value = diagonal && key > query0 + 8 * half ? -INFINITY : value * scale_log2;
+      if (diagonal && key > query0 + 8 * half) value = -INFINITY;
       block_max[half] = fmaxf(block_max[half], value);
     }
   }
@@ -159,14 +159,17 @@ __device__ __forceinline__ float2 online_softmax(float (&score)[kScoreValues], f
     block_max[half] = fmaxf(block_max[half], __shfl_xor_sync(0xffffffff, block_max[half], 1));
     block_max[half] = fmaxf(block_max[half], __shfl_xor_sync(0xffffffff, block_max[half], 2));
     const float new_max = fmaxf(row_max[half], block_max[half]);  // finite: key 0 is visible to every query
-    correction[half] = exp2f(row_max[half] - new_max);
+    correction[half] = ptx::exp2_ftz((row_max[half] - new_max) * scale_log2);
     row_max[half] = new_max;
     row_sum[half] *= correction[half];
   }
+  // NOTE: scores stay unscaled until here, so scaling and the max's subtraction are one FFMA per score: the timed
+  // runs are power-capped (docs/perf.md, fourth session, run 7), where instructions removed count.
+  const float max_scaled[2] = {row_max[0] * scale_log2, row_max[1] * scale_log2};
 #pragma unroll
   for (int i = 0; i < kScoreValues; ++i) {
     const int half = (i / 2) % 2;
-    score[i] = exp2f(score[i] - row_max[half]);
+    score[i] = ptx::exp2_ftz(fmaf(score[i], scale_log2, -max_scaled[half]));
     row_sum[half] += score[i];
   }
   return make_float2(correction[0], correction[1]);
