@@ -200,8 +200,23 @@ __device__ __forceinline__ void run_decode_attention(const MegakernelParams& p, 
   }
 }
 
-// Column col of sequence b's attention output in layer `layer`: the partials of its head combined in block order,
-// sum_b w_b o_b / sum_b w_b sum_b with w_b = exp(max_b - max).
+// One attention output value from its head's partial records of `blocks` KV blocks, combined in block order:
+// sum_b w_b o_b / sum_b w_b sum_b with w_b = exp(max_b - max). load(block, at) reads float `at` of block's record
+// (o at [0, head_dim), then max and sum), from global or shared memory.
+template <typename Load>
+__device__ __forceinline__ float combine_records(int32_t blocks, int32_t hd, int32_t e, Load load) {
+  float max = -INFINITY;
+  for (int32_t block = 0; block < blocks; ++block) max = fmaxf(max, load(block, hd));
+  float acc = 0.0f, sum = 0.0f;
+  for (int32_t block = 0; block < blocks; ++block) {
+    const float weight = __expf(load(block, hd) - max);
+    sum = fmaf(weight, load(block, hd + 1), sum);
+    acc = fmaf(weight, load(block, e), acc);
+  }
+  return acc / sum;
+}
+
+// Column col of sequence b's attention output in layer `layer`: the partials of its head combined in block order.
 __device__ __forceinline__ float combine_partials(const MegakernelParams& p, int64_t layer, int32_t b, int32_t col) {
   const ModelDims& d = p.dims;
   const int32_t hd = d.head_dim, stride = hd + kPartialStats, e = col % hd;
@@ -214,16 +229,7 @@ __device__ __forceinline__ float combine_partials(const MegakernelParams& p, int
     const int32_t row = (block % d.kv_splits) * d.kv_blocks_per_split + block / d.kv_splits;
     return first + int64_t(row) * record_row;
   };
-  float max = -INFINITY;
-  for (int32_t block = 0; block < blocks; ++block) max = fmaxf(max, __ldcg(record(block) + hd));
-  float acc = 0.0f, sum = 0.0f;
-  for (int32_t block = 0; block < blocks; ++block) {
-    const float* r = record(block);
-    const float weight = __expf(__ldcg(r + hd) - max);
-    sum = fmaf(weight, __ldcg(r + hd + 1), sum);
-    acc = fmaf(weight, __ldcg(r + e), acc);
-  }
-  return acc / sum;
+  return combine_records(blocks, hd, e, [&](int32_t block, int32_t at) { return __ldcg(record(block) + at); });
 }
 
 // Row b's attention output (q_dim values) into `out` as bf16, from its partial records of every block, first copied
@@ -255,16 +261,9 @@ __device__ __forceinline__ void stage_combined_row(const MegakernelParams& p, in
   ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
   for (int32_t i = consumer_thread; i < d.q_dim; i += KernelConfig::kConsumerThreads) {
     const float* record = scratch + i / hd * stride;
-    float max = -INFINITY;
-    for (int32_t block = 0; block < blocks; ++block) max = fmaxf(max, record[block * record_floats + hd]);
-    float acc = 0.0f, sum = 0.0f;
-    for (int32_t block = 0; block < blocks; ++block) {
-      const float* r = record + block * record_floats;
-      const float weight = __expf(r[hd] - max);
-      sum = fmaf(weight, r[hd + 1], sum);
-      acc = fmaf(weight, r[i % hd], acc);
-    }
-    out[i ^ swizzle] = __float2bfloat16_rn(acc / sum);
+    const float value = combine_records(blocks, hd, i % hd,
+                                        [&](int32_t block, int32_t at) { return record[block * record_floats + at]; });
+    out[i ^ swizzle] = __float2bfloat16_rn(value);
   }
   ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
 }
