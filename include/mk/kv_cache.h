@@ -24,8 +24,10 @@ struct KvSplit {
   int64_t row_of_block(int64_t block) const { return (block % splits) * blocks_per_split + block / splits; }
   int64_t block_of_row(int64_t row) const { return (row % blocks_per_split) * splits + row / blocks_per_split; }
 };
-// NOTE: splits = enough (sequence, kv head, split) tasks to reach tiles::kDecodeSpreadTasks, at most one per block:
-// at batch 1 the 8 kv heads of Llama 3 alone would leave most SMs idle while the cache streams.
+// NOTE: splits = as many (sequence, kv head, split) tasks as fit in tiles::kDecodeSpreadTasks (one round), at most
+// one per block: at batch 1 the 8 kv heads of Llama 3 alone would leave most SMs idle while the cache streams, and
+// one task past the round is a second round on the critical path (batch 8: 3 splits made 192 tasks of 16 us each;
+// docs/perf.md, fifth session, run 2).
 KvSplit kv_split(const ModelConfig& config, const RunShape& shape);
 
 // Pair order: decode buffers store each RoPE'd head (decode q, the K half of the cache) with rotation partners side

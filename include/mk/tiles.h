@@ -38,7 +38,9 @@ constexpr int32_t kDecodeKvBlock = 128;
 // Floats after each query head's partial output in the partial buffer: its max, its sum and two of padding, which
 // keep every head's record 16-byte aligned.
 constexpr int32_t kDecodePartialStats = 4;
-// Sequences per combine task (one kv head's query heads each).
-constexpr int32_t kDecodeCombineRows = 8;
+// Sequences per combine task (one kv head's query heads each). NOTE: one: a combine thread's loads are a dependent
+// chain over the blocks, so a task's time grows with its outputs (8 sequences a task took 25 us at batch 8 against
+// 3.2 us for one; docs/perf.md, fifth session, run 2), and the combine is on every layer's critical path.
+constexpr int32_t kDecodeCombineRows = 1;
 
 }  // namespace mk::tiles

@@ -18,7 +18,7 @@ KvSplit kv_split(const ModelConfig& config, const RunShape& shape) {
   KvSplit split;
   split.blocks = ceil_div(shape.max_context, tiles::kDecodeKvBlock);
   const int64_t pairs = std::max<int64_t>(1, shape.batch * config.n_kv_heads);  // (sequence, kv head)
-  split.splits = std::clamp<int64_t>(ceil_div(tiles::kDecodeSpreadTasks, pairs), 1, std::max<int64_t>(1, split.blocks));
+  split.splits = std::clamp<int64_t>(tiles::kDecodeSpreadTasks / pairs, 1, std::max<int64_t>(1, split.blocks));
   split.blocks_per_split = ceil_div(split.blocks, split.splits);
   return split;
 }

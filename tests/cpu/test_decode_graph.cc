@@ -63,8 +63,8 @@ TEST(DecodeGraph, RegionsOfTheTinyDecodeStep) {
                           "read kv_cache[0] rows [256,512) cols [64,128)",
                           "read kv_cache[0] rows [256,512) cols [192,256)", "read positions rows [1,2) cols [0,1)"));
   EXPECT_THAT(regions_of(graph, Opcode::kDecodeCombine, 0, 0, 128),
-              ElementsAre("write attn[0] rows [0,2) cols [128,256)", "read attn_partial[0] rows [0,4) cols [136,272)",
-                          "read positions rows [0,2) cols [0,1)"));
+              ElementsAre("write attn[0] rows [0,1) cols [128,256)", "read attn_partial[0] rows [0,2) cols [136,272)",
+                          "read positions rows [0,1) cols [0,1)"));
   EXPECT_THAT(regions_of(graph, Opcode::kDecodeOProj, 0, 0, 16),
               ElementsAre("write hidden_mid[0] rows [0,2) cols [16,32)", "read attn[0] rows [0,2) cols [0,256)",
                           "read hidden[0] rows [0,2) cols [16,32)"));

@@ -88,6 +88,12 @@ TEST_F(Gpu, TensorCoreDecodeTilesAtTheirEdges) {
   check_generation(config, {12, 5, 30}, 6, 128, 29);
 }
 
+TEST_F(Gpu, TensorCoreDecodePassesOverKRanges) {
+  // d_model 4352: down tiles of 64 columns, 8 groups, one a warp over the whole K (one slice); d_ff 8256 at batch 4:
+  // 3 K ranges of 2752 (not a multiple of a weight step) for down, the rest in one range.
+  check_generation(small_config(4352, 8256, 68, 17, 64, true, true, 1), {5, 9, 3, 7}, 4, 128, 30);
+}
+
 TEST_F(Gpu, GenerationOnTheTinyPresetMatchesTheForwardPass) {
   check_generation(find_preset("tiny").config, {8, 5}, 16, 64, 24);
 }
@@ -98,7 +104,7 @@ TEST_F(Gpu, GenerationOfALlama1bShapedModel) {
   config.vocab_size = 4096;  // keeps the CPU forward passes of the check short
   check_generation(config, {64}, 8, 1024, 25);
   // Batch 5: tensor-core passes at the real widths (two groups a warp for gate_up, K split 4 ways for o_proj and
-  // down), and down's k = 8192 leaves 4 rows a pass: 4, then 1 on the CUDA cores.
+  // down), and down's k = 8192 holds only 4 rows in the staging space: one pass of 5 rows over 2 K ranges.
   check_generation(config, {64, 9, 30, 17, 41}, 4, 1024, 28);
 }
 

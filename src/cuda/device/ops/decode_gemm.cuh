@@ -28,6 +28,7 @@ struct DecodeGemmTask {
   const __nv_bfloat16* norm_weight;  // (k) RMSNorm weight applied to a first, or null
   const __nv_bfloat16* w;            // (rows, k) the layer's weights
   int32_t k;
+  int32_t stride;       // elements from one row of a, and of w, to the next: k, more for a K range (decode_k_range)
   int32_t batch_begin;  // batch rows [batch_begin, batch_end)
   int32_t batch_end;
   int32_t pairs;        // pairs of dot products per batch row
@@ -41,23 +42,24 @@ __device__ __forceinline__ DecodeGemmTask decode_gemm_task(const MegakernelParam
   switch (in.opcode) {
     case Opcode::kDecodeQ:
       return {p.hidden + layer * B * D, w.attn_norm_weight + layer * D, w.wqkv + layer * d.qkv_dim * D, d.d_model,
-              in.row_begin, in.row_end, width / 2};
+              d.d_model, in.row_begin, in.row_end, width / 2};
     case Opcode::kDecodeKv:  // rows are cache rows [b0 C, b1 C)
       return {p.hidden + layer * B * D, w.attn_norm_weight + layer * D, w.wqkv + layer * d.qkv_dim * D, d.d_model,
-              in.row_begin / d.max_context, (in.row_end + d.max_context - 1) / d.max_context, width / 2};
+              d.d_model, in.row_begin / d.max_context, (in.row_end + d.max_context - 1) / d.max_context, width / 2};
     case Opcode::kDecodeOProj:
     case Opcode::kDecodeOProjCombine:  // a: the partials, combined as they are staged
-      return {p.attn + layer * B * d.q_dim, nullptr, w.wo + layer * D * d.q_dim, d.q_dim, in.row_begin, in.row_end,
-              width / 2};
+      return {p.attn + layer * B * d.q_dim, nullptr, w.wo + layer * D * d.q_dim, d.q_dim, d.q_dim, in.row_begin,
+              in.row_end, width / 2};
     case Opcode::kDecodeGateUp:  // a pair is the gate and the up row of one output column
       return {p.hidden_mid + layer * B * D, w.mlp_norm_weight + layer * D,
-              w.w_gate_up + layer * int64_t(d.gate_up_rows) * D, d.d_model, in.row_begin, in.row_end, width};
+              w.w_gate_up + layer * int64_t(d.gate_up_rows) * D, d.d_model, d.d_model, in.row_begin, in.row_end,
+              width};
     case Opcode::kDecodeDown:
-      return {p.act + layer * B * d.d_ff, nullptr, w.w_down + layer * D * d.d_ff, d.d_ff, in.row_begin, in.row_end,
-              width / 2};
-    default:  // kDecodeLmHead: the final norm fused
-      return {p.hidden + int64_t(d.n_layers) * B * D, w.final_norm_weight, w.lm_head, d.d_model, in.row_begin,
+      return {p.act + layer * B * d.d_ff, nullptr, w.w_down + layer * D * d.d_ff, d.d_ff, d.d_ff, in.row_begin,
               in.row_end, width / 2};
+    default:  // kDecodeLmHead: the final norm fused
+      return {p.hidden + int64_t(d.n_layers) * B * D, w.final_norm_weight, w.lm_head, d.d_model, d.d_model,
+              in.row_begin, in.row_end, width / 2};
   }
 }
 
@@ -179,9 +181,10 @@ __device__ __forceinline__ void stage_decode_rows(const MegakernelParams& p, con
   }
   float* inv_rms = scratch;                                   // (kDecodeMaxRows)
   uint4* norm_weight = reinterpret_cast<uint4*>(scratch + 64);  // (chunks)
-  const uint4* x = reinterpret_cast<const uint4*>(t.a + int64_t(b0) * t.k);
+  const uint4* x = reinterpret_cast<const uint4*>(t.a + int64_t(b0) * t.stride);
   for (int32_t i = consumer_thread; i < rows * chunks; i += kThreads)
-    ptx::cp_async_16(staged + staged_index(i / chunks, chunks, i % chunks), x + i, 16);
+    ptx::cp_async_16(staged + staged_index(i / chunks, chunks, i % chunks), x + i / chunks * (t.stride / 8) + i % chunks,
+                     16);
   if (t.norm_weight != nullptr)
     for (int32_t c = consumer_thread; c < chunks; c += kThreads)
       ptx::cp_async_16(norm_weight + c, reinterpret_cast<const uint4*>(t.norm_weight) + c, 16);
@@ -239,7 +242,7 @@ __device__ __forceinline__ void issue_weight_step(const MegakernelParams& p, con
   const int2 rows = decode_weight_rows(p, in, pair);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const uint4* row = reinterpret_cast<const uint4*>(t.w + int64_t(r == 0 ? rows.x : rows.y) * t.k);
+    const uint4* row = reinterpret_cast<const uint4*>(t.w + int64_t(r == 0 ? rows.x : rows.y) * t.stride);
 #pragma unroll
     for (int u = 0; u < kStepChunks; ++u) {
       const int32_t chunk = (step * kStepChunks + u) * 32 + lane;

@@ -80,7 +80,7 @@ struct MmaStream {
       const int32_t pair = (unit_of(step) * kGroups + n / 8) * kGroupPairs + n % 8 / 2;
       const bool real = pair < t.pairs;
       const int2 rows = decode_weight_rows(p, in, real ? pair : 0);
-      const uint4* row = reinterpret_cast<const uint4*>(t.w + int64_t(n % 2 == 0 ? rows.x : rows.y) * t.k);
+      const uint4* row = reinterpret_cast<const uint4*>(t.w + int64_t(n % 2 == 0 ? rows.x : rows.y) * t.stride);
       uint4* buffer = own + step % kStepBuffers * kStepUint4s + n * kChunks;
       const int32_t first = first_chunk(step), chunks = t.k / 8;
 #pragma unroll
@@ -179,6 +179,31 @@ __device__ __forceinline__ void reduce_slices(const MegakernelParams& p, const I
   mma_epilogue<kGroups>(p, in, t, warp, b0, rows, acc, lane);
 }
 
+// The steps of the stream over staged rows [b0, b0 + rows) of task t (all of its K, or one range of it): acc
+// accumulates. With `finish`, each job's epilogue runs after its last step (one slice a unit; else reduce_slices
+// after the loop), acc restarting for the warp's next job. `prologue_issued`: as in decode_gemm_rows.
+template <int kGroups>
+__device__ __forceinline__ void mma_steps(const MegakernelParams& p, const Instruction& in, const DecodeGemmTask& t,
+                                          const MmaStream<kGroups>& stream, const uint4* staged, int32_t b0,
+                                          int32_t rows, bool prologue_issued, bool finish,
+                                          float (&acc)[kGroups][4]) {
+  const int32_t chunks = t.k / 8;
+  const MmaLane lane = mma_lane(staged, chunks, rows, stream.lane);
+  if (!prologue_issued) stream.issue_prologue(p, in, t);
+  for (int32_t step = 0; step < stream.steps; ++step) {
+    __syncwarp();  // every lane's reads of the buffer refilled next (the previous step's) are done
+    stream.issue(p, in, t, step + kStepBuffers - 1);
+    ptx::cp_async_wait<kStepBuffers - 1>();
+    __syncwarp();  // and the other lanes' copies of this step have landed
+    mma_step<kGroups>(lane, stream.own + step % kStepBuffers * kStepUint4s, stream.first_chunk(step), chunks, acc);
+    if (!finish || (step + 1) % stream.steps_per_slice != 0 || stream.slices > 1) continue;
+    mma_epilogue<kGroups>(p, in, t, stream.unit_of(step), b0, rows, acc, stream.lane);
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) acc[g][0] = acc[g][1] = acc[g][2] = acc[g][3] = 0.0f;
+  }
+  ptx::cp_async_wait<0>();  // the trailing empty groups
+}
+
 // Every output pair of the task for staged rows [b0, b0 + rows), 3 <= rows <= kMmaRows. `prologue_issued`: as in
 // decode_gemm_rows.
 template <int kGroups>
@@ -187,23 +212,70 @@ __device__ __forceinline__ void decode_gemm_mma(const MegakernelParams& p, const
                                                 float* scratch, int32_t b0, int32_t rows, bool prologue_issued,
                                                 int consumer_thread) {
   const MmaStream<kGroups> stream(t, ring, consumer_thread);
-  const int32_t chunks = t.k / 8;
-  const MmaLane lane = mma_lane(staged, chunks, rows, stream.lane);
-  if (!prologue_issued) stream.issue_prologue(p, in, t);
   float acc[kGroups][4] = {};
-  for (int32_t step = 0; step < stream.steps; ++step) {
-    __syncwarp();  // every lane's reads of the buffer refilled next (the previous step's) are done
-    stream.issue(p, in, t, step + kStepBuffers - 1);
-    ptx::cp_async_wait<kStepBuffers - 1>();
-    __syncwarp();  // and the other lanes' copies of this step have landed
-    mma_step<kGroups>(lane, stream.own + step % kStepBuffers * kStepUint4s, stream.first_chunk(step), chunks, acc);
-    if ((step + 1) % stream.steps_per_slice != 0 || stream.slices > 1) continue;
-    mma_epilogue<kGroups>(p, in, t, stream.unit_of(step), b0, rows, acc, stream.lane);
-#pragma unroll
-    for (int g = 0; g < kGroups; ++g) acc[g][0] = acc[g][1] = acc[g][2] = acc[g][3] = 0.0f;
-  }
-  ptx::cp_async_wait<0>();  // the trailing empty groups
+  mma_steps<kGroups>(p, in, t, stream, staged, b0, rows, prologue_issued, true, acc);
   if (stream.slices > 1) reduce_slices<kGroups>(p, in, t, stream, scratch, b0, rows, acc);
+}
+
+// Task t's columns [begin, begin + length) of a and w: rows stay t.stride apart.
+__device__ __forceinline__ DecodeGemmTask decode_k_range(DecodeGemmTask t, int32_t begin, int32_t length) {
+  t.a += begin;
+  t.w += begin;
+  t.k = length;
+  return t;
+}
+
+// NOTE: passes over batch rows stream the tile's weights once per pass, and at k = d_ff only 4 rows of the 1B shape
+// fit the staging space: batch 8 took two passes of the down tiles (22 us against 7.3 at batch 1), batch 64 sixteen
+// (178 us; docs/perf.md, fifth session, run 2). A pass of up to kMmaRows rows instead takes K in ranges, staged one
+// after the other, each warp's accumulators carried from range to range, and the weights stream once a pass.
+// K ranges a pass of `rows` rows takes: 1 when they fit the staging space at full K, else the fewest equal ranges of
+// whole 64-column blocks (the staged rows' swizzle) that fit; 0 when none can: a fused norm needs whole rows, the
+// fused combine stages otherwise, and a warp with several jobs (two groups a warp) could not carry its accumulators.
+// Equal ranges give every range the same slices, so a warp keeps its job (unit, K-slice) in all of them.
+__device__ __forceinline__ int32_t decode_k_ranges(const Instruction& in, const DecodeGemmTask& t, int32_t rows) {
+  const int32_t bytes = rows * 2 * t.k;
+  if (bytes <= kStagedRowBytes) return 1;
+  if (t.norm_weight != nullptr || in.opcode == Opcode::kDecodeOProjCombine || mma_groups_per_warp(t) != 1) return 0;
+  for (int32_t ranges = (bytes + kStagedRowBytes - 1) / kStagedRowBytes; ranges * 64 <= t.k; ++ranges)
+    if (t.k % (ranges * 64) == 0) return ranges;
+  return 0;
+}
+
+// Batch rows per pass of task t: its rows in the fewest passes of at most kMmaRows, balanced (so that no pass is
+// left with a row or two), when such passes can take K in ranges; else as many as fit at full K.
+__device__ __forceinline__ int32_t decode_pass_rows(const Instruction& in, const DecodeGemmTask& t) {
+  const int32_t total = t.batch_end - t.batch_begin;
+  const int32_t passes = (total + kMmaRows - 1) / kMmaRows;
+  const int32_t balanced = (total + passes - 1) / passes;
+  return decode_k_ranges(in, t, balanced) > 0 ? balanced : decode_rows_per_pass(t);
+}
+
+// A pass of staged rows [b0, b0 + rows) over `ranges` K ranges (decode_k_ranges > 1): each range's weight prologue
+// goes out before its rows are staged, so the two land in one round trip. Ends with the consumers synchronized.
+__device__ __forceinline__ void decode_gemm_mma_ranges(const MegakernelParams& p, const Instruction& in,
+                                                       const DecodeGemmTask& t, uint4* staged, uint4* ring,
+                                                       float* scratch, int32_t b0, int32_t rows, int32_t ranges,
+                                                       bool prologue_issued, int consumer_thread) {
+  const int32_t length = t.k / ranges;
+  float acc[1][4] = {};
+#pragma unroll 1
+  for (int32_t r = 0; r < ranges; ++r) {
+    const DecodeGemmTask range = decode_k_range(t, r * length, length);
+    const MmaStream<1> stream(range, ring, consumer_thread);
+    if (r > 0) {
+      ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);  // the previous range's rows are read
+      stream.issue_prologue(p, in, range);
+    }
+    stage_decode_rows(p, in, range, b0, rows, staged, scratch, consumer_thread);
+    mma_steps<1>(p, in, range, stream, staged, b0, rows, prologue_issued || r > 0, false, acc);
+    if (r + 1 < ranges) continue;
+    if (stream.slices > 1) {
+      reduce_slices<1>(p, in, range, stream, scratch, b0, rows, acc);
+    } else if (stream.warp < stream.units) {
+      mma_epilogue<1>(p, in, range, stream.first_unit, b0, rows, acc, stream.lane);
+    }
+  }
 }
 
 // The first steps of decode GEMM `in`'s weight stream (the stream its first pass will use), sent before its counter
@@ -214,8 +286,12 @@ __device__ __forceinline__ bool early_weight_prologue(const MegakernelParams& p,
   if (in.opcode == Opcode::kDecodeOProjCombine) return false;
   const DecodeGemmTask t = decode_gemm_task(p, in);
   uint4* ring = reinterpret_cast<uint4*>(s.stages + kStagedRowBytes);
-  const int32_t rows = min(decode_rows_per_pass(t), t.batch_end - t.batch_begin);
-  if (rows < kMinMmaRows) {
+  const int32_t rows = min(decode_pass_rows(in, t), t.batch_end - t.batch_begin);
+  const int32_t ranges = decode_k_ranges(in, t, rows);
+  if (ranges > 1) {
+    const DecodeGemmTask first = decode_k_range(t, 0, t.k / ranges);
+    MmaStream<1>(first, ring, consumer_thread).issue_prologue(p, in, first);
+  } else if (rows < kMinMmaRows) {
     WeightStream(t, ring, consumer_thread).issue_prologue(p, in, t);
   } else if (mma_groups_per_warp(t) == 1) {
     MmaStream<1>(t, ring, consumer_thread).issue_prologue(p, in, t);
@@ -234,11 +310,17 @@ __device__ __forceinline__ void run_decode_gemm(const MegakernelParams& p, const
   uint4* staged = reinterpret_cast<uint4*>(s.stages);
   uint4* ring = reinterpret_cast<uint4*>(s.stages + kStagedRowBytes);
   float* scratch = reinterpret_cast<float*>(s.output);
-  const int32_t per_pass = decode_rows_per_pass(t);
+  const int32_t per_pass = decode_pass_rows(in, t);
   for (int32_t b0 = t.batch_begin; b0 < t.batch_end; b0 += per_pass) {
     const int32_t rows = min(per_pass, t.batch_end - b0);
-    stage_decode_rows(p, in, t, b0, rows, staged, scratch, consumer_thread);
+    const int32_t ranges = decode_k_ranges(in, t, rows);
     const bool issued = prologue_issued && b0 == t.batch_begin;  // later passes stream the weights again
+    if (ranges > 1) {
+      decode_gemm_mma_ranges(p, in, t, staged, ring, scratch, b0, rows, ranges, issued, consumer_thread);
+      ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);  // the next pass restages
+      continue;
+    }
+    stage_decode_rows(p, in, t, b0, rows, staged, scratch, consumer_thread);
     if (rows == 1) {
       decode_gemm_rows<1>(p, in, t, staged, ring, b0, rows, issued, consumer_thread);
     } else if (rows == 2) {
