@@ -73,9 +73,13 @@ TEST_F(Gpu, GenerationReproducesTheForwardPassOnRaggedBatches) {
   check_generation(small_config(512, 1024, 8, 2, 128, true, true), {20, 3, 17, 1, 9, 30}, 12, 256, 22);
   // Batch 11: one tensor-core pass of 11 rows.
   check_generation(small_config(256, 512, 4, 2, 64, true, true), {9, 2, 14, 5, 1, 7, 3, 12, 6, 4, 10}, 6, 128, 26);
-  // Batch 18: more rows than one pass holds: 16 (the mma's whole M), then 2 on the CUDA cores.
+  // Batch 18: more rows than one pass holds: two balanced passes of 9.
   check_generation(small_config(256, 512, 4, 2, 64, true, true),
                    {9, 2, 14, 5, 1, 7, 3, 12, 6, 4, 10, 8, 11, 13, 2, 6, 15, 1}, 4, 128, 27);
+  // Batch 18 at context 512: 36 (sequence, kv head) pairs take 3 splits of the 4 blocks, so a split of a long
+  // sequence computes its block 0 while it stages block 3 (and a short one's split meets its empty blocks).
+  check_generation(small_config(256, 512, 4, 2, 64, true, true),
+                   {400, 9, 390, 130, 260, 7, 385, 12, 6, 420, 10, 8, 256, 13, 2, 383, 15, 1}, 4, 512, 31);
   // Multi-head without RoPE, one layer.
   check_generation(small_config(256, 768, 2, 2, 128, false, true, 1), {5}, 20, 128, 23);
 }
