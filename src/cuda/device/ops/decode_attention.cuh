@@ -1,7 +1,6 @@
 // Split-KV decode attention (one partial per KV block: unnormalized output, max and sum per query head; the block's
-// K and V staged in shared memory, the first block's older keys before the counter wait, the next block while one is
-// computed), the combine that merges a sequence's partials in block order, and greedy sampling: run by the consumer
-// warps with plain loads.
+// K and V staged in shared memory, its older keys before the counter wait), the combine that merges a sequence's
+// partials in block order, and greedy sampling: run by the consumer warps with plain loads.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -48,33 +47,19 @@ __device__ __forceinline__ void stage_kv_rows(const ModelDims& d, const __nv_bfl
   }
 }
 
-// Where a decode attention tile keeps q, scores, stats and its staged blocks in the (otherwise idle) stage ring:
-// two blocks when they fit (head_dim <= 128), so that the next block is staged while one is computed.
+// Where a decode attention tile keeps q, scores, stats and the staged block in the (otherwise idle) stage ring.
 struct DecodeAttentionSmem {
   float* q;                  // (G, head_dim)
   float* scores;             // (G, kDecodeKvBlock)
   float* stats;              // (G, 2): max, sum
-  __nv_bfloat16* k_block;    // (keys, k_stride) of the block computed
+  __nv_bfloat16* k_block;    // (keys, k_stride)
   __nv_bfloat16* v_block;    // (keys, head_dim)
-  int32_t buffers;           // blocks the ring holds: 1 or 2
-  __nv_bfloat16* first_k;    // buffer 0's K; buffer i's K and V follow each other
-  int32_t buffer_elements;   // of one buffer's K and V
-  __device__ __forceinline__ DecodeAttentionSmem(const SharedState& s, int32_t head_dim)
+  __device__ __forceinline__ explicit DecodeAttentionSmem(const SharedState& s)
       : q(reinterpret_cast<float*>(s.stages)),
         scores(q + kMaxGroup * kMaxHeadDim),
         stats(scores + kMaxGroup * kDecodeKvBlock),
         k_block(reinterpret_cast<__nv_bfloat16*>(stats + 2 * kMaxGroup)),
-        v_block(k_block + kDecodeKvBlock * k_stride(head_dim)),
-        first_k(k_block),
-        buffer_elements(kDecodeKvBlock * (k_stride(head_dim) + head_dim)) {
-    const int64_t end = (reinterpret_cast<uint8_t*>(first_k) - s.stages) + 2 * int64_t(buffer_elements) * 2;
-    buffers = end <= KernelConfig::kNumStages * KernelConfig::kStageBytes ? 2 : 1;
-  }
-  // Buffer i's K and V (i < buffers).
-  __device__ __forceinline__ __nv_bfloat16* k_of(int32_t i) const { return first_k + i * buffer_elements; }
-  __device__ __forceinline__ __nv_bfloat16* v_of(int32_t i, int32_t head_dim) const {
-    return k_of(i) + kDecodeKvBlock * k_stride(head_dim);
-  }
+        v_block(k_block + kDecodeKvBlock * k_stride(kMaxHeadDim)) {}
 };
 
 // The keys of partial row `row` of a decode attention tile: block `first_key / kDecodeKvBlock`, `keys` of them
@@ -105,7 +90,7 @@ __device__ __forceinline__ void prestage_decode_attention(const MegakernelParams
                                                           const Instruction& in, int consumer_thread) {
   const int32_t position = p.positions[in.sequence];
   const KvBlockKeys block = kv_block_keys(p.dims, in, in.row_begin, position);
-  const DecodeAttentionSmem smem(s, p.dims.head_dim);
+  const DecodeAttentionSmem smem(s);
   stage_kv_rows(p.dims, cache_keys(p, in, block.first_key), 0, block.keys, position - block.first_key, smem.k_block,
                 smem.v_block, consumer_thread);
   ptx::cp_async_commit();
@@ -189,49 +174,30 @@ __device__ __forceinline__ void run_decode_attention(const MegakernelParams& p, 
   const int32_t G = d.group_size, hd = d.head_dim, stride = hd + kPartialStats;
   const int32_t rows_per_sequence = d.kv_splits * d.kv_blocks_per_split;
   const int32_t position = p.positions[in.sequence];
-  DecodeAttentionSmem smem(s, hd);
+  const DecodeAttentionSmem smem(s);
   const __nv_bfloat16* q_heads = p.decode_q + (layer * B + in.sequence) * d.q_dim + in.head * G * hd;
   for (int32_t i = consumer_thread; i < G * hd; i += KernelConfig::kConsumerThreads)
     smem.q[i] = __bfloat162float(__ldcg(q_heads + i));
-  // The prestaged first block lacks only its newest key, if it holds it.
-  const KvBlockKeys first = kv_block_keys(d, in, in.row_begin, position);
-  if (first.keys > 0) {
-    const int32_t newest = min(position - first.first_key, first.keys);
-    stage_kv_rows(d, cache_keys(p, in, first.first_key), newest, min(newest + 1, first.keys), -1, smem.k_block,
-                  smem.v_block, consumer_thread);
-  }
-  ptx::cp_async_commit();
   for (int32_t row = in.row_begin; row < in.row_end; ++row) {
     const KvBlockKeys block = kv_block_keys(d, in, row, position);
     float* record = p.attn_partial + (layer * B * rows_per_sequence + row) * int64_t(d.q_dim / hd) * stride +
                     int64_t(in.head) * G * stride;
-    if (block.keys <= 0) {  // and so are the split's later blocks: their keys come later still
+    if (block.keys <= 0) {
       for (int32_t i = consumer_thread; i < G * stride; i += KernelConfig::kConsumerThreads)
         record[i] = i % stride == hd ? -INFINITY : 0.0f;
       continue;
     }
-    // The next block goes into the other buffer (free: the block before this one ended with a barrier) while this
-    // one is computed; with one buffer it is staged here, after this block's barrier.
-    const int32_t buffer = (row - in.row_begin) % smem.buffers;
-    smem.k_block = smem.k_of(buffer);
-    smem.v_block = smem.v_of(buffer, hd);
-    const KvBlockKeys next = row + 1 < in.row_end ? kv_block_keys(d, in, row + 1, position) : KvBlockKeys{0, 0};
-    if (smem.buffers == 2 && next.keys > 0)
-      stage_kv_rows(d, cache_keys(p, in, next.first_key), 0, next.keys, -1, smem.k_of(1 - buffer),
-                    smem.v_of(1 - buffer, hd), consumer_thread);
+    // The prestaged first block lacks only its newest key, if it holds it.
+    const int32_t newest = min(position - block.first_key, block.keys);
+    const bool prestaged = row == in.row_begin;
+    stage_kv_rows(d, cache_keys(p, in, block.first_key), prestaged ? newest : 0,
+                  prestaged ? min(newest + 1, block.keys) : block.keys, -1, smem.k_block, smem.v_block,
+                  consumer_thread);
     ptx::cp_async_commit();
-    if (smem.buffers == 2) {
-      ptx::cp_async_wait<1>();  // all but the next block's copies
-    } else {
-      ptx::cp_async_wait<0>();
-    }
+    ptx::cp_async_wait<0>();
     ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
     decode_block_partial(d, smem, block.keys, record, warp, lane, consumer_thread);
-    if (smem.buffers == 1 && next.keys > 0)
-      stage_kv_rows(d, cache_keys(p, in, next.first_key), 0, next.keys, -1, smem.k_block, smem.v_block,
-                    consumer_thread);
   }
-  ptx::cp_async_wait<0>();
 }
 
 // One attention output value from its head's partial records of `blocks` KV blocks, combined in block order:
