@@ -174,6 +174,7 @@ __global__ void __launch_bounds__(KernelConfig::kThreads, 1) megakernel(const __
   s.output_free = s.staged + 1;
   s.loaded = s.output_free + 1;
   s.flag = reinterpret_cast<volatile uint32_t*>(s.loaded + 1);
+  s.freed = s.flag + 1;
 
   if (threadIdx.x == 0) {
     for (int i = 0; i < KernelConfig::kNumStages; ++i) {
@@ -183,6 +184,7 @@ __global__ void __launch_bounds__(KernelConfig::kThreads, 1) megakernel(const __
     ptx::mbarrier_init(s.staged, KernelConfig::kConsumerWarps);
     ptx::mbarrier_init(s.output_free, 1);
     ptx::mbarrier_init(s.loaded, 1);
+    *s.freed = 0;
     ptx::fence_mbarrier_init();
   }
   __syncthreads();

@@ -61,6 +61,13 @@ TEST_F(Gpu, EachOpAloneOverASweepOfShapes) {
   for (size_t i = 0; i < cases.size(); ++i) check_against_reference(info_, cases[i].config, cases[i].shape, 10 + i);
 }
 
+TEST_F(Gpu, TheOutputTileIsNotLoadedBeforeItsStoreHasReadIt) {
+  // K = 256: whole qkv and gate_up tiles fit the stage ring, so the producer runs two or more uses of the output tile
+  // ahead of the storer. On the H200's 132 SMs this schedule stalled when the producer waited on the tile's parity
+  // (Q loaded onto a tile still being stored) instead of counting the stores (output_tile.cuh).
+  check_against_reference(info_, find_preset("tiny").config, {18, 384}, 32);
+}
+
 TEST_F(Gpu, SeedPreset) {
   const Preset& seed = find_preset("seed");
   check_against_reference(info_, seed.config, seed.shape, 3);

@@ -46,7 +46,7 @@ struct KernelConfig {
 
   // full/empty per stage, then staged (consumers -> storer), staging_free (storer -> all), residual (TMA -> consumers)
   static constexpr int kNumBarriers = 2 * kNumStages + 3;
-  static constexpr int kBarrierBytes = kNumBarriers * 8 + 16;  // + the consumers' broadcast flag
+  static constexpr int kBarrierBytes = kNumBarriers * 8 + 16;  // + the consumers' broadcast flag, the freed count
   static constexpr int kSmemBytes = 1024 + kNumStages * kStageBytes + kOutputBytes + kBarrierBytes;  // + alignment
 };
 

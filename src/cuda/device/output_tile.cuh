@@ -16,17 +16,38 @@ namespace mk::gpu {
 struct OutputState {
   uint32_t uses = 0;   // GEMM and attention instructions so far
   uint32_t loads = 0;  // of which loaded the tile first
-  // Parity that completes once the previous use's store has read the tile (passes at once for the first use).
+  // Parity that completes once the previous use's store has read the tile (passes at once for the first use): for
+  // the consumers. The producer counts (wait_output_freed).
   __device__ __forceinline__ uint32_t free_parity() const { return (uses & 1) ^ 1; }
   __device__ __forceinline__ uint32_t staged_parity() const { return uses & 1; }
   __device__ __forceinline__ uint32_t loaded_parity() const { return loads & 1; }
 };
 
+// Producer: until the storer has freed the tile `uses` times, every earlier use's store having read it.
+// NOTE: a count, not output_free's parity. The producer waits only before the uses it loads into the tile, and
+// between them it can issue whole GEMMs whose stages fit the ring, running two or more uses ahead of the storer;
+// a parity wait then passes on an older phase. Q then landed on a tile still being stored, and the consumers'
+// `loaded` wait hung (mk run --preset tiny --batch 18 --seq 384; docs/perf.md, fifth session). The consumers'
+// parity waits are exact: each waits once per GEMM for the use before it, and reaches a use only after its loads.
+__device__ __forceinline__ bool wait_output_freed(const MegakernelParams& p, const SharedState& s, uint32_t uses,
+                                                  Site site) {
+  if (ptx::load_acquire_shared(s.freed) >= uses) return true;
+  const uint64_t start = ptx::global_timer_ns();
+  while (ptx::load_acquire_shared(s.freed) < uses) {
+    if (aborting(p)) return false;
+    if (ptx::global_timer_ns() - start > p.stall_timeout_ns) {
+      report_error(p, kErrorPipelineStall, site, ~0u, 0, 0);
+      return false;
+    }
+  }
+  return true;
+}
+
 // Producer: waits until the tile is free, then TMA-loads `boxes` boxes of 64 columns x 128 rows into it.
 __device__ __forceinline__ bool load_output_tile(const MegakernelParams& p, const SharedState& s,
                                                  const OutputState& output, const CUtensorMap* map, int boxes,
                                                  int32_t col, int32_t row, int32_t plane, Site site) {
-  if (!wait_barrier(p, s.output_free, output.free_parity(), site)) return false;
+  if (!wait_output_freed(p, s, output.uses, site)) return false;
   ptx::mbarrier_arrive_expect_tx(s.loaded, uint32_t(boxes * KernelConfig::kOutputBoxBytes));
   for (int box = 0; box < boxes; ++box)
     ptx::tma_load_3d(s.output + box * KernelConfig::kOutputBoxBytes, map, s.loaded, col + box * KernelConfig::kBoxCols,
@@ -89,6 +110,7 @@ __device__ __forceinline__ bool store_output_tile(const MegakernelParams& p, con
   ptx::bulk_commit_group();
   ptx::bulk_wait_group_read_all();
   ptx::mbarrier_arrive(s.output_free);
+  ptx::store_release_shared(s.freed, output.uses + 1);
   ptx::bulk_wait_group_all();
   // NOTE: the tile was written by the async proxy; readers acquire the counter and then read with TMA (after their
   // own proxy fence) or with plain loads.

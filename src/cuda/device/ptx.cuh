@@ -126,6 +126,22 @@ __device__ __forceinline__ uint32_t load_acquire(const uint32_t* address) {
   return value;
 }
 
+// Shared-memory words one thread of the CTA writes and another polls.
+__device__ __forceinline__ uint32_t load_acquire_shared(const volatile uint32_t* address) {
+  uint32_t value;
+  asm volatile("ld.acquire.cta.shared::cta.u32 %0, [%1];"
+               : "=r"(value)
+               : "r"(smem_address(const_cast<const uint32_t*>(address)))
+               : "memory");
+  return value;
+}
+
+__device__ __forceinline__ void store_release_shared(volatile uint32_t* address, uint32_t value) {
+  asm volatile("st.release.cta.shared::cta.u32 [%0], %1;" ::"r"(smem_address(const_cast<const uint32_t*>(address))),
+               "r"(value)
+               : "memory");
+}
+
 __device__ __forceinline__ void add_release(uint32_t* address, uint32_t value) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(address), "r"(value) : "memory");
 }

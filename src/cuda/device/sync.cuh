@@ -31,6 +31,7 @@ struct SharedState {
   uint64_t* output_free;     // the storer's TMA store has read the output tile
   uint64_t* loaded;          // a TMA load into the output tile has landed (a GEMM's residual, attention's Q)
   volatile uint32_t* flag;   // consumer broadcast: did the counter waits succeed
+  volatile uint32_t* freed;  // uses of the output tile whose store has read it (the storer counts; see output_tile.cuh)
   __device__ __forceinline__ uint8_t* stage(uint32_t index) const { return stages + index * KernelConfig::kStageBytes; }
 };
 
