@@ -1,0 +1,339 @@
+#!/usr/bin/env python3
+"""A protocol model of the megakernel's per-SM pipeline, run over a real schedule to find deadlocks without a GPU.
+
+Each SM has four actors, as in src/cuda/megakernel.cu: the producer (counter waits, then stage-ring and output-tile
+loads), two consumer warpgroups (stage waits and releases, output-tile waits, row-wise counter waits behind a named
+barrier) and the storer (stores staged output tiles, frees the tile, publishes). Their mbarriers are modelled with
+phases and parity waits, exactly as mbarrier.try_wait.parity behaves: a waiter two phases behind sees the wrong
+phase. Actors advance in random interleavings (seeded, so a result repeats); a round in which no actor can move is a
+deadlock, reported with what every blocked actor waits on.
+
+The model mirrors the kernel's waits by hand (produce_gemm, produce_attention, gemm_mainloop, attention_mainloop,
+stage_output, store_output_tile): change it with them. It found the fifth session's stall, where the producer
+waited for the output tile by parity (`--producer-waits parity` brings that rule back).
+
+Usage: pipeline_model.py --mk build/mk --preset tiny --batch 18 --seq 384 [--sms 132] [--interleavings 16]
+           [--producer-waits count|parity] [--expect clean|deadlock]
+"""
+import argparse
+import json
+import pathlib
+import random
+import re
+import struct
+import subprocess
+import sys
+import tempfile
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+GEMMS = {"kQkv", "kOProj", "kGateUp", "kDown", "kLmHead"}
+RESIDUAL = {"kOProj", "kDown"}
+
+
+def opcode_names():
+    """Opcode numbers -> names, read from include/mk/instruction.h so that the model follows the enum."""
+    text = (ROOT / "include/mk/instruction.h").read_text()
+    body = text[text.index("enum class Opcode"):]
+    body = body[body.index("{") + 1:body.index("};")]
+    return re.findall(r"^\s*(k\w+)", body, re.M)
+
+
+def stage_count():
+    text = (ROOT / "src/cuda/device/config.cuh").read_text()
+    return int(re.search(r"kNumStages\s*=\s*(\d+)", text).group(1))
+
+
+def load_schedule(path):
+    data = pathlib.Path(path).read_bytes()
+    length = struct.unpack("<Q", data[8:16])[0]
+    header = json.loads(data[16:16 + length])
+    at = 16 + length
+    sms = header["num_sms"]
+    sm_begin = struct.unpack(f"<{sms + 1}I", data[at:at + 4 * (sms + 1)])
+    at += 4 * (sms + 1)
+    names = opcode_names()
+    instructions = []
+    for _ in range(header["num_instructions"]):
+        f = struct.unpack("<BBHIiiiiiiIII5I", data[at:at + 64])
+        at += 64
+        instructions.append({"op": names[f[0]], "layer": f[2], "rows": (f[4], f[5]), "sequence": f[8],
+                             "signal": f[10], "waits": (f[11], f[12])})
+    waits = [struct.unpack("<II", data[at + 8 * i:at + 8 * i + 8]) for i in range(header["num_waits"])]
+    return header, sm_begin, instructions, waits
+
+
+class MBarrier:
+    """Arrival count and transaction bytes per phase; `phase` counts completed phases."""
+
+    def __init__(self, count):
+        self.count, self.pending, self.tx, self.phase = count, count, 0, 0
+
+    def arrive(self, n=1):
+        self.pending -= n
+        assert self.pending >= 0, "more arrivals than the barrier's count"
+        self._complete()
+
+    def expect_and_arrive(self, tx):
+        self.tx += tx
+        self.arrive()
+
+    def land(self, tx):
+        self.tx -= tx
+        self._complete()
+
+    def _complete(self):
+        if self.pending == 0 and self.tx == 0:
+            self.phase += 1
+            self.pending = self.count
+
+    def passed(self, parity):  # mbarrier.try_wait.parity: the last phase of that parity has completed
+        return (self.phase & 1) != parity
+
+
+class Ring:
+    """Position in the stage ring, advanced alike by producer and consumers (PipelineState)."""
+
+    def __init__(self, stages, stage=0, phase=0):
+        self.stages, self.stage, self.phase = stages, stage, phase
+
+    def advance(self):
+        self.stage += 1
+        if self.stage == self.stages:
+            self.stage, self.phase = 0, self.phase ^ 1
+
+    def copy(self):
+        return Ring(self.stages, self.stage, self.phase)
+
+    def next_block(self):  # attention's K and V blocks alternate: a cursor over one kind skips the other
+        self.advance()
+        self.advance()
+
+
+class Model:
+    def __init__(self, header, sm_begin, instructions, waits, producer_parity):
+        self.header, self.sm_begin, self.ins, self.waits = header, sm_begin, instructions, waits
+        self.stages = stage_count()
+        self.producer_parity = producer_parity
+        c = header["config"]
+        q_dim = c["n_heads"] * c["head_dim"]
+        self.k = {"kQkv": c["d_model"], "kOProj": q_dim, "kGateUp": c["d_model"], "kDown": c["d_ff"],
+                  "kLmHead": c["d_model"]}
+        self.block_k = header["tiles"]["block_k"]
+        self.block_kv = header["tiles"]["block_kv"]
+        self.counters = {}
+
+    def met(self, x):
+        begin, count = x["waits"]
+        return all(self.counters.get(c, 0) >= t for c, t in self.waits[begin:begin + count])
+
+    def publish(self, x):
+        self.counters[x["signal"]] = self.counters.get(x["signal"], 0) + 1
+
+    def kv_blocks(self, x):
+        query_end = x["rows"][1] - x["sequence"] * self.header["seq_len"]
+        return (query_end + self.block_kv - 1) // self.block_kv
+
+    def producer(self, sm, order):
+        ring, uses = Ring(self.stages), 0
+        for i in order:
+            x = self.ins[i]
+            if x["op"] not in GEMMS and x["op"] != "kAttention":
+                continue
+            if x["op"] == "kAttention":
+                yield ("producer: counters", i), lambda x=x: self.met(x)
+                yield ("producer: output tile free (Q)", i), self.tile_free(sm, uses)
+                sm.loaded.expect_and_arrive(1)
+                sm.loaded.land(1)
+                for _ in range(2 * self.kv_blocks(x)):
+                    yield from self.fill(sm, ring, i, 1, 1)
+            else:
+                blocks = self.k[x["op"]] // self.block_k
+                prefetched, first = min(blocks, self.stages), ring.copy()
+                for _ in range(prefetched):  # weights before the counters: A's bytes still outstanding
+                    yield from self.fill(sm, ring, i, 2, 1)
+                yield ("producer: counters", i), lambda x=x: self.met(x)
+                for _ in range(prefetched):
+                    sm.full[first.stage].land(1)
+                    first.advance()
+                for _ in range(blocks - prefetched):
+                    yield from self.fill(sm, ring, i, 1, 1)
+                if x["op"] in RESIDUAL:
+                    yield ("producer: output tile free (residual)", i), self.tile_free(sm, uses)
+                    sm.loaded.expect_and_arrive(1)
+                    sm.loaded.land(1)
+            uses += 1
+
+    def fill(self, sm, ring, i, tx, landed):
+        stage, parity = ring.stage, ring.phase ^ 1
+        yield ("producer: stage empty", i), lambda: sm.empty[stage].passed(parity)
+        sm.full[stage].expect_and_arrive(tx)
+        sm.full[stage].land(landed)
+        ring.advance()
+
+    def tile_free(self, sm, uses):
+        if self.producer_parity:
+            parity = (uses & 1) ^ 1
+            return lambda: sm.free.passed(parity)
+        return lambda: sm.free.phase >= uses  # the storer's count (wait_output_freed)
+
+    def consumer(self, sm, order, warpgroup):
+        ring, uses, loads = Ring(self.stages), 0, 0
+
+        def release(stage):
+            sm.empty[stage].arrive(4)  # one arrival per warp
+
+        def full(r, i, what):
+            stage, parity = r.stage, r.phase
+            return (f"consumers {warpgroup}: {what}", i), lambda: sm.full[stage].passed(parity)
+
+        for i in order:
+            x = self.ins[i]
+            if x["op"] not in GEMMS and x["op"] != "kAttention":  # row-wise and decode ops
+                if warpgroup == 0:
+                    yield ("consumers 0: counters", i), lambda x=x: self.met(x)
+                sm.arrived[warpgroup] += 1
+                yield (f"consumers {warpgroup}: named barrier", i), \
+                    (lambda n=sm.arrived[warpgroup]: min(sm.arrived) >= n)
+                if warpgroup == 0:
+                    self.publish(x)
+                sm.published[warpgroup] += 1
+                yield (f"consumers {warpgroup}: publish barrier", i), \
+                    (lambda n=sm.published[warpgroup]: min(sm.published) >= n)
+                continue
+            if x["op"] == "kAttention":
+                blocks = self.kv_blocks(x)
+                key, value = ring.copy(), ring.copy()
+                value.advance()
+                yield (f"consumers {warpgroup}: Q loaded", i), (lambda p=loads & 1: sm.loaded.passed(p))
+                yield full(key, i, "K0")
+                release(key.stage)
+                key.next_block()
+                yield full(value, i, "V0")
+                if blocks > 1:
+                    yield full(key, i, "K1")
+                for j in range(1, blocks):
+                    pending = value.stage
+                    value.next_block()
+                    release(key.stage)
+                    key.next_block()
+                    yield full(value, i, f"V{j}")
+                    if j + 1 < blocks:
+                        yield full(key, i, f"K{j + 1}")
+                    release(pending)
+                release(value.stage)
+                ring = key
+                loads += 1
+            else:
+                previous = None
+                for _ in range(self.k[x["op"]] // self.block_k):
+                    yield full(ring, i, "GEMM stage")
+                    if previous is not None:
+                        release(previous)
+                    previous = ring.stage
+                    ring.advance()
+                release(previous)
+                yield (f"consumers {warpgroup}: output tile free", i), \
+                    (lambda p=(uses & 1) ^ 1: sm.free.passed(p))
+                if x["op"] in RESIDUAL:
+                    yield (f"consumers {warpgroup}: residual loaded", i), (lambda p=loads & 1: sm.loaded.passed(p))
+                    loads += 1
+            sm.staged.arrive(4)
+            uses += 1
+
+    def storer(self, sm, order):
+        uses = 0
+        for i in order:
+            x = self.ins[i]
+            if x["op"] not in GEMMS and x["op"] != "kAttention":
+                continue
+            yield ("storer: staged", i), (lambda p=uses & 1: sm.staged.passed(p))
+            sm.free.arrive()
+            uses += 1
+            self.publish(x)
+
+
+class SmState:
+    def __init__(self, stages):
+        self.full = [MBarrier(1) for _ in range(stages)]
+        self.empty = [MBarrier(8) for _ in range(stages)]  # every consumer warp
+        self.staged, self.free, self.loaded = MBarrier(8), MBarrier(1), MBarrier(1)
+        self.arrived, self.published = [0, 0], [0, 0]
+
+
+def interleave(schedule, producer_parity, seed):
+    """One random interleaving: None if every actor finishes, else the blocked actors' waits."""
+    header, sm_begin, instructions, _ = schedule
+    model = Model(*schedule, producer_parity)
+    rng = random.Random(seed)
+    actors = []
+    for sm_index in range(header["num_sms"]):
+        sm = SmState(model.stages)
+        order = range(sm_begin[sm_index], sm_begin[sm_index + 1])
+        for actor in (model.producer(sm, order), model.storer(sm, order), model.consumer(sm, order, 0),
+                      model.consumer(sm, order, 1)):
+            actors.append({"sm": sm_index, "run": actor, "wait": None})
+    while actors:
+        rng.shuffle(actors)
+        moved = False
+        for actor in actors:
+            for _ in range(rng.randint(1, 4)):
+                if actor["wait"] is not None and not actor["wait"][1]():
+                    break
+                try:
+                    actor["wait"] = next(actor["run"])
+                except StopIteration:
+                    actor["wait"] = "done"
+                moved = True
+                if actor["wait"] == "done":
+                    break
+        actors = [a for a in actors if a["wait"] != "done"]
+        if actors and not moved:
+            blocked = []
+            for a in actors:
+                (what, i) = a["wait"][0]
+                x = instructions[i]
+                blocked.append(f"SM {a['sm']} instruction {i - sm_begin[a['sm']]} ({x['op'][1:]} L{x['layer']} "
+                               f"rows [{x['rows'][0]},{x['rows'][1]})): {what}")
+            return blocked
+    return None
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mk", default=str(ROOT / "build/mk"), help="the mk binary, to build the schedule")
+    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--batch", type=int, default=18)
+    parser.add_argument("--seq", type=int, default=384)
+    parser.add_argument("--sms", type=int, default=132)
+    parser.add_argument("--interleavings", type=int, default=16)
+    parser.add_argument("--producer-waits", choices=("count", "parity"), default="count",
+                        help="how the producer waits for the output tile: the kernel's count, or the old parity")
+    parser.add_argument("--expect", choices=("clean", "deadlock"),
+                        help="exit 1 unless every interleaving is clean, or unless one deadlocks")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as work:
+        path = pathlib.Path(work) / "schedule.bin"
+        subprocess.run([args.mk, "schedule", "--preset", args.preset, "--batch", str(args.batch), "--seq",
+                        str(args.seq), "--sms", str(args.sms), "--out", str(path)], check=True,
+                       stdout=subprocess.DEVNULL)
+        schedule = load_schedule(path)
+    deadlocks = 0
+    for seed in range(args.interleavings):
+        blocked = interleave(schedule, args.producer_waits == "parity", seed)
+        if blocked is not None:
+            deadlocks += 1
+            if deadlocks == 1:
+                print(f"interleaving {seed}: deadlock, {len(blocked)} actors blocked, e.g.")
+                for line in blocked[:6]:
+                    print("  " + line)
+    print(f"{args.preset} batch {args.batch} seq {args.seq} on {args.sms} SMs, producer waits by "
+          f"{args.producer_waits}: {args.interleavings - deadlocks} of {args.interleavings} interleavings clean")
+    if args.expect == "clean" and deadlocks:
+        return 1
+    if args.expect == "deadlock" and not deadlocks:
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
