@@ -1,19 +1,20 @@
 #!/usr/bin/env python3
-"""A protocol model of the megakernel's per-SM pipeline, run over a real schedule to find deadlocks without a GPU.
+"""A protocol model of the megakernel's per-SM pipeline, run over a real schedule to find failures without a GPU.
 
 Each SM has four actors, as in src/cuda/megakernel.cu: the producer (counter waits, then stage-ring and output-tile
 loads), two consumer warpgroups (stage waits and releases, output-tile waits, row-wise counter waits behind a named
 barrier) and the storer (stores staged output tiles, frees the tile, publishes). Their mbarriers are modelled with
 phases and parity waits, exactly as mbarrier.try_wait.parity behaves: a waiter two phases behind sees the wrong
 phase. Actors advance in random interleavings (seeded, so a result repeats); a round in which no actor can move is a
-deadlock, reported with what every blocked actor waits on.
+deadlock, reported with what the blocked actors wait on, and a load or write into the output tile before the store
+of its previous use has read it is a failure too (silent corruption on the GPU).
 
 The model mirrors the kernel's waits by hand (produce_gemm, produce_attention, gemm_mainloop, attention_mainloop,
 stage_output, store_output_tile): change it with them. It found the fifth session's stall, where the producer
 waited for the output tile by parity (`--producer-waits parity` brings that rule back).
 
 Usage: pipeline_model.py --mk build/mk --preset tiny --batch 18 --seq 384 [--sms 132] [--interleavings 16]
-           [--producer-waits count|parity] [--expect clean|deadlock]
+           [--producer-waits count|parity] [--expect clean|failure]
 """
 import argparse
 import json
@@ -45,8 +46,12 @@ def stage_count():
 
 def load_schedule(path):
     data = pathlib.Path(path).read_bytes()
+    if data[:8] != b"MKSCHED2":
+        raise SystemExit(f"{path}: not a schedule of the version this model reads (src/host/schedule.cc)")
     length = struct.unpack("<Q", data[8:16])[0]
     header = json.loads(data[16:16 + length])
+    if header["pass"] != "forward" or header["num_instructions"] == 0:
+        raise SystemExit(f"{path}: the model covers forward passes, got a {header['pass']} schedule")
     at = 16 + length
     sms = header["num_sms"]
     sm_begin = struct.unpack(f"<{sms + 1}I", data[at:at + 4 * (sms + 1)])
@@ -109,6 +114,10 @@ class Ring:
         self.advance()
 
 
+class TileOverwrite(Exception):
+    """A load or write into the output tile before the store of its previous use has read it: silent corruption."""
+
+
 class Model:
     def __init__(self, header, sm_begin, instructions, waits, producer_parity):
         self.header, self.sm_begin, self.ins, self.waits = header, sm_begin, instructions, waits
@@ -142,6 +151,7 @@ class Model:
             if x["op"] == "kAttention":
                 yield ("producer: counters", i), lambda x=x: self.met(x)
                 yield ("producer: output tile free (Q)", i), self.tile_free(sm, uses)
+                self.check_freed(sm, uses, i, "the producer loads Q")
                 sm.loaded.expect_and_arrive(1)
                 sm.loaded.land(1)
                 for _ in range(2 * self.kv_blocks(x)):
@@ -159,6 +169,7 @@ class Model:
                     yield from self.fill(sm, ring, i, 1, 1)
                 if x["op"] in RESIDUAL:
                     yield ("producer: output tile free (residual)", i), self.tile_free(sm, uses)
+                    self.check_freed(sm, uses, i, "the producer loads a residual")
                     sm.loaded.expect_and_arrive(1)
                     sm.loaded.land(1)
             uses += 1
@@ -169,6 +180,11 @@ class Model:
         sm.full[stage].expect_and_arrive(tx)
         sm.full[stage].land(landed)
         ring.advance()
+
+    def check_freed(self, sm, uses, i, what):
+        if sm.free.phase < uses:
+            raise TileOverwrite(f"schedule instruction {i}: {what} into the output tile before the store of use {uses - 1} "
+                                f"has read it ({sm.free.phase} of {uses} uses freed)")
 
     def tile_free(self, sm, uses):
         if self.producer_parity:
@@ -194,11 +210,11 @@ class Model:
                 sm.arrived[warpgroup] += 1
                 yield (f"consumers {warpgroup}: named barrier", i), \
                     (lambda n=sm.arrived[warpgroup]: min(sm.arrived) >= n)
-                if warpgroup == 0:
-                    self.publish(x)
                 sm.published[warpgroup] += 1
                 yield (f"consumers {warpgroup}: publish barrier", i), \
                     (lambda n=sm.published[warpgroup]: min(sm.published) >= n)
+                if warpgroup == 0:
+                    self.publish(x)
                 continue
             if x["op"] == "kAttention":
                 blocks = self.kv_blocks(x)
@@ -237,6 +253,7 @@ class Model:
                 if x["op"] in RESIDUAL:
                     yield (f"consumers {warpgroup}: residual loaded", i), (lambda p=loads & 1: sm.loaded.passed(p))
                     loads += 1
+                self.check_freed(sm, uses, i, f"consumers {warpgroup} write")
             sm.staged.arrive(4)
             uses += 1
 
@@ -261,7 +278,8 @@ class SmState:
 
 
 def interleave(schedule, producer_parity, seed):
-    """One random interleaving: None if every actor finishes, else the blocked actors' waits."""
+    """One random interleaving: None if every actor finishes, else what went wrong: the blocked actors' waits (a
+    deadlock), or the output tile overwritten before its store read it."""
     header, sm_begin, instructions, _ = schedule
     model = Model(*schedule, producer_parity)
     rng = random.Random(seed)
@@ -283,6 +301,8 @@ def interleave(schedule, producer_parity, seed):
                     actor["wait"] = next(actor["run"])
                 except StopIteration:
                     actor["wait"] = "done"
+                except TileOverwrite as overwrite:
+                    return [f"SM {actor['sm']} {overwrite}"]
                 moved = True
                 if actor["wait"] == "done":
                     break
@@ -294,7 +314,8 @@ def interleave(schedule, producer_parity, seed):
                 x = instructions[i]
                 blocked.append(f"SM {a['sm']} instruction {i - sm_begin[a['sm']]} ({x['op'][1:]} L{x['layer']} "
                                f"rows [{x['rows'][0]},{x['rows'][1]})): {what}")
-            return blocked
+            tile_waits = ("output tile", "staged", "loaded")
+            return sorted(blocked, key=lambda line: not any(w in line for w in tile_waits))
     return None
 
 
@@ -308,8 +329,8 @@ def main():
     parser.add_argument("--interleavings", type=int, default=16)
     parser.add_argument("--producer-waits", choices=("count", "parity"), default="count",
                         help="how the producer waits for the output tile: the kernel's count, or the old parity")
-    parser.add_argument("--expect", choices=("clean", "deadlock"),
-                        help="exit 1 unless every interleaving is clean, or unless one deadlocks")
+    parser.add_argument("--expect", choices=("clean", "failure"),
+                        help="exit 1 unless every interleaving is clean, or unless one fails")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as work:
         path = pathlib.Path(work) / "schedule.bin"
@@ -317,20 +338,20 @@ def main():
                         str(args.seq), "--sms", str(args.sms), "--out", str(path)], check=True,
                        stdout=subprocess.DEVNULL)
         schedule = load_schedule(path)
-    deadlocks = 0
+    failures = 0
     for seed in range(args.interleavings):
         blocked = interleave(schedule, args.producer_waits == "parity", seed)
         if blocked is not None:
-            deadlocks += 1
-            if deadlocks == 1:
-                print(f"interleaving {seed}: deadlock, {len(blocked)} actors blocked, e.g.")
+            failures += 1
+            if failures == 1:
+                print(f"interleaving {seed}: {len(blocked)} failures, e.g.")
                 for line in blocked[:6]:
                     print("  " + line)
     print(f"{args.preset} batch {args.batch} seq {args.seq} on {args.sms} SMs, producer waits by "
-          f"{args.producer_waits}: {args.interleavings - deadlocks} of {args.interleavings} interleavings clean")
-    if args.expect == "clean" and deadlocks:
+          f"{args.producer_waits}: {args.interleavings - failures} of {args.interleavings} interleavings clean")
+    if args.expect == "clean" and failures:
         return 1
-    if args.expect == "deadlock" and not deadlocks:
+    if args.expect == "failure" and not failures:
         return 1
     return 0
 

@@ -44,7 +44,8 @@ struct KernelConfig {
   static constexpr int kDecodeWeightRingBytes = 128 * 1024;
   static constexpr int kDecodeStagedRowBytes = kNumStages * kStageBytes - kDecodeWeightRingBytes;
 
-  // full/empty per stage, then staged (consumers -> storer), staging_free (storer -> all), residual (TMA -> consumers)
+  // full/empty per stage, then staged (consumers -> storer), output_free (storer -> consumers), loaded (TMA ->
+  // consumers)
   static constexpr int kNumBarriers = 2 * kNumStages + 3;
   static constexpr int kBarrierBytes = kNumBarriers * 8 + 16;  // + the consumers' broadcast flag, the freed count
   static constexpr int kSmemBytes = 1024 + kNumStages * kStageBytes + kOutputBytes + kBarrierBytes;  // + alignment

@@ -31,16 +31,7 @@ struct OutputState {
 // parity waits are exact: each waits once per GEMM for the use before it, and reaches a use only after its loads.
 __device__ __forceinline__ bool wait_output_freed(const MegakernelParams& p, const SharedState& s, uint32_t uses,
                                                   Site site) {
-  if (ptx::load_acquire_shared(s.freed) >= uses) return true;
-  const uint64_t start = ptx::global_timer_ns();
-  while (ptx::load_acquire_shared(s.freed) < uses) {
-    if (aborting(p)) return false;
-    if (ptx::global_timer_ns() - start > p.stall_timeout_ns) {
-      report_error(p, kErrorPipelineStall, site, ~0u, 0, 0);
-      return false;
-    }
-  }
-  return true;
+  return wait_in_shared(p, site, [&] { return ptx::load_acquire_shared(s.freed) >= uses; });
 }
 
 // Producer: waits until the tile is free, then TMA-loads `boxes` boxes of 64 columns x 128 rows into it.

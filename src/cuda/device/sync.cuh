@@ -90,11 +90,13 @@ __device__ __forceinline__ bool wait_all_counters(const MegakernelParams& p, con
   return true;
 }
 
-// Waits for an mbarrier phase; false when the kernel is aborting or this wait ran past the timeout.
-__device__ __forceinline__ bool wait_barrier(const MegakernelParams& p, uint64_t* barrier, uint32_t parity, Site site) {
-  if (ptx::mbarrier_try_wait(barrier, parity)) return true;
+// Spins until done() holds on shared memory: false when the kernel is aborting, or past the timeout (reported as a
+// pipeline stall).
+template <typename Done>
+__device__ __forceinline__ bool wait_in_shared(const MegakernelParams& p, Site site, Done done) {
+  if (done()) return true;
   const uint64_t start = ptx::global_timer_ns();
-  while (!ptx::mbarrier_try_wait(barrier, parity)) {
+  while (!done()) {
     if (aborting(p)) return false;
     if (ptx::global_timer_ns() - start > p.stall_timeout_ns) {
       report_error(p, kErrorPipelineStall, site, ~0u, 0, 0);
@@ -102,6 +104,11 @@ __device__ __forceinline__ bool wait_barrier(const MegakernelParams& p, uint64_t
     }
   }
   return true;
+}
+
+// Waits for an mbarrier phase; false when the kernel is aborting or this wait ran past the timeout.
+__device__ __forceinline__ bool wait_barrier(const MegakernelParams& p, uint64_t* barrier, uint32_t parity, Site site) {
+  return wait_in_shared(p, site, [&] { return ptx::mbarrier_try_wait(barrier, parity); });
 }
 
 // All consumer threads: thread 0 waits on the instruction's counters (bounded) and tells the others, so that all

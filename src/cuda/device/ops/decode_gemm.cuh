@@ -28,7 +28,7 @@ struct DecodeGemmTask {
   const __nv_bfloat16* norm_weight;  // (k) RMSNorm weight applied to a first, or null
   const __nv_bfloat16* w;            // (rows, k) the layer's weights
   int32_t k;
-  int32_t stride;       // elements from one row of a, and of w, to the next: k, more for a K range (decode_k_range)
+  int32_t row_stride;   // elements from one row of a, and of w, to the next: k, more for a K range (decode_k_range)
   int32_t batch_begin;  // batch rows [batch_begin, batch_end)
   int32_t batch_end;
   int32_t pairs;        // pairs of dot products per batch row
@@ -181,9 +181,9 @@ __device__ __forceinline__ void stage_decode_rows(const MegakernelParams& p, con
   }
   float* inv_rms = scratch;                                   // (kDecodeMaxRows)
   uint4* norm_weight = reinterpret_cast<uint4*>(scratch + 64);  // (chunks)
-  const uint4* x = reinterpret_cast<const uint4*>(t.a + int64_t(b0) * t.stride);
+  const uint4* x = reinterpret_cast<const uint4*>(t.a + int64_t(b0) * t.row_stride);
   for (int32_t i = consumer_thread; i < rows * chunks; i += kThreads)
-    ptx::cp_async_16(staged + staged_index(i / chunks, chunks, i % chunks), x + i / chunks * (t.stride / 8) + i % chunks,
+    ptx::cp_async_16(staged + staged_index(i / chunks, chunks, i % chunks), x + i / chunks * (t.row_stride / 8) + i % chunks,
                      16);
   if (t.norm_weight != nullptr)
     for (int32_t c = consumer_thread; c < chunks; c += kThreads)
@@ -242,7 +242,7 @@ __device__ __forceinline__ void issue_weight_step(const MegakernelParams& p, con
   const int2 rows = decode_weight_rows(p, in, pair);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const uint4* row = reinterpret_cast<const uint4*>(t.w + int64_t(r == 0 ? rows.x : rows.y) * t.stride);
+    const uint4* row = reinterpret_cast<const uint4*>(t.w + int64_t(r == 0 ? rows.x : rows.y) * t.row_stride);
 #pragma unroll
     for (int u = 0; u < kStepChunks; ++u) {
       const int32_t chunk = (step * kStepChunks + u) * 32 + lane;
@@ -331,7 +331,7 @@ __device__ __forceinline__ bool is_decode_gemm(Opcode opcode) {
 }
 
 // Batch rows per pass of task t: as many as the staging space holds, up to kDecodeMaxRows.
-__device__ __forceinline__ int32_t decode_rows_per_pass(const DecodeGemmTask& t) {
+__device__ __forceinline__ int32_t decode_rows_at_full_k(const DecodeGemmTask& t) {
   return min(kDecodeMaxRows, kStagedRowBytes / (2 * t.k));
 }
 

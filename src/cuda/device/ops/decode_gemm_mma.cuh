@@ -16,7 +16,9 @@ namespace mk::gpu {
 // so each A fragment read from shared memory serves 4 pairs; the weights still stream through each warp's cp.async
 // ring as on the CUDA cores.
 constexpr int kMmaRows = 16;
-constexpr int kMinMmaRows = 3;   // passes of 1-2 rows stay on the CUDA cores: bandwidth-bound there already
+// Passes of 1-2 rows stay on the CUDA cores (bandwidth-bound there already), unless their rows do not fit the staging
+// space at full K (k > 16384): only the tensor-core path takes K in ranges (decode_k_ranges).
+constexpr int kMinMmaRows = 3;
 constexpr int kGroupPairs = 4;   // output pairs of one mma's N = 8 weight rows
 static_assert(kDecodeMaxRows == kMmaRows, "a pass is at most one mma's M");
 static_assert(KernelConfig::kConsumerWarps * 2 * 4 * 32 * 4 <= KernelConfig::kOutputBytes,
@@ -80,7 +82,7 @@ struct MmaStream {
       const int32_t pair = (unit_of(step) * kGroups + n / 8) * kGroupPairs + n % 8 / 2;
       const bool real = pair < t.pairs;
       const int2 rows = decode_weight_rows(p, in, real ? pair : 0);
-      const uint4* row = reinterpret_cast<const uint4*>(t.w + int64_t(n % 2 == 0 ? rows.x : rows.y) * t.stride);
+      const uint4* row = reinterpret_cast<const uint4*>(t.w + int64_t(n % 2 == 0 ? rows.x : rows.y) * t.row_stride);
       uint4* buffer = own + step % kStepBuffers * kStepUint4s + n * kChunks;
       const int32_t first = first_chunk(step), chunks = t.k / 8;
 #pragma unroll
@@ -188,14 +190,15 @@ __device__ __forceinline__ void mma_steps(const MegakernelParams& p, const Instr
                                           int32_t rows, bool prologue_issued, bool finish,
                                           float (&acc)[kGroups][4]) {
   const int32_t chunks = t.k / 8;
-  const MmaLane lane = mma_lane(staged, chunks, rows, stream.lane);
+  const MmaLane fragment_addresses = mma_lane(staged, chunks, rows, stream.lane);
   if (!prologue_issued) stream.issue_prologue(p, in, t);
   for (int32_t step = 0; step < stream.steps; ++step) {
     __syncwarp();  // every lane's reads of the buffer refilled next (the previous step's) are done
     stream.issue(p, in, t, step + kStepBuffers - 1);
     ptx::cp_async_wait<kStepBuffers - 1>();
     __syncwarp();  // and the other lanes' copies of this step have landed
-    mma_step<kGroups>(lane, stream.own + step % kStepBuffers * kStepUint4s, stream.first_chunk(step), chunks, acc);
+    mma_step<kGroups>(fragment_addresses, stream.own + step % kStepBuffers * kStepUint4s, stream.first_chunk(step),
+                      chunks, acc);
     if (!finish || (step + 1) % stream.steps_per_slice != 0 || stream.slices > 1) continue;
     mma_epilogue<kGroups>(p, in, t, stream.unit_of(step), b0, rows, acc, stream.lane);
 #pragma unroll
@@ -212,12 +215,12 @@ __device__ __forceinline__ void decode_gemm_mma(const MegakernelParams& p, const
                                                 float* scratch, int32_t b0, int32_t rows, bool prologue_issued,
                                                 int consumer_thread) {
   const MmaStream<kGroups> stream(t, ring, consumer_thread);
-  float acc[kGroups][4] = {};
+  float acc[kGroups][4] = {};  // (groups, C fragment: rows g and g + 8 of the pass x 2 columns)
   mma_steps<kGroups>(p, in, t, stream, staged, b0, rows, prologue_issued, true, acc);
   if (stream.slices > 1) reduce_slices<kGroups>(p, in, t, stream, scratch, b0, rows, acc);
 }
 
-// Task t's columns [begin, begin + length) of a and w: rows stay t.stride apart.
+// Task t's columns [begin, begin + length) of a and w: rows stay t.row_stride apart.
 __device__ __forceinline__ DecodeGemmTask decode_k_range(DecodeGemmTask t, int32_t begin, int32_t length) {
   t.a += begin;
   t.w += begin;
@@ -248,7 +251,7 @@ __device__ __forceinline__ int32_t decode_pass_rows(const Instruction& in, const
   const int32_t total = t.batch_end - t.batch_begin;
   const int32_t passes = (total + kMmaRows - 1) / kMmaRows;
   const int32_t balanced = (total + passes - 1) / passes;
-  return decode_k_ranges(in, t, balanced) > 0 ? balanced : decode_rows_per_pass(t);
+  return decode_k_ranges(in, t, balanced) > 0 ? balanced : decode_rows_at_full_k(t);
 }
 
 // A pass of staged rows [b0, b0 + rows) over `ranges` K ranges (decode_k_ranges > 1): each range's weight prologue
@@ -258,7 +261,7 @@ __device__ __forceinline__ void decode_gemm_mma_ranges(const MegakernelParams& p
                                                        float* scratch, int32_t b0, int32_t rows, int32_t ranges,
                                                        bool prologue_issued, int consumer_thread) {
   const int32_t length = t.k / ranges;
-  float acc[1][4] = {};
+  float acc[1][4] = {};  // (one group, C fragment: rows g and g + 8 of the pass x 2 columns)
 #pragma unroll 1
   for (int32_t r = 0; r < ranges; ++r) {
     const DecodeGemmTask range = decode_k_range(t, r * length, length);
@@ -301,7 +304,7 @@ __device__ __forceinline__ bool early_weight_prologue(const MegakernelParams& p,
   return true;
 }
 
-// A decode GEMM task: its batch rows in passes of up to decode_rows_per_pass, staged at the start of the (otherwise
+// A decode GEMM task: its batch rows in passes of up to decode_rows_at_full_k, staged at the start of the (otherwise
 // idle) stage ring, the weight steps streamed through its end. NOTE: decode schedules have no TMA ops, so no
 // producer is using the ring.
 __device__ __forceinline__ void run_decode_gemm(const MegakernelParams& p, const SharedState& s, const Instruction& in,
