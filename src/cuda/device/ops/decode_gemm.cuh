@@ -183,8 +183,8 @@ __device__ __forceinline__ void stage_decode_rows(const MegakernelParams& p, con
   uint4* norm_weight = reinterpret_cast<uint4*>(scratch + 64);  // (chunks)
   const uint4* x = reinterpret_cast<const uint4*>(t.a + int64_t(b0) * t.row_stride);
   for (int32_t i = consumer_thread; i < rows * chunks; i += kThreads)
-    ptx::cp_async_16(staged + staged_index(i / chunks, chunks, i % chunks), x + i / chunks * (t.row_stride / 8) + i % chunks,
-                     16);
+    ptx::cp_async_16(staged + staged_index(i / chunks, chunks, i % chunks),
+                     x + i / chunks * (t.row_stride / 8) + i % chunks, 16);
   if (t.norm_weight != nullptr)
     for (int32_t c = consumer_thread; c < chunks; c += kThreads)
       ptx::cp_async_16(norm_weight + c, reinterpret_cast<const uint4*>(t.norm_weight) + c, 16);
