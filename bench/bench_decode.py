@@ -138,6 +138,8 @@ class Stepper:
                 end = min(begin + chunk, length - 1)
                 self.logits(self.prompts[:, begin:end], torch.arange(begin, end, device=self.prompts.device), True)
             self.prefilled = [counter.clone() for counter in self.counters()]
+            if not self.prefilled and not self.cache_position:  # nothing would rewind the cache between runs
+                raise Fatal("this transformers' static cache has neither cache_position nor length counters")
         for counter, prefilled in zip(self.counters(), self.prefilled):
             counter.copy_(prefilled)
         self.ids.copy_(self.prompts[:, -1:])
