@@ -109,6 +109,9 @@ TEST_F(Gpu, GenerationOfALlama1bShapedModel) {
   // Batch 5: tensor-core passes at the real widths (two groups a warp for gate_up, K split 4 ways for o_proj and
   // down), and down's k = 8192 holds only 4 rows in the staging space: one pass of 5 rows over 2 K ranges.
   check_generation(config, {64, 9, 30, 17, 41}, 4, 1024, 28);
+  // Batch 20: two passes of 10 rows, down's in 4 K ranges of 2048 each; the second pass issues its own weight
+  // prologue (not before the counter wait) ahead of its staging.
+  check_generation(config, {9, 3, 7, 5, 12, 1, 8, 6, 4, 11, 6, 10, 2, 7, 3, 10, 5, 3, 8, 4}, 3, 1024, 33);
 }
 
 TEST_F(Gpu, DecodeRefusesWhatItCannotServe) {
