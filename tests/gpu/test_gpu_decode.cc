@@ -79,6 +79,8 @@ TEST_F(Gpu, GenerationReproducesTheForwardPassOnRaggedBatches) {
   // Batch 6 of 8 kv heads at context 512: 48 (sequence, kv head) pairs take 2 splits of the 4 blocks, so a long
   // sequence's split computes blocks 0 and 2 in turn (and a short one's split meets an empty block).
   check_generation(small_config(512, 1024, 8, 8, 64, true, true), {300, 9, 270, 130, 290, 7}, 4, 512, 31);
+  // GQA 8:1: all 8 query-head rows of decode attention's mmas; a partial second block and a short first one.
+  check_generation(small_config(512, 1024, 8, 1, 64, true, true), {140, 20}, 8, 256, 32);
   // Multi-head without RoPE, one layer.
   check_generation(small_config(256, 768, 2, 2, 128, false, true, 1), {5}, 20, 128, 23);
 }
