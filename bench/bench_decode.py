@@ -3,7 +3,6 @@ config per run, or a sweep of (shape, batch, context) configs in one process (--
 import argparse
 import copy
 import inspect
-import json
 import math
 import os
 import re
@@ -139,6 +138,8 @@ class Stepper:
                 end = min(begin + chunk, length - 1)
                 self.logits(self.prompts[:, begin:end], torch.arange(begin, end, device=self.prompts.device), True)
             self.prefilled = [counter.clone() for counter in self.counters()]
+            if not self.prefilled and not self.cache_position:  # nothing would rewind the cache between runs
+                raise Fatal("this transformers' static cache has neither cache_position nor length counters")
         for counter, prefilled in zip(self.counters(), self.prefilled):
             counter.copy_(prefilled)
         self.ids.copy_(self.prompts[:, -1:])
@@ -233,7 +234,7 @@ def bench_torch(model, prompts: torch.Tensor, config: DecodeConfig, backends: li
                 continue
             note(f"{LABELS[backend]} ...")
             try:
-                results[backend] = bench_backend(backend, stepper, config.new_tokens, keep * (backend == "eager"))
+                results[backend] = bench_backend(backend, stepper, config.new_tokens, keep if backend == "eager" else 0)
             except Exception as error:  # a compile error or OOM in one backend must not lose the others
                 if backend == "eager":
                     raise Fatal(f"torch eager decode failed: {type(error).__name__}: {error}") from error
@@ -251,8 +252,7 @@ def fp32_twin(model):
     if any(buf.is_floating_point() and buf.dtype != torch.float32 for buf in model.buffers()):
         raise Fatal("the bf16 model has buffers not in fp32: its fp32 copy would not be the fp32 model")
     twin = copy.deepcopy(model).float()
-    if hasattr(twin, "set_attn_implementation"):
-        twin.set_attn_implementation("eager")
+    twin.set_attn_implementation("eager")
     return twin.eval()
 
 
@@ -432,7 +432,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=1, help="sequences decoded together")
     parser.add_argument("--prompt-len", type=int, help="random prompt ids per sequence (default 896)")
     parser.add_argument("--new-tokens", type=int, help="greedy tokens per sequence, decode steps (default 128; in a "
-                        "sweep, overrides each config's)")
+                        "sweep, for the configs without an nN of their own)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="where torch runs; cpu skips the CUDA graph and torch.compile backends")
     parser.add_argument("--engine", choices=("gpu", "cpu-vm", "reference"), default="gpu", help="mk's engine")
@@ -469,17 +469,10 @@ def run(args: argparse.Namespace) -> int:
     spec = replace(spec, layers=args.layers or spec.layers)
     prompt_len, new_tokens = args.prompt_len or 896, args.new_tokens or 128
     config = DecodeConfig(args.batch, prompt_len, new_tokens, sweep.context_of(prompt_len + new_tokens))
-    if config.max_context > spec.max_positions:
-        raise Fatal(f"a KV cache of {config.max_context} positions exceeds the model's {spec.max_positions}")
     directory, model = sweep.prepare_model(spec, args.work, args.device)
     measured = sweep.measure(args, spec, directory, model, config, sweep.skipped_backends(args, config.batch))
     report = build_report(args, spec, config, measured)
-    text = markdown(report)
-    print(text, end="")
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "decode.json").write_text(json.dumps(report, indent=1) + "\n")
-        (args.out / "decode.md").write_text(text)
+    print(sweep.write(report, markdown(report), args.out, "decode"), end="")
     if report["problems"]:
         print("bench_decode: FAILED:\n" + "\n".join(report["problems"]), file=sys.stderr)
         return 1

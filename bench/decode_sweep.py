@@ -62,8 +62,8 @@ def add_arguments(parser) -> None:
 
 def prepare_model(spec: Spec, work: Path, device: str):
     """The random bf16 model, saved for both sides with no EOS id (every sequence runs the full count), built on
-    `device` (fast init) unless `work` holds one from the same recipe; then loaded for torch (SDPA attention) on the
-    CPU: measure() moves it to the device and back."""
+    `device` (fast init) unless `work` holds one from the same recipe; for torch, on the CPU with SDPA attention:
+    measure() moves it to the device and back."""
     import transformers
 
     directory = work / f"model-{spec.name}-{spec.layers}l"
@@ -74,21 +74,23 @@ def prepare_model(spec: Spec, work: Path, device: str):
         transformers.utils.logging.disable_progress_bar()
     if marker.is_file() and marker.read_text() == recipe:
         bd.note(f"reusing {spec.name} ({spec.layers} layers) in {directory}")
-    else:
-        bd.note(f"building {spec.name} ({spec.layers} layers) in {directory} ...")
-        with contextlib.redirect_stdout(sys.stderr if bd.PROGRESS else io.StringIO()), torch.device(device):
-            # It prints config.json, and returns a bf16 load of its own (transformers' eager attention), dropped.
-            overrides = {**hfgen.SPECIAL_TOKENS, "initializer_range": bd.INIT_STD[spec.name]}
-            hfgen.save_model(spec, directory, overrides)
-        marker.write_text(recipe)
-        release()
-    return directory, compare_hf.load_hf(directory, torch.bfloat16, "cpu", attention="sdpa")
+        return directory, compare_hf.load_hf(directory, torch.bfloat16, "cpu", attention="sdpa")
+    bd.note(f"building {spec.name} ({spec.layers} layers) in {directory} ...")
+    with contextlib.redirect_stdout(sys.stderr if bd.PROGRESS else io.StringIO()):  # it prints config.json
+        overrides = {**hfgen.SPECIAL_TOKENS, "initializer_range": bd.INIT_STD[spec.name]}
+        model = hfgen.save_model(spec, directory, overrides, device)  # loaded back from the files, on the CPU
+    marker.write_text(recipe)
+    release()
+    model.set_attn_implementation("sdpa")
+    return directory, model
 
 
 def measure(args, spec: Spec, directory: Path, model, config: bd.DecodeConfig,
             skipped: dict[str, str]) -> dict:
     """One config: mk first (torch then holds no GPU memory: its model waits on the CPU), then torch's backends and
     the fp32 reference with the model on the device, and every backend's tokens checked against eager's."""
+    if config.max_context > spec.max_positions:
+        raise bd.Fatal(f"a KV cache of {config.max_context} positions exceeds the model's {spec.max_positions}")
     prompts = torch.randint(0, spec.vocab, (config.batch, config.prompt_len),
                             generator=torch.Generator().manual_seed(bd.SEED))
     mk = bd.bench_mk(args, directory, prompts.tolist(), config)
@@ -266,9 +268,6 @@ def run_config(args, item: Item, directory: Path, model) -> dict:
     begin = time.perf_counter()
     row = {"config": item.label, "shape": item.spec.name, "layers": item.spec.layers, **asdict(item.config)}
     try:
-        if item.config.max_context > item.spec.max_positions:
-            raise bd.Fatal(f"a KV cache of {item.config.max_context} positions exceeds the model's "
-                           f"{item.spec.max_positions}")
         measured = measure(args, item.spec, directory, model, item.config,
                               skipped_backends(args, item.config.batch))
         measured.pop("prompts", None)
@@ -371,8 +370,8 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(report: dict, out: Path | None, name: str) -> str:
-    text = markdown(report)
+def write(report: dict, text: str, out: Path | None, name: str) -> str:
+    """The report as `name`.json and its markdown `text` as `name`.md in `out` (if given); returns the text."""
     if out:
         out.mkdir(parents=True, exist_ok=True)
         (out / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n")
@@ -410,12 +409,12 @@ def sweep(args) -> int:
     def emit(row: dict) -> None:
         report["rows"].append(row)
         print(line_of(row, f"[{len(report['rows'])}/{len(items)}]"), flush=True)
-        write(report, args.out, name)
+        write(report, markdown(report), args.out, name)
 
     for _, group in itertools.groupby(items, key=lambda item: (item.spec.name, item.spec.layers)):
         run_shape(args, list(group), emit, deadline)
     report["wall_s"] = time.perf_counter() - begin
-    print(write(report, args.out, name), end="")
+    print(write(report, markdown(report), args.out, name), end="")
     return finish(report)
 
 
@@ -436,7 +435,7 @@ def merge(args) -> int:
     report = {"meta": reports[0]["meta"], "sweep": reports[0]["sweep"], "part": "merged",
               "parts": [{"part": r["part"], "meta": r["meta"], "wall_s": r.get("wall_s")} for r in reports],
               "rows": [row for r in reports for row in r["rows"]]}
-    print(write(report, args.out, "decode-sweep"), end="")
+    print(write(report, markdown(report), args.out, "decode-sweep"), end="")
     return finish(report)
 
 

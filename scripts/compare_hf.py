@@ -71,14 +71,15 @@ def expected_inv_freq(rope, head_dim):
                 smooth = (context / wavelength - low) / (high - low)
                 scaled.append((1 - smooth) * freq / factor + smooth * freq)
         freqs = scaled
-    return torch.tensor(freqs, dtype=torch.float64, device="cpu")  # whatever default device the caller builds under
+    return torch.tensor(freqs, dtype=torch.float64)
 
 
-def inv_freq_mismatch(model, spec):
-    """None if the model's RoPE frequencies are the intended ones, else what differs."""
-    actual = getattr(getattr(getattr(model, "model", None), "rotary_emb", None), "inv_freq", None)
+def inv_freq_mismatch(rotary, spec):
+    """None if the RoPE frequencies of `rotary` (a model's rotary_emb, or one built from a config) are the intended
+    ones, else what differs."""
+    actual = getattr(rotary, "inv_freq", None)
     if actual is None:
-        return "model.model.rotary_emb.inv_freq not found, so the RoPE transformers applies cannot be confirmed"
+        return "rotary_emb.inv_freq not found, so the RoPE transformers applies cannot be confirmed"
     actual = actual.detach().to("cpu", torch.float64)
     expected = expected_inv_freq(spec.rope, spec.head_dim)
     # transformers computes them in fp32: a few ulp of pow() is fine, a wrong scaling band is not.
@@ -138,7 +139,8 @@ def check_config_json(config_json, spec):
 def build_config(spec, overrides=None):
     """A LlamaConfig that transformers really turns into the intended RoPE; returns (config, how it was spelled).
     overrides: further LlamaConfig arguments (say the special token ids)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
     common = dict(vocab_size=spec.vocab, hidden_size=spec.hidden, intermediate_size=spec.intermediate,
                   num_hidden_layers=spec.layers, num_attention_heads=spec.heads, num_key_value_heads=spec.kv_heads,
@@ -161,21 +163,24 @@ def build_config(spec, overrides=None):
             problems.append(f"{label}: {type(error).__name__}: {error}")
             continue
         # transformers 4 keeps an unknown rope_parameters as a plain attribute and ignores it, so only the
-        # frequencies of a model built from the config prove which spelling took effect.
-        mismatch = inv_freq_mismatch(LlamaForCausalLM(config), spec)
+        # frequencies of the rotary embedding built from the config prove which spelling took effect (its module
+        # alone: a whole model would be 32 GB of fp32 at 8B).
+        mismatch = inv_freq_mismatch(LlamaRotaryEmbedding(config=config), spec)
         if mismatch is None:
             return config, label
         problems.append(f"{label}: {mismatch}")
     raise Failure(f"config {spec.name}: no way of passing RoPE to LlamaConfig worked:\n  " + "\n  ".join(problems))
 
 
-def build_and_save(spec, directory, overrides=None):
-    """Saves a random bf16 model to directory; returns (config spelling, its state dict on the CPU, config.json)."""
+def build_and_save(spec, directory, overrides=None, device="cpu"):
+    """Saves a random bf16 model to directory, initialized on `device` (the GPU initializes a large one fast);
+    returns (config spelling, its state dict on the CPU, config.json)."""
     from transformers import LlamaForCausalLM
 
     config, label = build_config(spec, overrides)
     torch.manual_seed(SEED)
-    model = LlamaForCausalLM(config)
+    with torch.device(device):
+        model = LlamaForCausalLM(config)
     tied = model.get_output_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
     if tied != spec.tied:
         raise Failure(f"config {spec.name}: LM head {'is' if tied else 'is not'} tied to the embedding, "
@@ -225,7 +230,7 @@ def hf_logits(directory, dtype, tokens, saved, spec):
                           "transformers dropped or re-initialized it")
     if dtype == torch.float32:
         # Checked on the fp32 load only: that is the model whose RoPE the reference engine must match.
-        mismatch = inv_freq_mismatch(model, spec)
+        mismatch = inv_freq_mismatch(getattr(model.model, "rotary_emb", None), spec)
         if mismatch is not None:
             raise Failure(f"config {spec.name}: model loaded from config.json: {mismatch}")
     with torch.no_grad():

@@ -111,20 +111,18 @@ def mk_eos_view(directory):
     return []
 
 
-def save_model(spec, directory, config=CONFIG):
-    """A random bf16 model by save_pretrained, with a generation_config.json that mk and HF read alike. config:
-    LlamaConfig arguments, SPECIAL_TOKENS among them."""
+def save_model(spec, directory, config=CONFIG, device="cpu"):
+    """A random bf16 model by save_pretrained (initialized on `device`), with a generation_config.json that mk and HF
+    read alike, loaded back on the CPU (transformers' eager attention). config: LlamaConfig arguments,
+    SPECIAL_TOKENS among them."""
     from transformers import GenerationConfig
 
     shutil.rmtree(directory, ignore_errors=True)
     directory.mkdir(parents=True)
-    compare_hf.build_and_save(spec, directory, config)
+    compare_hf.build_and_save(spec, directory, config, device)
     if not (directory / "generation_config.json").exists():
         GenerationConfig(**SPECIAL_TOKENS).save_pretrained(str(directory))
-    # NOTE: on the CPU whatever default device the caller builds under (bench/decode_sweep.py builds on the GPU):
-    # transformers makes some buffers (RoPE's inv_freq) on the default device.
-    with torch.device("cpu"):
-        model = compare_hf.load_hf(directory, torch.bfloat16, device="cpu")
+    model = compare_hf.load_hf(directory, torch.bfloat16, device="cpu")
     hf_eos = model.generation_config.eos_token_id
     hf_eos = sorted(hf_eos if isinstance(hf_eos, list) else [] if hf_eos is None else [hf_eos])
     if hf_eos != mk_eos_view(directory):

@@ -17,8 +17,10 @@ step() {  # step NAME COMMAND...: runs the command, logs to $out/NAME.log, remem
   local name=$1
   shift
   echo "=== $name: $*"
-  if ! "$@" >"$out/$name.log" 2>&1; then
-    echo "!!! $name failed (exit $?), log tail:"
+  local code=0
+  "$@" >"$out/$name.log" 2>&1 || code=$?
+  if [ "$code" -ne 0 ]; then
+    echo "!!! $name failed (exit $code), log tail:"
     status=1
   fi
   tail -n 25 "$out/$name.log"

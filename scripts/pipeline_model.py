@@ -29,6 +29,7 @@ import tempfile
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 GEMMS = {"kQkv", "kOProj", "kGateUp", "kDown", "kLmHead"}
 RESIDUAL = {"kOProj", "kDown"}
+TILE_OPS = GEMMS | {"kAttention"}  # through the stage ring and the output tile; every other op is the consumers' alone
 
 
 def opcode_names():
@@ -146,7 +147,7 @@ class Model:
         ring, uses = Ring(self.stages), 0
         for i in order:
             x = self.ins[i]
-            if x["op"] not in GEMMS and x["op"] != "kAttention":
+            if x["op"] not in TILE_OPS:
                 continue
             if x["op"] == "kAttention":
                 yield ("producer: counters", i), lambda x=x: self.met(x)
@@ -155,18 +156,18 @@ class Model:
                 sm.loaded.expect_and_arrive(1)
                 sm.loaded.land(1)
                 for _ in range(2 * self.kv_blocks(x)):
-                    yield from self.fill(sm, ring, i, 1, 1)
+                    yield from self.fill(sm, ring, i, 1)
             else:
                 blocks = self.k[x["op"]] // self.block_k
                 prefetched, first = min(blocks, self.stages), ring.copy()
                 for _ in range(prefetched):  # weights before the counters: A's bytes still outstanding
-                    yield from self.fill(sm, ring, i, 2, 1)
+                    yield from self.fill(sm, ring, i, 2)
                 yield ("producer: counters", i), lambda x=x: self.met(x)
                 for _ in range(prefetched):
                     sm.full[first.stage].land(1)
                     first.advance()
                 for _ in range(blocks - prefetched):
-                    yield from self.fill(sm, ring, i, 1, 1)
+                    yield from self.fill(sm, ring, i, 1)
                 if x["op"] in RESIDUAL:
                     yield ("producer: output tile free (residual)", i), self.tile_free(sm, uses)
                     self.check_freed(sm, uses, i, "the producer loads a residual")
@@ -174,17 +175,17 @@ class Model:
                     sm.loaded.land(1)
             uses += 1
 
-    def fill(self, sm, ring, i, tx, landed):
+    def fill(self, sm, ring, i, tx):  # tx transactions expected, one landed now (a prefetch's A lands later)
         stage, parity = ring.stage, ring.phase ^ 1
         yield ("producer: stage empty", i), lambda: sm.empty[stage].passed(parity)
         sm.full[stage].expect_and_arrive(tx)
-        sm.full[stage].land(landed)
+        sm.full[stage].land(1)
         ring.advance()
 
     def check_freed(self, sm, uses, i, what):
         if sm.free.phase < uses:
-            raise TileOverwrite(f"schedule instruction {i}: {what} into the output tile before the store of use {uses - 1} "
-                                f"has read it ({sm.free.phase} of {uses} uses freed)")
+            raise TileOverwrite(f"schedule instruction {i}: {what} into the output tile before the store of use "
+                                f"{uses - 1} has read it ({sm.free.phase} of {uses} uses freed)")
 
     def tile_free(self, sm, uses):
         if self.producer_parity:
@@ -204,7 +205,7 @@ class Model:
 
         for i in order:
             x = self.ins[i]
-            if x["op"] not in GEMMS and x["op"] != "kAttention":  # row-wise and decode ops
+            if x["op"] not in TILE_OPS:  # row-wise and decode ops
                 if warpgroup == 0:
                     yield ("consumers 0: counters", i), lambda x=x: self.met(x)
                 sm.arrived[warpgroup] += 1
@@ -261,7 +262,7 @@ class Model:
         uses = 0
         for i in order:
             x = self.ins[i]
-            if x["op"] not in GEMMS and x["op"] != "kAttention":
+            if x["op"] not in TILE_OPS:
                 continue
             yield ("storer: staged", i), (lambda p=uses & 1: sm.staged.passed(p))
             sm.free.arrive()

@@ -23,7 +23,7 @@ enum class BufferKind : uint8_t {
   kHiddenMid,  // (T, d_model) residual stream after attention
   kMlpNorm,    // (T, d_model); forward and prefill
   kAct,        // (T, d_ff) silu(gate) * up
-  kFinalNorm,  // (T, d_model); only with an LM head; forward and decode
+  kFinalNorm,  // (T, d_model); a forward pass with an LM head only (decode fuses it into decode_lm_head)
   kLogits,     // (T, vocab_size); only with an LM head; forward and decode
   kKvCache,    // (B C, 2 kv_dim) K | V per layer, kept between passes (include/mk/kv_cache.h); prefill and decode
   kDecodeQ,    // (B, q_dim) decode: q, RoPE applied, heads in pair order (include/mk/kv_cache.h)

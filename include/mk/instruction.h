@@ -32,7 +32,7 @@ enum class Opcode : uint8_t {
   kDecodeOProj,     // hidden_mid[l][rows, cols] <- hidden[l] + attn[l][rows] @ wo[cols]^T
   kDecodeGateUp,    // act[l][rows, cols] <- silu(rmsnorm(hidden_mid[l]) @ w_gate^T) * (rmsnorm(hidden_mid[l]) @ w_up^T)
   kDecodeDown,      // hidden[l+1][rows, cols] <- hidden_mid[l] + act[l][rows] @ w_down[cols]^T
-  kDecodeLmHead,    // logits[rows, cols] <- final_norm[rows] @ lm_head[cols]^T
+  kDecodeLmHead,    // logits[rows, cols] <- rmsnorm(hidden[L][rows]) @ lm_head[cols]^T (the final norm fused)
   kSample,          // sampled[rows] <- argmax, or a sample under temperature, top-k and top-p, of logits[rows]
   kDecodeOProjCombine,  // hidden_mid[l][rows, cols] <- hidden[l] + combine(attn_partial[l])[rows] @ wo[cols]^T
   kNumOpcodes,

@@ -74,8 +74,8 @@ void check_decode_limits(const Graph& graph) {
   const int64_t widest = std::max({c.d_model, c.q_dim(), c.d_ff});
   MK_CHECK(2 * widest <= KernelConfig::kDecodeStagedRowBytes,
            "gpu engine: a decode input row of {} values does not fit the megakernel's shared memory", widest);
-  // stage_decode_rows keeps the fused norm's weight in the output tile, after 256 bytes of 1 / rms
-  MK_CHECK(2 * c.d_model + 256 <= KernelConfig::kOutputBytes,
+  // stage_decode_rows keeps the fused norm's weight in the output tile, after the rows' 1 / rms
+  MK_CHECK(2 * c.d_model + KernelConfig::kDecodeInvRmsBytes <= KernelConfig::kOutputBytes,
            "gpu engine: a decode norm weight of {} values does not fit the megakernel's shared memory", c.d_model);
 }
 

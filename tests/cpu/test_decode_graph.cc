@@ -9,6 +9,7 @@
 #include "graph_text.h"
 #include "mk/cpu_vm.h"
 #include "mk/generate.h"
+#include "mk/kv_cache.h"
 #include "mk/ops.h"
 #include "mk/tiles.h"
 #include "mk/program.h"
@@ -174,7 +175,7 @@ TEST_F(PlantedDecodeBug, RaceDetectorExposesIt) {
 }
 
 // Weight streaming at batch 1 is the whole cost of a decode step: the cost model puts the step near the bandwidth
-// floor only because every decode GEMM has at least ~one tile per SM.
+// floor only because every decode GEMM's tiles spread over the SMs in one round.
 TEST(DecodeGraph, ALlama1BStepSpreadsOverEverySm) {
   const ModelConfig config = find_preset("llama-3.2-1b").config;
   const RunShape shape{1, 1, PassKind::kDecode, 1024};
@@ -193,6 +194,23 @@ TEST(DecodeGraph, ALlama1BStepSpreadsOverEverySm) {
   const double makespan_ns = estimate_schedule(graph, schedule).makespan_ns;
   EXPECT_GT(makespan_ns, floor_ns);
   EXPECT_LT(makespan_ns, 1.6 * floor_ns) << "estimated " << makespan_ns / 1e3 << " us, floor " << floor_ns / 1e3;
+}
+
+// Both tiling rules keep a decode phase to one round of kDecodeSpreadTasks (132) tasks where they can.
+TEST(DecodeGraph, TilesAndSplitsFitOneRoundOfSms) {
+  EXPECT_EQ(decode_block_n(132 * 16), 16);       // exactly 132 tiles of the narrowest width
+  EXPECT_EQ(decode_block_n(132 * 16 + 1), 32);   // one column more would make a 133rd
+  EXPECT_EQ(decode_block_n(132 * 128), 128);
+  EXPECT_EQ(decode_block_n(132 * 128 + 8), 128);  // wider than one round of the widest tiles: the widest
+  const ModelConfig config = find_preset("llama-3.2-1b").config;  // 8 kv heads
+  const auto splits = [&](int64_t batch, int64_t context) {
+    return kv_split(config, {batch, 1, PassKind::kDecode, context}).splits;
+  };
+  EXPECT_EQ(splits(1, 1024), 8) << "132 / 8 pairs allows 16, but there are only 8 blocks";
+  EXPECT_EQ(splits(1, 4096), 16);
+  EXPECT_EQ(splits(8, 1024), 2) << "64 pairs: 3 splits would make 192 tasks, two rounds";
+  EXPECT_EQ(splits(17, 1024), 1) << "136 pairs: one split, more than one round is then unavoidable";
+  EXPECT_EQ(kv_split(config, {8, 1, PassKind::kDecode, 1024}).blocks_per_split, 4);
 }
 
 // decode_o_proj_combine is decode_combine then decode_o_proj in one task: the same bits from the same partials.

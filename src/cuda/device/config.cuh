@@ -43,6 +43,9 @@ struct KernelConfig {
   // warp's ring of weight steps ----
   static constexpr int kDecodeWeightRingBytes = 128 * 1024;
   static constexpr int kDecodeStagedRowBytes = kNumStages * kStageBytes - kDecodeWeightRingBytes;
+  // The output tile, idle in decode, holds each staged row's 1 / rms in its first kDecodeInvRmsBytes, then the fused
+  // norm's weight (stage_decode_rows).
+  static constexpr int kDecodeInvRmsBytes = 256;
 
   // full/empty per stage, then staged (consumers -> storer), output_free (storer -> consumers), loaded (TMA ->
   // consumers)

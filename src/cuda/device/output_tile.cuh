@@ -17,7 +17,8 @@ struct OutputState {
   uint32_t uses = 0;   // GEMM and attention instructions so far
   uint32_t loads = 0;  // of which loaded the tile first
   // Parity that completes once the previous use's store has read the tile (passes at once for the first use): for
-  // the consumers. The producer counts (wait_output_freed).
+  // the consumers, who are never two uses behind, and whose 256 threads the mbarrier's try_wait suspends in hardware
+  // rather than spinning. The producer counts (wait_output_freed).
   __device__ __forceinline__ uint32_t free_parity() const { return (uses & 1) ^ 1; }
   __device__ __forceinline__ uint32_t staged_parity() const { return uses & 1; }
   __device__ __forceinline__ uint32_t loaded_parity() const { return loads & 1; }

@@ -81,6 +81,15 @@ static_assert(DecodeAttentionSmem::kFloats * 4 % 16 == 0 && kv_stride(kMaxHeadDi
                   kWeightStride * 2 % 16 == 0,
               "every bf16 buffer and row starts 16-byte aligned, as cp.async and ldmatrix need");
 
+// Partial rows per sequence, and the row (within its sequence) of KV block `block`: block j is split j % splits's
+// (j / splits)-th block, splits numbered in turn (KvSplit, include/mk/kv_cache.h).
+__device__ __forceinline__ int32_t partial_rows_per_sequence(const ModelDims& d) {
+  return d.kv_splits * d.kv_blocks_per_split;
+}
+__device__ __forceinline__ int32_t partial_row_of_block(const ModelDims& d, int32_t block) {
+  return (block % d.kv_splits) * d.kv_blocks_per_split + block / d.kv_splits;
+}
+
 // The keys of partial row `row` of a decode attention tile: block `first_key / kDecodeKvBlock`, `keys` of them
 // (0 for a block past the sequence's position).
 struct KvBlockKeys {
@@ -89,7 +98,7 @@ struct KvBlockKeys {
 };
 __device__ __forceinline__ KvBlockKeys kv_block_keys(const ModelDims& d, const Instruction& in, int32_t row,
                                                      int32_t position) {
-  const int32_t local = row - in.sequence * d.kv_splits * d.kv_blocks_per_split;
+  const int32_t local = row - in.sequence * partial_rows_per_sequence(d);
   const int32_t block = (local % d.kv_blocks_per_split) * d.kv_splits + local / d.kv_blocks_per_split;
   const int32_t first_key = block * kDecodeKvBlock;
   return {first_key, block < d.kv_blocks ? min(kDecodeKvBlock, position + 1 - first_key) : 0};
@@ -243,7 +252,7 @@ __device__ __forceinline__ void run_decode_attention(const MegakernelParams& p, 
   const int warp = consumer_thread / 32, lane = consumer_thread % 32;
   const int64_t B = d.batch, layer = in.layer;
   const int32_t G = d.group_size, hd = d.head_dim, stride = hd + kPartialStats;
-  const int32_t rows_per_sequence = d.kv_splits * d.kv_blocks_per_split;
+  const int32_t rows_per_sequence = partial_rows_per_sequence(d);
   const int32_t position = p.positions[in.sequence];
   const DecodeAttentionSmem smem(s);
   stage_query_heads(d, p.decode_q + (layer * B + in.sequence) * d.q_dim + in.head * G * hd, smem, consumer_thread);
@@ -289,15 +298,12 @@ __device__ __forceinline__ float combine_records(int32_t blocks, int32_t hd, int
 __device__ __forceinline__ float combine_partials(const MegakernelParams& p, int64_t layer, int32_t b, int32_t col) {
   const ModelDims& d = p.dims;
   const int32_t hd = d.head_dim, stride = hd + kPartialStats, e = col % hd;
-  const int32_t rows_per_sequence = d.kv_splits * d.kv_blocks_per_split;
+  const int32_t rows_per_sequence = partial_rows_per_sequence(d);
   const int64_t record_row = int64_t(d.q_dim / hd) * stride;
   const int32_t blocks = p.positions[b] / kDecodeKvBlock + 1;
   const float* first =
       p.attn_partial + (layer * d.batch + b) * rows_per_sequence * record_row + int64_t(col / hd) * stride;
-  auto record = [&](int32_t block) {
-    const int32_t row = (block % d.kv_splits) * d.kv_blocks_per_split + block / d.kv_splits;
-    return first + int64_t(row) * record_row;
-  };
+  auto record = [&](int32_t block) { return first + int64_t(partial_row_of_block(d, block)) * record_row; };
   return combine_records(blocks, hd, e, [&](int32_t block, int32_t at) { return __ldcg(record(block) + at); });
 }
 
@@ -311,7 +317,7 @@ __device__ __forceinline__ void stage_combined_row(const MegakernelParams& p, in
                                                    int32_t scratch_bytes, int consumer_thread) {
   const ModelDims& d = p.dims;
   const int32_t hd = d.head_dim, stride = hd + kPartialStats, record_floats = d.q_dim / hd * stride;
-  const int32_t rows_per_sequence = d.kv_splits * d.kv_blocks_per_split;
+  const int32_t rows_per_sequence = partial_rows_per_sequence(d);
   const int32_t blocks = p.positions[b] / kDecodeKvBlock + 1;
   if (blocks * record_floats * 4 > scratch_bytes) {
     for (int32_t i = consumer_thread; i < d.q_dim; i += KernelConfig::kConsumerThreads)
@@ -322,8 +328,7 @@ __device__ __forceinline__ void stage_combined_row(const MegakernelParams& p, in
   const float* first = p.attn_partial + (layer * d.batch + b) * rows_per_sequence * int64_t(record_floats);
   const int32_t chunks = record_floats / 4;
   for (int32_t i = consumer_thread; i < blocks * chunks; i += KernelConfig::kConsumerThreads) {
-    const int32_t block = i / chunks;
-    const int32_t row = (block % d.kv_splits) * d.kv_blocks_per_split + block / d.kv_splits;
+    const int32_t row = partial_row_of_block(d, i / chunks);
     reinterpret_cast<uint4*>(scratch)[i] =
         __ldcg(reinterpret_cast<const uint4*>(first + int64_t(row) * record_floats) + i % chunks);
   }

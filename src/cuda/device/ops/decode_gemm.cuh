@@ -20,7 +20,8 @@ namespace mk::gpu {
 // (decode_gemm_mma.cuh), with the same staging and epilogues.
 // Batch rows one pass holds: the M of the tensor-core path's mma; more rows take more passes over the same weights.
 constexpr int kDecodeMaxRows = 16;
-static_assert(kDecodeMaxRows <= 64, "each staged row's 1 / rms fits the 256 bytes of scratch before the norm weight");
+static_assert(kDecodeMaxRows * 4 <= KernelConfig::kDecodeInvRmsBytes,
+              "each staged row's 1 / rms fits the scratch before the norm weight");
 
 // One decode GEMM task: out (rows, pairs) from a (batch, k) @ w^T, two weight rows per output pair.
 struct DecodeGemmTask {
@@ -162,10 +163,10 @@ __device__ __forceinline__ int32_t staged_index(int32_t row, int32_t chunks, int
 
 // Input rows [b0, b0 + rows) into shared memory as bf16 (rows, k) in staged_index order, normalized when the task
 // fuses a norm (the way the forward's norm op rounds them), combined from the partials for decode_o_proj_combine.
-// `scratch` (at least 256 + 2 k bytes, the output tile) holds each row's 1 / rms and the norm weight. Ends with the
-// consumers synchronized. NOTE: the rows and the norm weight arrive in one round of cp.async copies, and the sums of
-// squares are taken from shared memory: reading the rows twice from L2 (sums, then staging) put an extra round trip
-// on the critical path of every normalizing tile.
+// `scratch` (the output tile: kDecodeInvRmsBytes + 2 k bytes) holds each row's 1 / rms and the norm weight. Ends
+// with the consumers synchronized. NOTE: the rows and the norm weight arrive in one round of cp.async copies, and
+// the sums of squares are taken from shared memory: reading the rows twice from L2 (sums, then staging) put an extra
+// round trip on the critical path of every normalizing tile.
 __device__ __forceinline__ void stage_decode_rows(const MegakernelParams& p, const Instruction& in,
                                                   const DecodeGemmTask& t, int32_t b0, int32_t rows, uint4* staged,
                                                   float* scratch, int consumer_thread) {
@@ -180,11 +181,11 @@ __device__ __forceinline__ void stage_decode_rows(const MegakernelParams& p, con
     return;
   }
   float* inv_rms = scratch;                                   // (kDecodeMaxRows)
-  uint4* norm_weight = reinterpret_cast<uint4*>(scratch + 64);  // (chunks)
+  uint4* norm_weight = reinterpret_cast<uint4*>(scratch + KernelConfig::kDecodeInvRmsBytes / 4);  // (chunks)
   const uint4* x = reinterpret_cast<const uint4*>(t.a + int64_t(b0) * t.row_stride);
   for (int32_t i = consumer_thread; i < rows * chunks; i += kThreads)
-    ptx::cp_async_16(staged + staged_index(i / chunks, chunks, i % chunks), x + i / chunks * (t.row_stride / 8) + i % chunks,
-                     16);
+    ptx::cp_async_16(staged + staged_index(i / chunks, chunks, i % chunks),
+                     x + i / chunks * (t.row_stride / 8) + i % chunks, 16);
   if (t.norm_weight != nullptr)
     for (int32_t c = consumer_thread; c < chunks; c += kThreads)
       ptx::cp_async_16(norm_weight + c, reinterpret_cast<const uint4*>(t.norm_weight) + c, 16);
