@@ -63,6 +63,60 @@ __device__ void run_storer(const MegakernelParams& p, const SharedState& s, uint
   }
 }
 
+// One instruction's work in the consumer warpgroups; false when a wait gave up (aborting).
+// NOTE: forced inline, as run_consumers: an outlined call makes ptxas serialize every wgmma of the kernel (C7510).
+__device__ __forceinline__ bool run_instruction(const MegakernelParams& p, const SharedState& s, const Instruction& in,
+                                                PipelineState& state, OutputState& output, Site site, int warpgroup,
+                                                int thread_in_wg, int thread, bool weights_sent, uint64_t* trace) {
+  bool ok = true;
+  switch (in.opcode) {
+    case Opcode::kEmbed:
+      run_embed(p, in, thread);
+      break;
+    case Opcode::kAttnNorm:
+    case Opcode::kMlpNorm:
+    case Opcode::kFinalNorm:
+      run_rmsnorm(p, in, thread);
+      break;
+    case Opcode::kAttention:
+      ok = consume_attention(p, s, in, state, output, site, warpgroup, thread_in_wg, trace);
+      break;
+    case Opcode::kQkv:
+    case Opcode::kOProj:
+    case Opcode::kGateUp:
+    case Opcode::kDown:
+    case Opcode::kLmHead:
+      ok = consume_gemm(p, s, in, state, output, site, warpgroup, thread_in_wg, trace);
+      break;
+    case Opcode::kKvAppend:
+      run_kv_append(p, in, thread);
+      break;
+    case Opcode::kDecodeQ:
+    case Opcode::kDecodeKv:
+    case Opcode::kDecodeOProj:
+    case Opcode::kDecodeGateUp:
+    case Opcode::kDecodeDown:
+    case Opcode::kDecodeLmHead:
+    case Opcode::kDecodeOProjCombine:
+      run_decode_gemm(p, s, in, weights_sent, thread);
+      break;
+    case Opcode::kDecodeAttention:
+      run_decode_attention(p, s, in, thread);
+      break;
+    case Opcode::kDecodeCombine:
+      run_decode_combine(p, in, thread);
+      break;
+    case Opcode::kSample:
+      run_sample(p, s, in, thread);
+      break;
+    default:
+      if (thread == 0) report_error(p, kErrorBadInstruction, site, ~0u, uint32_t(in.opcode), 0);
+      ok = false;
+      break;
+  }
+  return ok;
+}
+
 // NOTE: forced inline: outlined, the call into it makes ptxas serialize every wgmma of the kernel (C7510).
 __device__ __forceinline__ void run_consumers(const MegakernelParams& p, const SharedState& s, uint32_t sm,
                                               int consumer_thread) {
@@ -98,52 +152,8 @@ __device__ __forceinline__ void run_consumers(const MegakernelParams& p, const S
       return;
     }
     if (trace) trace[kTraceWaitsDone] = clock64();
-    bool ok = true;
-    switch (in.opcode) {
-      case Opcode::kEmbed:
-        run_embed(p, in, thread);
-        break;
-      case Opcode::kAttnNorm:
-      case Opcode::kMlpNorm:
-      case Opcode::kFinalNorm:
-        run_rmsnorm(p, in, thread);
-        break;
-      case Opcode::kAttention:
-        ok = consume_attention(p, s, in, state, output, site, warpgroup, thread_in_wg, trace);
-        break;
-      case Opcode::kQkv:
-      case Opcode::kOProj:
-      case Opcode::kGateUp:
-      case Opcode::kDown:
-      case Opcode::kLmHead:
-        ok = consume_gemm(p, s, in, state, output, site, warpgroup, thread_in_wg, trace);
-        break;
-      case Opcode::kKvAppend:
-        run_kv_append(p, in, thread);
-        break;
-      case Opcode::kDecodeQ:
-      case Opcode::kDecodeKv:
-      case Opcode::kDecodeOProj:
-      case Opcode::kDecodeGateUp:
-      case Opcode::kDecodeDown:
-      case Opcode::kDecodeLmHead:
-      case Opcode::kDecodeOProjCombine:
-        run_decode_gemm(p, s, in, weights_sent, thread);
-        break;
-      case Opcode::kDecodeAttention:
-        run_decode_attention(p, s, in, thread);
-        break;
-      case Opcode::kDecodeCombine:
-        run_decode_combine(p, in, thread);
-        break;
-      case Opcode::kSample:
-        run_sample(p, s, in, thread);
-        break;
-      default:
-        if (thread == 0) report_error(p, kErrorBadInstruction, site, ~0u, uint32_t(in.opcode), 0);
-        ok = false;
-        break;
-    }
+    const bool ok =
+        run_instruction(p, s, in, state, output, site, warpgroup, thread_in_wg, thread, weights_sent, trace);
     if (!ok && rowwise) return;
     healthy &= ok;
     if (rowwise) {

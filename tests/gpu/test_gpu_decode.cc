@@ -79,6 +79,8 @@ TEST_F(Gpu, GenerationReproducesTheForwardPassOnRaggedBatches) {
   // Batch 6 of 8 kv heads at context 512: 48 (sequence, kv head) pairs take 2 splits of the 4 blocks, so a long
   // sequence's split computes blocks 0 and 2 in turn (and a short one's split meets an empty block).
   check_generation(small_config(512, 1024, 8, 8, 64, true, true), {300, 9, 270, 130, 290, 7}, 4, 512, 31);
+  // GQA 8:1: all 8 query-head rows of decode attention's mmas; a partial second block and a short first one.
+  check_generation(small_config(512, 1024, 8, 1, 64, true, true), {140, 20}, 8, 256, 32);
   // Multi-head without RoPE, one layer.
   check_generation(small_config(256, 768, 2, 2, 128, false, true, 1), {5}, 20, 128, 23);
 }
@@ -109,6 +111,9 @@ TEST_F(Gpu, GenerationOfALlama1bShapedModel) {
   // Batch 5: tensor-core passes at the real widths (two groups a warp for gate_up, K split 4 ways for o_proj and
   // down), and down's k = 8192 holds only 4 rows in the staging space: one pass of 5 rows over 2 K ranges.
   check_generation(config, {64, 9, 30, 17, 41}, 4, 1024, 28);
+  // Batch 20: two passes of 10 rows, down's in 4 K ranges of 2048 each; the second pass issues its own weight
+  // prologue (not before the counter wait) ahead of its staging.
+  check_generation(config, {9, 3, 7, 5, 12, 1, 8, 6, 4, 11, 6, 10, 2, 7, 3, 10, 5, 3, 8, 4}, 3, 1024, 33);
 }
 
 TEST_F(Gpu, DecodeRefusesWhatItCannotServe) {

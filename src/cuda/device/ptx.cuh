@@ -181,6 +181,23 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t address) 
                : "memory");
 }
 
+// Two 8x8 matrices, as ldmatrix_x4 with lanes 0-15 giving the addresses (those of lanes 16-31 are not read).
+__device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], uint32_t address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(address)
+               : "memory");
+}
+
+// Four 8x8 matrices, each transposed: lanes 8i..8i+7 give the addresses of matrix i's 8 rows; register i of lane l
+// gets elements l / 4 of rows 2 (l % 4) and 2 (l % 4) + 1 (the B fragment of an mma from a row-major K x N tile).
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address)
+               : "memory");
+}
+
 // D (16 x 8, fp32) += A (16 x 16, bf16, row-major fragment a) * B (16 x 8, bf16, column-major fragment b0 b1).
 __device__ __forceinline__ void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(

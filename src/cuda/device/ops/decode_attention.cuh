@@ -1,12 +1,14 @@
 // Split-KV decode attention (one partial per KV block: unnormalized output, max and sum per query head; the block's
-// K and V staged in shared memory, its older keys before the counter wait), the combine that merges a sequence's
-// partials in block order, and greedy sampling: run by the consumer warps with plain loads.
+// K and V staged in shared memory, its older keys before the counter wait; the math on the tensor cores where
+// head_dim allows, decode_attention_mma.cuh), the combine that merges a sequence's partials in block order, and
+// greedy sampling: run by the consumer warps with plain loads.
 #pragma once
 
 #include <cuda_bf16.h>
 
 #include "../config.cuh"
 #include "../sync.cuh"
+#include "decode_attention_mma.cuh"
 #include "mk/tiles.h"
 #include "rowwise.cuh"
 
@@ -16,10 +18,7 @@ constexpr int kDecodeKvBlock = tiles::kDecodeKvBlock;
 constexpr int kPartialStats = tiles::kDecodePartialStats;
 constexpr int kMaxGroup = 8;      // query heads per kv head the attention handler serves (checked by the engine)
 constexpr int kMaxHeadDim = 256;  // likewise
-static_assert((kMaxGroup * kMaxHeadDim + kMaxGroup * kDecodeKvBlock + 2 * kMaxGroup) * 4 +
-                      kDecodeKvBlock * (2 * kMaxHeadDim + 8) * 2 <=
-                  KernelConfig::kNumStages * KernelConfig::kStageBytes,
-              "q, scores, and a K and V block of decode attention fit the stage ring");
+static_assert(kMaxGroup <= kMmaHeads, "a kv head's query heads are rows of one mma");
 
 __device__ __forceinline__ float warp_max(float value) {
 #pragma unroll
@@ -27,10 +26,11 @@ __device__ __forceinline__ float warp_max(float value) {
   return value;
 }
 
-// Row stride of the K block in shared memory: 16 bytes of padding spread the rows of consecutive keys over the banks.
-__device__ __forceinline__ int32_t k_stride(int32_t head_dim) { return head_dim + 8; }
+// Row stride of the K and V blocks (and the bf16 q) in shared memory: 16 bytes of padding spread the rows of
+// consecutive keys over the banks, for the CUDA cores' K rows and ldmatrix's 8 rows at one column alike.
+__host__ __device__ constexpr int32_t kv_stride(int32_t head_dim) { return head_dim + 8; }
 
-// Keys [key_begin, key_end) of a block's K (rows padded) and V for one kv head into shared memory with cp.async,
+// Keys [key_begin, key_end) of a block's K and V (rows padded) for one kv head into shared memory with cp.async,
 // every 16-byte copy in flight at once, leaving out key `skip` (-1: none). The caller waits for the copies.
 __device__ __forceinline__ void stage_kv_rows(const ModelDims& d, const __nv_bfloat16* k, int32_t key_begin,
                                               int32_t key_end, int32_t skip, __nv_bfloat16* k_block,
@@ -42,25 +42,44 @@ __device__ __forceinline__ void stage_kv_rows(const ModelDims& d, const __nv_bfl
     if (key == skip) continue;
     const uint4* source =
         reinterpret_cast<const uint4*>(k + int64_t(key) * 2 * d.kv_dim + (value ? d.kv_dim : 0)) + chunk;
-    __nv_bfloat16* target = value ? v_block + key * d.head_dim : k_block + key * k_stride(d.head_dim);
+    __nv_bfloat16* target = (value ? v_block : k_block) + key * kv_stride(d.head_dim);
     ptx::cp_async_16(reinterpret_cast<uint4*>(target) + chunk, source, 16);
   }
 }
 
-// Where a decode attention tile keeps q, scores, stats and the staged block in the (otherwise idle) stage ring.
+// Where a decode attention tile keeps q, its block's scores or weights and stats, and the staged block in the
+// (otherwise idle) stage ring: the CUDA-core path's buffers, then the tensor-core path's, then K and V.
 struct DecodeAttentionSmem {
-  float* q;                  // (G, head_dim)
-  float* scores;             // (G, kDecodeKvBlock)
-  float* stats;              // (G, 2): max, sum
-  __nv_bfloat16* k_block;    // (keys, k_stride)
-  __nv_bfloat16* v_block;    // (keys, head_dim)
+  static constexpr int kFloats = kMaxGroup * kMaxHeadDim + kMaxGroup * kDecodeKvBlock + 2 * kMaxGroup +
+                                 2 * KernelConfig::kConsumerWarps * kMmaHeads;
+  static constexpr int kBf16s = kMaxGroup * kv_stride(kMaxHeadDim) + kMmaHeads * kWeightStride +
+                                2 * kDecodeKvBlock * kv_stride(kMaxHeadDim);
+  float* q;                    // (G, head_dim), CUDA cores
+  float* scores;               // (G, kDecodeKvBlock), CUDA cores
+  float* stats;                // (G, 2): max, sum, CUDA cores
+  float* warp_maxima;          // (kConsumerWarps, kMmaHeads), tensor cores
+  float* warp_sums;            // (kConsumerWarps, kMmaHeads), tensor cores
+  __nv_bfloat16* q_rows;       // (G, kv_stride) bf16, tensor cores
+  __nv_bfloat16* weights;      // (kMmaHeads, kWeightStride) bf16, tensor cores
+  __nv_bfloat16* k_block;      // (keys, kv_stride)
+  __nv_bfloat16* v_block;      // (keys, kv_stride)
   __device__ __forceinline__ explicit DecodeAttentionSmem(const SharedState& s)
       : q(reinterpret_cast<float*>(s.stages)),
         scores(q + kMaxGroup * kMaxHeadDim),
         stats(scores + kMaxGroup * kDecodeKvBlock),
-        k_block(reinterpret_cast<__nv_bfloat16*>(stats + 2 * kMaxGroup)),
-        v_block(k_block + kDecodeKvBlock * k_stride(kMaxHeadDim)) {}
+        warp_maxima(stats + 2 * kMaxGroup),
+        warp_sums(warp_maxima + KernelConfig::kConsumerWarps * kMmaHeads),
+        q_rows(reinterpret_cast<__nv_bfloat16*>(warp_sums + KernelConfig::kConsumerWarps * kMmaHeads)),
+        weights(q_rows + kMaxGroup * kv_stride(kMaxHeadDim)),
+        k_block(weights + kMmaHeads * kWeightStride),
+        v_block(k_block + kDecodeKvBlock * kv_stride(kMaxHeadDim)) {}
 };
+static_assert(DecodeAttentionSmem::kFloats * 4 + DecodeAttentionSmem::kBf16s * 2 <=
+                  KernelConfig::kNumStages * KernelConfig::kStageBytes,
+              "q, scores or weights, stats, and a K and V block of decode attention fit the stage ring");
+static_assert(DecodeAttentionSmem::kFloats * 4 % 16 == 0 && kv_stride(kMaxHeadDim) * 2 % 16 == 0 &&
+                  kWeightStride * 2 % 16 == 0,
+              "every bf16 buffer and row starts 16-byte aligned, as cp.async and ldmatrix need");
 
 // Partial rows per sequence, and the row (within its sequence) of KV block `block`: block j is split j % splits's
 // (j / splits)-th block, splits numbered in turn (KvSplit, include/mk/kv_cache.h).
@@ -112,7 +131,7 @@ __device__ __forceinline__ void decode_scores(const ModelDims& d, const float* q
   for (int32_t i = consumer_thread; i < d.group_size * keys; i += KernelConfig::kConsumerThreads) {
     const int32_t h = i / keys, key = i % keys;
     const float* q_head = q + h * d.head_dim;
-    const __nv_bfloat162* k_row = reinterpret_cast<const __nv_bfloat162*>(k_block + key * k_stride(d.head_dim));
+    const __nv_bfloat162* k_row = reinterpret_cast<const __nv_bfloat162*>(k_block + key * kv_stride(d.head_dim));
     float acc = 0.0f;
     for (int32_t e = 0; e < d.head_dim / 2; ++e) {
       const float2 k_pair = __bfloat1622float2(k_row[e]);
@@ -145,11 +164,15 @@ __device__ __forceinline__ void decode_softmax(const ModelDims& d, int32_t keys,
   }
 }
 
-// One block's partial record for the G query heads of the tile (q and the block's K and V staged): scores, softmax,
-// P V, and the block's max and sum. Ends with the consumers synchronized (scores are reused by the next block).
-__device__ __forceinline__ void decode_block_partial(const ModelDims& d, const DecodeAttentionSmem& smem,
-                                                     int32_t keys, float* record, int warp, int lane,
-                                                     int consumer_thread) {
+// NOTE: the tensor-core path takes head_dim in k16 steps; the engine also accepts head_dims that are multiples of 8
+// only, and those keep the CUDA cores.
+__device__ __forceinline__ bool decode_attention_on_mma(const ModelDims& d) { return d.head_dim % 16 == 0; }
+
+// One block's partial record on the CUDA cores (q and the block's K and V staged): scores, softmax, P V, and the
+// block's max and sum. Ends with the consumers synchronized (scores are reused by the next block).
+__device__ __forceinline__ void decode_block_partial_cuda_cores(const ModelDims& d, const DecodeAttentionSmem& smem,
+                                                                int32_t keys, float* record, int warp, int lane,
+                                                                int consumer_thread) {
   const int32_t G = d.group_size, hd = d.head_dim, stride = hd + kPartialStats;
   decode_scores(d, smem.q, smem.k_block, keys, smem.scores, consumer_thread);
   ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
@@ -160,7 +183,7 @@ __device__ __forceinline__ void decode_block_partial(const ModelDims& d, const D
     const float* weights = smem.scores + h * kDecodeKvBlock;
     float acc = 0.0f;
     for (int32_t key = 0; key < keys; ++key)
-      acc = fmaf(weights[key], __bfloat162float(smem.v_block[key * hd + e]), acc);
+      acc = fmaf(weights[key], __bfloat162float(smem.v_block[key * kv_stride(hd) + e]), acc);
     record[h * stride + e] = acc;
   }
   if (consumer_thread < G) {
@@ -170,6 +193,54 @@ __device__ __forceinline__ void decode_block_partial(const ModelDims& d, const D
     tail[2] = tail[3] = 0.0f;
   }
   ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
+}
+
+// The same on the tensor cores (decode_attention_mma.cuh): scores, weights (one exchange of the warps' maxima),
+// P V, and the block's max and sum. Ends with the consumers synchronized (the next block's staging overwrites K and
+// V, its scores the weights and the warps' shares).
+__device__ __forceinline__ void decode_block_partial_mma(const ModelDims& d, const DecodeAttentionSmem& smem,
+                                                         int32_t keys, float* record, int warp, int lane,
+                                                         int consumer_thread) {
+  const int32_t hd = d.head_dim, stride = kv_stride(hd), record_stride = hd + kPartialStats;
+  float score[2][2];
+  mma_block_scores(smem.q_rows, smem.k_block, hd, stride, d.group_size, keys, warp, lane, score);
+  zero_value_tail(smem.v_block, hd, stride, keys, consumer_thread);
+  mma_block_weights(score, smem.weights, smem.warp_maxima, smem.warp_sums, warp, lane);
+  ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
+  mma_block_output(smem.weights, smem.v_block, hd, stride, d.group_size, keys, record, record_stride, warp, lane);
+  if (consumer_thread < d.group_size) {
+    const float2 stats = mma_block_stats(smem.warp_maxima, smem.warp_sums, consumer_thread);
+    *reinterpret_cast<float4*>(record + consumer_thread * record_stride + hd) =
+        make_float4(stats.x, stats.y, 0.0f, 0.0f);
+  }
+  ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
+}
+
+// One block's partial record for the G query heads of the tile (q and the block's K and V staged), on the tensor
+// cores where head_dim allows. Ends with the consumers synchronized.
+__device__ __forceinline__ void decode_block_partial(const ModelDims& d, const DecodeAttentionSmem& smem,
+                                                     int32_t keys, float* record, int warp, int lane,
+                                                     int consumer_thread) {
+  if (decode_attention_on_mma(d))
+    decode_block_partial_mma(d, smem, keys, record, warp, lane, consumer_thread);
+  else
+    decode_block_partial_cuda_cores(d, smem, keys, record, warp, lane, consumer_thread);
+}
+
+// The tile's G query heads into shared memory: bf16 rows kv_stride apart for the tensor cores' ldmatrix, fp32 for
+// the CUDA cores. Read by the blocks after the staging's barrier.
+__device__ __forceinline__ void stage_query_heads(const ModelDims& d, const __nv_bfloat16* q_heads,
+                                                  const DecodeAttentionSmem& smem, int consumer_thread) {
+  const int32_t G = d.group_size, hd = d.head_dim;
+  if (!decode_attention_on_mma(d)) {
+    for (int32_t i = consumer_thread; i < G * hd; i += KernelConfig::kConsumerThreads)
+      smem.q[i] = __bfloat162float(__ldcg(q_heads + i));
+    return;
+  }
+  const int32_t chunks = hd / 8;
+  for (int32_t i = consumer_thread; i < G * chunks; i += KernelConfig::kConsumerThreads)
+    reinterpret_cast<uint4*>(smem.q_rows + i / chunks * kv_stride(hd))[i % chunks] =
+        __ldcg(reinterpret_cast<const uint4*>(q_heads) + i);
 }
 
 // attn_partial[l][rows] for sequence in.sequence, kv head in.head: one partial record per query head of the kv head
@@ -184,9 +255,7 @@ __device__ __forceinline__ void run_decode_attention(const MegakernelParams& p, 
   const int32_t rows_per_sequence = partial_rows_per_sequence(d);
   const int32_t position = p.positions[in.sequence];
   const DecodeAttentionSmem smem(s);
-  const __nv_bfloat16* q_heads = p.decode_q + (layer * B + in.sequence) * d.q_dim + in.head * G * hd;
-  for (int32_t i = consumer_thread; i < G * hd; i += KernelConfig::kConsumerThreads)
-    smem.q[i] = __bfloat162float(__ldcg(q_heads + i));
+  stage_query_heads(d, p.decode_q + (layer * B + in.sequence) * d.q_dim + in.head * G * hd, smem, consumer_thread);
   for (int32_t row = in.row_begin; row < in.row_end; ++row) {
     const KvBlockKeys block = kv_block_keys(d, in, row, position);
     float* record = p.attn_partial + (layer * B * rows_per_sequence + row) * int64_t(d.q_dim / hd) * stride +

@@ -235,31 +235,39 @@ __device__ __forceinline__ DecodeGemmTask decode_k_range(DecodeGemmTask t, int32
 // K ranges a pass of `rows` rows takes: 1 when they fit the staging space at full K, else the fewest equal ranges of
 // whole 64-column blocks (the staged rows' swizzle) that fit; 0 when none can: a fused norm needs whole rows, the
 // fused combine stages otherwise, and a warp with several jobs (two groups a warp) could not carry its accumulators.
-// Equal ranges give every range the same slices, so a warp keeps its job (unit, K-slice) in all of them.
+// Equal ranges give every range the same slices, so a warp keeps its job (unit, K-slice) in all of them. NOTE: at most
+// twice the fewest that fit: where k / 64 has no divisor near them (k = 64 x 131), equal ranges would be tiny, each
+// a round trip, and passes of fewer rows at full K stream faster.
 __device__ __forceinline__ int32_t decode_k_ranges(const Instruction& in, const DecodeGemmTask& t, int32_t rows) {
   const int32_t bytes = rows * 2 * t.k;
   if (bytes <= kStagedRowBytes) return 1;
   if (t.norm_weight != nullptr || in.opcode == Opcode::kDecodeOProjCombine || mma_groups_per_warp(t) != 1) return 0;
-  for (int32_t ranges = (bytes + kStagedRowBytes - 1) / kStagedRowBytes; ranges * 64 <= t.k; ++ranges)
+  const int32_t fewest = (bytes + kStagedRowBytes - 1) / kStagedRowBytes;
+  for (int32_t ranges = fewest; ranges <= 2 * fewest && ranges * 64 <= t.k; ++ranges)
     if (t.k % (ranges * 64) == 0) return ranges;
   return 0;
 }
 
-// Batch rows per pass of task t: its rows in the fewest passes of at most kMmaRows, balanced (so that no pass is
-// left with a row or two), when such passes can take K in ranges; else as many as fit at full K.
+// Batch rows per pass of task t: its rows in the fewest passes of at most kMmaRows when such passes can take K in
+// ranges, else of at most as many as fit at full K; balanced either way, so that no pass is left with a row or two
+// (Llama-8B's qkv at batch 9: 5 + 4, not 8 + 1 on the CUDA cores).
 __device__ __forceinline__ int32_t decode_pass_rows(const Instruction& in, const DecodeGemmTask& t) {
   const int32_t total = t.batch_end - t.batch_begin;
-  const int32_t passes = (total + kMmaRows - 1) / kMmaRows;
-  const int32_t balanced = (total + passes - 1) / passes;
-  return decode_k_ranges(in, t, balanced) > 0 ? balanced : decode_rows_at_full_k(t);
+  const auto balanced = [&](int32_t most) {
+    const int32_t passes = (total + most - 1) / most;
+    return (total + passes - 1) / passes;
+  };
+  const int32_t in_ranges = balanced(kMmaRows);
+  return decode_k_ranges(in, t, in_ranges) > 0 ? in_ranges : balanced(decode_rows_at_full_k(t));
 }
 
-// A pass of staged rows [b0, b0 + rows) over `ranges` K ranges (decode_k_ranges > 1): each range's weight prologue
-// goes out before its rows are staged, so the two land in one round trip. Ends with the consumers synchronized.
+// A pass of staged rows [b0, b0 + rows) over `ranges` K ranges (decode_k_ranges > 1), the first range's weight
+// prologue already issued: each later range's goes out before its rows are staged, so the two land in one round
+// trip. Ends with the consumers synchronized.
 __device__ __forceinline__ void decode_gemm_mma_ranges(const MegakernelParams& p, const Instruction& in,
                                                        const DecodeGemmTask& t, uint4* staged, uint4* ring,
                                                        float* scratch, int32_t b0, int32_t rows, int32_t ranges,
-                                                       bool prologue_issued, int consumer_thread) {
+                                                       int consumer_thread) {
   const int32_t length = t.k / ranges;
   float acc[1][4] = {};  // (one group, C fragment: rows g and g + 8 of the pass x 2 columns)
 #pragma unroll 1
@@ -267,11 +275,12 @@ __device__ __forceinline__ void decode_gemm_mma_ranges(const MegakernelParams& p
     const DecodeGemmTask range = decode_k_range(t, r * length, length);
     const MmaStream<1> stream(range, ring, consumer_thread);
     if (r > 0) {
-      ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);  // the previous range's rows are read
+      __syncwarp();  // the warp's last reads of its own ring are done
       stream.issue_prologue(p, in, range);
+      ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);  // the previous range's rows are read
     }
     stage_decode_rows(p, in, range, b0, rows, staged, scratch, consumer_thread);
-    mma_steps<1>(p, in, range, stream, staged, b0, rows, prologue_issued || r > 0, false, acc);
+    mma_steps<1>(p, in, range, stream, staged, b0, rows, true, false, acc);
     if (r + 1 < ranges) continue;
     if (stream.slices > 1) {
       reduce_slices<1>(p, in, range, stream, scratch, b0, rows, acc);
@@ -281,15 +290,11 @@ __device__ __forceinline__ void decode_gemm_mma_ranges(const MegakernelParams& p
   }
 }
 
-// The first steps of decode GEMM `in`'s weight stream (the stream its first pass will use), sent before its counter
-// wait (weights depend on nothing), so that a tile of ~64 KB of weights is mostly in shared memory when its inputs
-// arrive. Not for decode_o_proj_combine, whose staging uses the ring.
-__device__ __forceinline__ bool early_weight_prologue(const MegakernelParams& p, const SharedState& s,
-                                                      const Instruction& in, int consumer_thread) {
-  if (in.opcode == Opcode::kDecodeOProjCombine) return false;
-  const DecodeGemmTask t = decode_gemm_task(p, in);
-  uint4* ring = reinterpret_cast<uint4*>(s.stages + kStagedRowBytes);
-  const int32_t rows = min(decode_pass_rows(in, t), t.batch_end - t.batch_begin);
+// The first steps of the weight stream a pass of `rows` rows uses (its first K range's), sent before the pass stages
+// its rows, so that both land in one round trip. Not for decode_o_proj_combine, whose staging uses the ring.
+__device__ __forceinline__ void issue_pass_prologue(const MegakernelParams& p, const Instruction& in,
+                                                    const DecodeGemmTask& t, int32_t rows, uint4* ring,
+                                                    int consumer_thread) {
   const int32_t ranges = decode_k_ranges(in, t, rows);
   if (ranges > 1) {
     const DecodeGemmTask first = decode_k_range(t, 0, t.k / ranges);
@@ -301,6 +306,16 @@ __device__ __forceinline__ bool early_weight_prologue(const MegakernelParams& p,
   } else {
     MmaStream<2>(t, ring, consumer_thread).issue_prologue(p, in, t);
   }
+}
+
+// The first pass's prologue, sent before the task's counter wait (weights depend on nothing), so that a tile of
+// ~64 KB of weights is mostly in shared memory when its inputs arrive.
+__device__ __forceinline__ bool early_weight_prologue(const MegakernelParams& p, const SharedState& s,
+                                                      const Instruction& in, int consumer_thread) {
+  if (in.opcode == Opcode::kDecodeOProjCombine) return false;
+  const DecodeGemmTask t = decode_gemm_task(p, in);
+  uint4* ring = reinterpret_cast<uint4*>(s.stages + kStagedRowBytes);
+  issue_pass_prologue(p, in, t, min(decode_pass_rows(in, t), t.batch_end - t.batch_begin), ring, consumer_thread);
   return true;
 }
 
@@ -317,9 +332,13 @@ __device__ __forceinline__ void run_decode_gemm(const MegakernelParams& p, const
   for (int32_t b0 = t.batch_begin; b0 < t.batch_end; b0 += per_pass) {
     const int32_t rows = min(per_pass, t.batch_end - b0);
     const int32_t ranges = decode_k_ranges(in, t, rows);
-    const bool issued = prologue_issued && b0 == t.batch_begin;  // later passes stream the weights again
+    bool issued = prologue_issued && b0 == t.batch_begin;  // later passes stream the weights again
+    if (!issued && in.opcode != Opcode::kDecodeOProjCombine) {
+      issue_pass_prologue(p, in, t, rows, ring, consumer_thread);  // the previous pass ended synchronized
+      issued = true;
+    }
     if (ranges > 1) {
-      decode_gemm_mma_ranges(p, in, t, staged, ring, scratch, b0, rows, ranges, issued, consumer_thread);
+      decode_gemm_mma_ranges(p, in, t, staged, ring, scratch, b0, rows, ranges, consumer_thread);
       ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);  // the next pass restages
       continue;
     }
