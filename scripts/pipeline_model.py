@@ -159,13 +159,16 @@ class Model:
                     yield from self.fill(sm, ring, i, 1)
             else:
                 blocks = self.k[x["op"]] // self.block_k
-                prefetched, first = min(blocks, self.stages), ring.copy()
-                for _ in range(prefetched):  # weights before the counters: A's bytes still outstanding
+                prefetched, first, pending, met = min(blocks, self.stages), ring.copy(), 0, False
+                for _ in range(prefetched):  # weights first; A of each claimed stage once the counters are met
                     yield from self.fill(sm, ring, i, 2)
-                yield ("producer: counters", i), lambda x=x: self.met(x)
-                for _ in range(prefetched):
-                    sm.full[first.stage].land(1)
-                    first.advance()
+                    pending += 1
+                    met = met or self.met(x)  # a poll, not a wait (counters_met)
+                    if met:
+                        pending = self.land_a(sm, first, pending)
+                if not met:
+                    yield ("producer: counters", i), lambda x=x: self.met(x)
+                    pending = self.land_a(sm, first, pending)
                 for _ in range(blocks - prefetched):
                     yield from self.fill(sm, ring, i, 1)
                 if x["op"] in RESIDUAL:
@@ -174,6 +177,12 @@ class Model:
                     sm.loaded.expect_and_arrive(1)
                     sm.loaded.land(1)
             uses += 1
+
+    def land_a(self, sm, first, pending):  # the A slices of the claimed stages whose A is still outstanding
+        for _ in range(pending):
+            sm.full[first.stage].land(1)
+            first.advance()
+        return 0
 
     def fill(self, sm, ring, i, tx):  # tx transactions expected, one landed now (a prefetch's A lands later)
         stage, parity = ring.stage, ring.phase ^ 1

@@ -22,6 +22,17 @@ __device__ uint64_t* trace_slots(const MegakernelParams& p, uint32_t instruction
   return p.trace_records != nullptr ? p.trace_records + uint64_t(instruction) * kTraceSlots : nullptr;
 }
 
+// The first instruction in [from, end) that the producer loads for (a GEMM or attention tile), looking at most a few
+// ahead; end if none.
+__device__ uint32_t next_tile_instruction(const MegakernelParams& p, uint32_t from, uint32_t end) {
+  constexpr uint32_t kLookahead = 4;
+  for (uint32_t i = from; i < end && i < from + kLookahead; ++i) {
+    const Opcode opcode = p.instructions[i].opcode;
+    if (is_gemm(opcode) || opcode == Opcode::kAttention) return i;
+  }
+  return end;
+}
+
 __device__ void run_producer(const MegakernelParams& p, const SharedState& s, uint32_t sm) {
   PipelineState state;
   OutputState output;
@@ -35,15 +46,18 @@ __device__ void run_producer(const MegakernelParams& p, const SharedState& s, ui
     const Site site{sm, i - begin, in.task};
     uint64_t* trace = trace_slots(p, i);
     if (trace) trace[kTraceProducerStart] = clock64();
-    PipelineState first;
-    if (gemm && !prefetch_gemm_weights(p, s, in, state, first, site)) return;
-    if (!wait_all_counters(p, in, site)) return;
-    if (trace) trace[kTraceProducerWaitsDone] = clock64();
-    ptx::fence_proxy_async_global();  // the awaited tiles were written by generic or TMA stores; TMA reads them next
-    const bool ok = gemm ? produce_gemm(p, s, in, first, state, output, site)
-                          : produce_attention(p, s, in, state, output, site);
-    if (!ok) return;
+    if (gemm) {
+      if (!produce_gemm(p, s, in, state, output, site, trace)) return;
+    } else {
+      if (!wait_all_counters(p, in, site)) return;
+      if (trace) trace[kTraceProducerWaitsDone] = clock64();
+      ptx::fence_proxy_async_global();  // the awaited tiles were written by generic or TMA stores; TMA reads them next
+      if (!produce_attention(p, s, in, state, output, site)) return;
+    }
     if (trace) trace[kTraceProducerLoadsIssued] = clock64();
+    const uint32_t next = next_tile_instruction(p, i + 1, end);
+    if (next < end && p.instructions[next].opcode == Opcode::kAttention)
+      prefetch_attention_start(p, p.instructions[next]);
   }
 }
 

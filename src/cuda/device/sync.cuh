@@ -84,6 +84,15 @@ __device__ __forceinline__ bool wait_counter(const MegakernelParams& p, const Wa
   }
 }
 
+// Whether every counter the instruction waits on has reached its target: one acquire load each, no waiting.
+__device__ __forceinline__ bool counters_met(const MegakernelParams& p, const Instruction& in) {
+  for (uint32_t k = 0; k < in.num_waits; ++k) {
+    const Wait& wait = p.waits[in.wait_begin + k];
+    if (ptx::load_acquire(p.counters + wait.counter) < p.epoch * wait.target) return false;
+  }
+  return true;
+}
+
 __device__ __forceinline__ bool wait_all_counters(const MegakernelParams& p, const Instruction& in, Site site) {
   for (uint32_t k = 0; k < in.num_waits; ++k)
     if (!wait_counter(p, p.waits[in.wait_begin + k], site)) return false;

@@ -1,5 +1,5 @@
 // GEMM tiles (qkv, o_proj, gate_up, down, lm_head), 128 rows x 128 output columns: TMA loads of 128 x 64 A and B
-// slices into the stage ring by the producer (weights first, before the activations' counters are met), wgmma by two
+// slices into the stage ring by the producer (weights first, A as soon as the activations' counters are met), wgmma by two
 // consumer warpgroups (64 rows each), then the epilogue of gemm_epilogue.cuh.
 #pragma once
 
@@ -46,38 +46,49 @@ __device__ __forceinline__ GemmOperands gemm_operands(const MegakernelParams& p,
 
 // ---- producer ----
 
-// NOTE: weights depend on nothing, so the weight slices of a tile's first stages are requested before its
-// activation counters are awaited: when the counters are met only the A slices are still in flight.
-// Returns the ring position of the tile's first stage; `state` moves past the prefetched stages.
-__device__ __forceinline__ bool prefetch_gemm_weights(const MegakernelParams& p, const SharedState& s,
-                                                      const Instruction& in, PipelineState& state,
-                                                      PipelineState& first, Site site) {
+// Requests the A slices of the claimed stages [first, upto): the counters are met.
+__device__ __forceinline__ void load_a_slices(const MegakernelParams& p, const SharedState& s, const Instruction& in,
+                                              const GemmOperands& g, PipelineState& first, int32_t& issued,
+                                              int32_t upto) {
+  for (; issued < upto; ++issued) {
+    ptx::tma_load_3d(s.stage(first.stage), &p.maps[g.a_map], &s.full[first.stage], issued * KernelConfig::kBlockK,
+                     in.row_begin, g.layer);
+    first.advance();
+  }
+}
+
+// The producer side of a GEMM tile.
+// NOTE: weights depend on nothing, so the tile's first stages are claimed and their weight slices requested before
+// the activation counters are met. The counters are polled after each claim and each claimed stage's A slice goes out
+// as soon as they are: A's latency then hides under the previous tile's last stages instead of following them (when
+// A waited for all prefetched stages, the consumers waited ~2 us for it at the start of every tile).
+__device__ __forceinline__ bool produce_gemm(const MegakernelParams& p, const SharedState& s, const Instruction& in,
+                                             PipelineState& state, OutputState& output, Site site, uint64_t* trace) {
   const GemmOperands g = gemm_operands(p, in);
   const uint32_t bytes = KernelConfig::kATileBytes + uint32_t(g.b_rows) * KernelConfig::kBlockK * 2;
-  const int32_t prefetched = min(g.k / KernelConfig::kBlockK, KernelConfig::kNumStages);
-  first = state;
+  const int32_t k_blocks = g.k / KernelConfig::kBlockK;
+  const int32_t prefetched = min(k_blocks, KernelConfig::kNumStages);
+  PipelineState first = state;  // the first claimed stage whose A slice is not requested yet
+  int32_t a_issued = 0;
+  bool met = false;
+  auto counters_now_met = [&] {
+    met = true;
+    if (trace) trace[kTraceProducerWaitsDone] = clock64();
+    ptx::fence_proxy_async_global();  // the awaited tiles were written by generic or TMA stores; TMA reads them next
+  };
   for (int32_t kb = 0; kb < prefetched; ++kb) {
     if (!wait_barrier(p, &s.empty[state.stage], state.phase ^ 1, site)) return false;
     ptx::mbarrier_arrive_expect_tx(&s.full[state.stage], bytes);
     ptx::tma_load_3d(s.stage(state.stage) + KernelConfig::kATileBytes, &p.maps[g.b_map], &s.full[state.stage],
                      kb * KernelConfig::kBlockK, g.b_row, g.layer);
     state.advance();
+    if (!met && counters_met(p, in)) counters_now_met();
+    if (met) load_a_slices(p, s, in, g, first, a_issued, kb + 1);
   }
-  return true;
-}
-
-// After the counters: the A slices of the prefetched stages, then whole stages, then the residual tile.
-__device__ __forceinline__ bool produce_gemm(const MegakernelParams& p, const SharedState& s, const Instruction& in,
-                                             PipelineState first, PipelineState& state, OutputState& output,
-                                             Site site) {
-  const GemmOperands g = gemm_operands(p, in);
-  const uint32_t bytes = KernelConfig::kATileBytes + uint32_t(g.b_rows) * KernelConfig::kBlockK * 2;
-  const int32_t k_blocks = g.k / KernelConfig::kBlockK;
-  const int32_t prefetched = min(k_blocks, KernelConfig::kNumStages);
-  for (int32_t kb = 0; kb < prefetched; ++kb) {
-    ptx::tma_load_3d(s.stage(first.stage), &p.maps[g.a_map], &s.full[first.stage], kb * KernelConfig::kBlockK,
-                     in.row_begin, g.layer);
-    first.advance();
+  if (!met) {
+    if (!wait_all_counters(p, in, site)) return false;
+    counters_now_met();
+    load_a_slices(p, s, in, g, first, a_issued, prefetched);
   }
   for (int32_t kb = prefetched; kb < k_blocks; ++kb) {
     if (!wait_barrier(p, &s.empty[state.stage], state.phase ^ 1, site)) return false;
