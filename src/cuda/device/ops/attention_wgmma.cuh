@@ -23,16 +23,28 @@ __device__ __forceinline__ int32_t attention_kv_blocks(const MegakernelParams& p
 
 // ---- producer ----
 
+// Where an attention tile's operands are, in the TMA maps' coordinates: Q (kMapQuery) and the K and V columns of its
+// kv head (kMapKeyValue), all in the plane of its (layer, sequence).
+struct AttentionOperands {
+  int32_t boxes;  // 64-column boxes in a head
+  int32_t plane;
+  int32_t query_begin;
+  int32_t k_col;
+  int32_t v_col;
+};
+
+__device__ __forceinline__ AttentionOperands attention_operands(const MegakernelParams& p, const Instruction& in) {
+  const ModelDims& d = p.dims;
+  const int32_t kv_head = in.head / d.group_size;
+  return {d.head_dim / KernelConfig::kBoxCols, in.layer * d.batch + in.sequence, in.row_begin - in.sequence * d.seq_len,
+          d.q_dim + kv_head * d.head_dim, d.q_dim + d.kv_dim + kv_head * d.head_dim};
+}
+
 __device__ __forceinline__ bool produce_attention(const MegakernelParams& p, const SharedState& s,
                                                   const Instruction& in, PipelineState& state, OutputState& output,
                                                   Site site) {
   const ModelDims& d = p.dims;
-  const int32_t boxes = d.head_dim / KernelConfig::kBoxCols;
-  const int32_t plane = in.layer * d.batch + in.sequence;
-  const int32_t query_begin = in.row_begin - in.sequence * d.seq_len;
-  const int32_t kv_head = in.head / d.group_size;
-  const int32_t k_col = d.q_dim + kv_head * d.head_dim;
-  const int32_t v_col = d.q_dim + d.kv_dim + kv_head * d.head_dim;
+  const auto [boxes, plane, query_begin, k_col, v_col] = attention_operands(p, in);
   if (!load_output_tile(p, s, output, &p.maps[kMapQuery], boxes, in.col_begin, query_begin, plane, site)) return false;
   ++output.loads;
   ++output.uses;
@@ -57,13 +69,7 @@ __device__ __forceinline__ bool produce_attention(const MegakernelParams& p, con
 // the consumers waited 8.6 us a tile for them (trace, S=4096), against 3 us at S=256. If the qkv tiles are not
 // written yet, the prefetch only wastes bandwidth: L2 is where every SM's stores land, so nothing stale is read.
 __device__ __forceinline__ void prefetch_attention_start(const MegakernelParams& p, const Instruction& in) {
-  const ModelDims& d = p.dims;
-  const int32_t boxes = d.head_dim / KernelConfig::kBoxCols;
-  const int32_t plane = in.layer * d.batch + in.sequence;
-  const int32_t query_begin = in.row_begin - in.sequence * d.seq_len;
-  const int32_t kv_head = in.head / d.group_size;
-  const int32_t k_col = d.q_dim + kv_head * d.head_dim;
-  const int32_t v_col = d.q_dim + d.kv_dim + kv_head * d.head_dim;
+  const auto [boxes, plane, query_begin, k_col, v_col] = attention_operands(p, in);
   for (int32_t box = 0; box < boxes; ++box) {
     const int32_t offset = KernelConfig::kBoxCols * box;
     ptx::tma_prefetch_l2_3d(&p.maps[kMapQuery], in.col_begin + offset, query_begin, plane);
@@ -310,10 +316,9 @@ __device__ __forceinline__ bool consume_attention(const MegakernelParams& p, con
 
 __device__ __forceinline__ bool store_attention(const MegakernelParams& p, const SharedState& s, const Instruction& in,
                                                 OutputState& output, Site site) {
-  const ModelDims& d = p.dims;
-  const int32_t query_begin = in.row_begin - in.sequence * d.seq_len;
-  return store_output_tile(p, s, output, &p.maps[kMapAttnOut], d.head_dim / KernelConfig::kBoxCols, in.col_begin,
-                           in.col_end, query_begin, in.layer * d.batch + in.sequence, in.signal_counter, site);
+  const AttentionOperands a = attention_operands(p, in);
+  return store_output_tile(p, s, output, &p.maps[kMapAttnOut], a.boxes, in.col_begin, in.col_end, a.query_begin,
+                           a.plane, in.signal_counter, site);
 }
 
 }  // namespace mk::gpu
