@@ -22,17 +22,6 @@ __device__ uint64_t* trace_slots(const MegakernelParams& p, uint32_t instruction
   return p.trace_records != nullptr ? p.trace_records + uint64_t(instruction) * kTraceSlots : nullptr;
 }
 
-// The first instruction in [from, end) that the producer loads for (a GEMM or attention tile), looking at most a few
-// ahead; end if none.
-__device__ uint32_t next_tile_instruction(const MegakernelParams& p, uint32_t from, uint32_t end) {
-  constexpr uint32_t kLookahead = 4;
-  for (uint32_t i = from; i < end && i < from + kLookahead; ++i) {
-    const Opcode opcode = p.instructions[i].opcode;
-    if (is_gemm(opcode) || opcode == Opcode::kAttention) return i;
-  }
-  return end;
-}
-
 __device__ void run_producer(const MegakernelParams& p, const SharedState& s, uint32_t sm) {
   PipelineState state;
   OutputState output;
@@ -55,9 +44,6 @@ __device__ void run_producer(const MegakernelParams& p, const SharedState& s, ui
       if (!produce_attention(p, s, in, state, output, site)) return;
     }
     if (trace) trace[kTraceProducerLoadsIssued] = clock64();
-    const uint32_t next = next_tile_instruction(p, i + 1, end);
-    if (next < end && p.instructions[next].opcode == Opcode::kAttention)
-      prefetch_attention_start(p, p.instructions[next]);
   }
 }
 

@@ -57,14 +57,6 @@ __device__ __forceinline__ void tma_load_3d(void* destination, const CUtensorMap
       : "memory");
 }
 
-// Asks L2 for a box of a tensor, with no destination and no completion: a hint that later loads of it hit in L2.
-__device__ __forceinline__ void tma_prefetch_l2_3d(const CUtensorMap* map, int32_t c0, int32_t c1, int32_t c2) {
-  asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global.tile [%0, {%1, %2, %3}];" ::"l"(
-                   reinterpret_cast<uint64_t>(map)),
-               "r"(c0), "r"(c1), "r"(c2)
-               : "memory");
-}
-
 // Shared -> global, in the calling thread's bulk group. Coordinates innermost first; out-of-range parts of the
 // box are not written.
 __device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, const void* source, int32_t c0, int32_t c1,

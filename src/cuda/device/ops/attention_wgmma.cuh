@@ -64,20 +64,6 @@ __device__ __forceinline__ bool produce_attention(const MegakernelParams& p, con
   return true;
 }
 
-// Asks L2 for what an attention tile loads first (Q and its first K and V blocks), while the tile before it runs.
-// NOTE: at long sequences the qkv buffer (201 MB a layer at 8 x 4096) is far larger than L2, so these come from HBM;
-// the consumers waited 8.6 us a tile for them (trace, S=4096), against 3 us at S=256. If the qkv tiles are not
-// written yet, the prefetch only wastes bandwidth: L2 is where every SM's stores land, so nothing stale is read.
-__device__ __forceinline__ void prefetch_attention_start(const MegakernelParams& p, const Instruction& in) {
-  const auto [boxes, plane, query_begin, k_col, v_col] = attention_operands(p, in);
-  for (int32_t box = 0; box < boxes; ++box) {
-    const int32_t offset = KernelConfig::kBoxCols * box;
-    ptx::tma_prefetch_l2_3d(&p.maps[kMapQuery], in.col_begin + offset, query_begin, plane);
-    ptx::tma_prefetch_l2_3d(&p.maps[kMapKeyValue], k_col + offset, 0, plane);
-    ptx::tma_prefetch_l2_3d(&p.maps[kMapKeyValue], v_col + offset, 0, plane);
-  }
-}
-
 // ---- consumers ----
 
 constexpr int kScoreValues = KernelConfig::kBlockKv / 2;  // S registers per thread: 64 queries x 128 keys

@@ -1,6 +1,6 @@
 // GEMM tiles (qkv, o_proj, gate_up, down, lm_head), 128 rows x 128 output columns: TMA loads of 128 x 64 A and B
-// slices into the stage ring by the producer (weights first, A as soon as the activations' counters are met), wgmma by two
-// consumer warpgroups (64 rows each), then the epilogue of gemm_epilogue.cuh.
+// slices into the stage ring by the producer (weights first, A as soon as the activations' counters are met), wgmma
+// by two consumer warpgroups (64 rows each), then the epilogue of gemm_epilogue.cuh.
 #pragma once
 
 #include <cuda_bf16.h>
