@@ -71,6 +71,17 @@ struct TraceSummary {
   };
   std::vector<LongWait> longest_waits;  // the 10 longest
   std::vector<uint32_t> critical_path;  // tasks, first to last: each released its successor's last wait
+  // Per (op, input op): the tiles of op that waited (over 200 ns), the input being the op of the tile whose
+  // publication released the wait satisfied last. late: how long after the tile's consumers turned to it the input
+  // was published (0 when before), the consumers' idle time it caused; hop: from that publication to the end of the
+  // wait (the counter's release, the poll, the backoff). Means per tile.
+  struct WaitedOn {
+    std::string op, input;
+    size_t tiles = 0;
+    double late_ns = 0;
+    double hop_ns = 0;
+  };
+  std::vector<WaitedOn> waited_on;
 };
 TraceSummary summarize_trace(const Graph& graph, const Schedule& schedule, const Trace& trace);
 std::string format_trace_summary(const Graph& graph, const TraceSummary& summary, const Trace& trace);

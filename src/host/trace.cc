@@ -21,6 +21,79 @@ const Instruction& instruction_of(const Schedule& schedule, const TraceRecord& r
   return schedule.instructions[schedule.sm_begin[r.sm] + r.index];
 }
 
+// When a tile's output could be read by others: its publication (the storer's, for GEMM and attention tiles), else
+// the end of its consumers' work.
+double output_ready(const TraceRecord& r) { return r.published >= 0 ? r.published : r.end; }
+
+// The wait that held a tile back, and how long: the producer's for GEMM and attention tiles, else the consumers'.
+double wait_ns(const TraceRecord& r) {
+  return r.producer_start >= 0 ? r.producer_waits_done - r.producer_start : r.waits_done - r.start;
+}
+double wait_end(const TraceRecord& r) { return r.producer_start >= 0 ? r.producer_waits_done : r.waits_done; }
+
+// Which tile released each counter last, for finding what a wait ended on.
+struct Signals {
+  std::vector<std::pair<double, uint32_t>> last;  // per counter: (latest output_ready of its tasks, that task)
+  std::vector<const TraceRecord*> record_of_task;
+
+  Signals(const Graph& graph, const Schedule& schedule, const Trace& trace)
+      : last(schedule.num_counters, {-1e300, UINT32_MAX}), record_of_task(graph.tasks().size(), nullptr) {
+    for (const TraceRecord& r : trace.records) {
+      auto& done = last[instruction_of(schedule, r).signal_counter];
+      if (output_ready(r) > done.first) done = {output_ready(r), r.task};
+      record_of_task[r.task] = &r;
+    }
+  }
+  // The wait satisfied last is the one that held the instruction back.
+  uint32_t binding_counter(const Schedule& schedule, const TraceRecord& r) const {
+    const Instruction& in = instruction_of(schedule, r);
+    uint32_t counter = UINT32_MAX;
+    double latest = -1e300;
+    for (uint32_t k = 0; k < in.num_waits; ++k) {
+      const uint32_t c = schedule.waits[in.wait_begin + k].counter;
+      if (last[c].first > latest) {
+        latest = last[c].first;
+        counter = c;
+      }
+    }
+    return counter;
+  }
+  // The tile whose publication ended r's wait, or null.
+  const TraceRecord* binding_record(const Schedule& schedule, const TraceRecord& r) const {
+    const uint32_t counter = binding_counter(schedule, r);
+    return counter == UINT32_MAX || last[counter].second == UINT32_MAX ? nullptr : record_of_task[last[counter].second];
+  }
+};
+
+// Waits shorter than this are polling noise, not dependencies.
+constexpr double kWaitThresholdNs = 200;
+
+// Per (op, the op of the tile its wait ended on): how late that input came and how long its publication took to end
+// the wait. Ops in graph order, inputs by name.
+std::vector<TraceSummary::WaitedOn> summarize_waited_on(const Graph& graph, const Schedule& schedule,
+                                                        const Trace& trace, const Signals& signals) {
+  std::map<std::pair<Opcode, Opcode>, TraceSummary::WaitedOn> by_pair;
+  for (const TraceRecord& r : trace.records) {
+    if (wait_ns(r) <= kWaitThresholdNs) continue;
+    const TraceRecord* input = signals.binding_record(schedule, r);
+    if (input == nullptr) continue;
+    const Opcode op = graph.tasks()[r.task].opcode, input_op = graph.tasks()[input->task].opcode;
+    TraceSummary::WaitedOn& w = by_pair[{op, input_op}];
+    w.op = opcode_name(op);
+    w.input = opcode_name(input_op);
+    ++w.tiles;
+    w.late_ns += std::max(0.0, output_ready(*input) - r.start);
+    w.hop_ns += wait_end(r) - output_ready(*input);
+  }
+  std::vector<TraceSummary::WaitedOn> out;
+  for (auto& [pair, w] : by_pair) {
+    w.late_ns /= double(w.tiles);
+    w.hop_ns /= double(w.tiles);
+    out.push_back(w);
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string trace_to_chrome_json(const Graph& graph, const Trace& trace) {
@@ -86,9 +159,6 @@ TraceSummary summarize_trace(const Graph& graph, const Schedule& schedule, const
 
   std::map<Opcode, TraceSummary::Op> ops;
   summary.sms.resize(size_t(trace.num_sms));
-  // counter -> (latest end among its tasks, that task)
-  std::vector<std::pair<double, uint32_t>> counter_done(schedule.num_counters, {-1e300, UINT32_MAX});
-  std::vector<const TraceRecord*> record_of_task(graph.tasks().size(), nullptr);
   for (const TraceRecord& r : trace.records) {
     const Task& task = graph.tasks()[r.task];
     TraceSummary::Op& op = ops[task.opcode];
@@ -105,31 +175,15 @@ TraceSummary summarize_trace(const Graph& graph, const Schedule& schedule, const
     TraceSummary::Sm& sm = summary.sms[r.sm];
     sm.busy_ns += r.end - r.waits_done;
     sm.waiting_ns += r.waits_done - r.start;
-    const Instruction& in = instruction_of(schedule, r);
-    auto& done = counter_done[in.signal_counter];
-    if (r.end > done.first) done = {r.end, r.task};
-    record_of_task[r.task] = &r;
   }
   for (auto& [opcode, op] : ops) summary.ops.push_back(op);
   for (TraceSummary::Sm& sm : summary.sms) sm.idle_ns = summary.span_ns - sm.busy_ns - sm.waiting_ns;
 
-  // The wait satisfied last is the one that held the instruction back.
-  auto binding_counter = [&](const TraceRecord& r) {
-    const Instruction& in = instruction_of(schedule, r);
-    uint32_t counter = UINT32_MAX;
-    double latest = -1e300;
-    for (uint32_t k = 0; k < in.num_waits; ++k) {
-      const uint32_t c = schedule.waits[in.wait_begin + k].counter;
-      if (counter_done[c].first > latest) {
-        latest = counter_done[c].first;
-        counter = c;
-      }
-    }
-    return counter;
-  };
+  const Signals signals(graph, schedule, trace);
   for (const TraceRecord& r : trace.records) {
     if (r.waits_done <= r.start) continue;
-    summary.longest_waits.push_back({r.sm, r.index, r.task, r.waits_done - r.start, binding_counter(r)});
+    summary.longest_waits.push_back(
+        {r.sm, r.index, r.task, r.waits_done - r.start, signals.binding_counter(schedule, r)});
   }
   std::sort(summary.longest_waits.begin(), summary.longest_waits.end(),
             [](const auto& a, const auto& b) { return a.wait_ns > b.wait_ns; });
@@ -140,19 +194,15 @@ TraceSummary summarize_trace(const Graph& graph, const Schedule& schedule, const
   const TraceRecord* at = nullptr;
   for (const TraceRecord& r : trace.records)
     if (at == nullptr || r.end > at->end) at = &r;
-  constexpr double kWaitThresholdNs = 200;
   while (at != nullptr) {
     summary.critical_path.push_back(at->task);
-    const TraceRecord* next = nullptr;
-    const uint32_t counter = at->waits_done - at->start > kWaitThresholdNs ? binding_counter(*at) : UINT32_MAX;
-    if (counter != UINT32_MAX && counter_done[counter].second != UINT32_MAX) {
-      next = record_of_task[counter_done[counter].second];
-    } else if (at->index > 0) {
-      next = &trace.records[schedule.sm_begin[at->sm] + at->index - 1];
-    }
+    const TraceRecord* next =
+        at->waits_done - at->start > kWaitThresholdNs ? signals.binding_record(schedule, *at) : nullptr;
+    if (next == nullptr && at->index > 0) next = &trace.records[schedule.sm_begin[at->sm] + at->index - 1];
     at = next;
   }
   std::reverse(summary.critical_path.begin(), summary.critical_path.end());
+  summary.waited_on = summarize_waited_on(graph, schedule, trace, signals);
   return summary;
 }
 
@@ -190,6 +240,12 @@ std::string format_trace_summary(const Graph& graph, const TraceSummary& s, cons
     out += fmt::format("  {:>8.2f} us  SM {} instruction {} ({}) on counter {}\n", w.wait_ns / 1e3, w.sm, w.index,
                        graph.describe(graph.tasks()[w.task]), w.counter);
   }
+  out += "what the waits ended on (tiles that waited, the op of the input published last; mean us: late, how long\n"
+         "after the consumers turned to the tile it was published; hop, from its publication to the wait's end)\n";
+  out += fmt::format("  {:<17} {:<17} {:>7} {:>8} {:>8}\n", "op", "input", "tiles", "late", "hop");
+  for (const auto& w : s.waited_on)
+    out += fmt::format("  {:<17} {:<17} {:>7} {:>8.2f} {:>8.2f}\n", w.op, w.input, w.tiles, w.late_ns / 1e3,
+                       w.hop_ns / 1e3);
   out += fmt::format("observed critical path ({} tasks):", s.critical_path.size());
   std::string previous;
   size_t run = 0;

@@ -88,6 +88,29 @@ TEST_F(CpuVmTrace, SummaryAddsUpToTheSpan) {
   EXPECT_NE(format_trace_summary(*graph_, summary, trace_).find("observed critical path"), std::string::npos);
 }
 
+// What each wait ended on: only ops the waiting op depends on, never published after the wait ended.
+TEST_F(CpuVmTrace, WaitsEndOnTheirOwnInputsAfterThoseArePublished) {
+  std::vector<std::set<Opcode>> signalers(schedule_.num_counters);
+  for (const Instruction& in : schedule_.instructions) signalers[in.signal_counter].insert(in.opcode);
+  std::set<std::pair<std::string, std::string>> edges;
+  for (const Instruction& in : schedule_.instructions)
+    for (uint32_t k = 0; k < in.num_waits; ++k)
+      for (Opcode input : signalers[schedule_.waits[in.wait_begin + k].counter])
+        edges.insert({opcode_name(in.opcode), opcode_name(input)});
+  const TraceSummary summary = summarize_trace(*graph_, schedule_, trace_);
+  ASSERT_FALSE(summary.waited_on.empty());
+  bool attention_on_qkv = false;
+  for (const TraceSummary::WaitedOn& w : summary.waited_on) {
+    EXPECT_TRUE(edges.count({w.op, w.input})) << w.op << " is said to wait on " << w.input;
+    EXPECT_GT(w.tiles, 0u);
+    EXPECT_GE(w.hop_ns, 0.0) << w.op << " <- " << w.input << ": a wait cannot end before its input is published";
+    EXPECT_GE(w.late_ns, 0.0);
+    attention_on_qkv |= w.op == "attention" && w.input == "qkv";
+  }
+  EXPECT_TRUE(attention_on_qkv);
+  EXPECT_NE(format_trace_summary(*graph_, summary, trace_).find("what the waits ended on"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace mk
 
