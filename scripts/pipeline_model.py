@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """A protocol model of the megakernel's per-SM pipeline, run over a real schedule to find failures without a GPU.
 
-Each SM has four actors, as in src/cuda/megakernel.cu: the producer (counter waits, then stage-ring and output-tile
-loads), two consumer warpgroups (stage waits and releases, output-tile waits, row-wise counter waits behind a named
+Each SM has four actors, as in src/cuda/megakernel.cu: the producer (stage-ring and output-tile loads, activations only
+once their counters are met), two consumer warpgroups (stage waits and releases, output-tile waits, row-wise counter waits behind a named
 barrier) and the storer (stores staged output tiles, frees the tile, publishes). Their mbarriers are modelled with
 phases and parity waits, exactly as mbarrier.try_wait.parity behaves: a waiter two phases behind sees the wrong
 phase. Actors advance in random interleavings (seeded, so a result repeats); a round in which no actor can move is a
@@ -115,8 +115,9 @@ class Ring:
         self.advance()
 
 
-class TileOverwrite(Exception):
-    """A load or write into the output tile before the store of its previous use has read it: silent corruption."""
+class ProtocolViolation(Exception):
+    """Silent corruption on the GPU: a load or write into the output tile before the store of its previous use has
+    read it, or a parity wait that passed on another phase than the one it meant."""
 
 
 class Model:
@@ -165,10 +166,10 @@ class Model:
                     pending += 1
                     met = met or self.met(x)  # a poll, not a wait (counters_met)
                     if met:
-                        pending = self.land_a(sm, first, pending)
+                        pending = self.land_a(sm, first, pending, x, i)
                 if not met:
                     yield ("producer: counters", i), lambda x=x: self.met(x)
-                    pending = self.land_a(sm, first, pending)
+                    pending = self.land_a(sm, first, pending, x, i)
                 for _ in range(blocks - prefetched):
                     yield from self.fill(sm, ring, i, 1)
                 if x["op"] in RESIDUAL:
@@ -178,7 +179,10 @@ class Model:
                     sm.loaded.land(1)
             uses += 1
 
-    def land_a(self, sm, first, pending):  # the A slices of the claimed stages whose A is still outstanding
+    def land_a(self, sm, first, pending, x, i):  # the A slices of the claimed stages whose A is still outstanding
+        if not self.met(x):
+            raise ProtocolViolation(f"schedule instruction {i}: the producer loads activations before their counters "
+                                    f"are met")
         for _ in range(pending):
             sm.full[first.stage].land(1)
             first.advance()
@@ -193,7 +197,7 @@ class Model:
 
     def check_freed(self, sm, uses, i, what):
         if sm.free.phase < uses:
-            raise TileOverwrite(f"schedule instruction {i}: {what} into the output tile before the store of use "
+            raise ProtocolViolation(f"schedule instruction {i}: {what} into the output tile before the store of use "
                                 f"{uses - 1} has read it ({sm.free.phase} of {uses} uses freed)")
 
     def tile_free(self, sm, uses):
@@ -311,7 +315,7 @@ def interleave(schedule, producer_parity, seed):
                     actor["wait"] = next(actor["run"])
                 except StopIteration:
                     actor["wait"] = "done"
-                except TileOverwrite as overwrite:
+                except ProtocolViolation as overwrite:
                     return [f"SM {actor['sm']} {overwrite}"]
                 moved = True
                 if actor["wait"] == "done":

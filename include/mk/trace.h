@@ -14,8 +14,9 @@ namespace mk {
 // One instruction's phases, in ns since the launch began (negative where not recorded). Consumer: fetched ->
 // counters satisfied (row-wise ops; the producer waits for GEMM and attention) -> first operands landed (gpu GEMM and
 // attention) -> math done -> output published (gpu GEMM and attention: staged for the storer). Producer (gpu GEMM
-// and attention): started the instruction -> counters satisfied -> last load issued. Storer (gpu GEMM and
-// attention): TMA store landed and counter released.
+// and attention): started the instruction -> counters seen satisfied (a GEMM polls them after claiming each of its
+// first ring stages, so this includes waiting for the ring) -> last load issued. Storer (gpu GEMM and attention):
+// TMA store landed and counter released.
 struct TraceRecord {
   uint32_t sm = 0;
   uint32_t index = 0;  // within the SM's list
@@ -71,10 +72,10 @@ struct TraceSummary {
   };
   std::vector<LongWait> longest_waits;  // the 10 longest
   std::vector<uint32_t> critical_path;  // tasks, first to last: each released its successor's last wait
-  // Per (op, input op): the tiles of op that waited (over 200 ns), the input being the op of the tile whose
-  // publication released the wait satisfied last. late: how long after the tile's consumers turned to it the input
-  // was published (0 when before), the consumers' idle time it caused; hop: from that publication to the end of the
-  // wait (the counter's release, the poll, the backoff). Means per tile.
+  // Per (op, input op): the tiles of op that waited (over 200 ns) for an input published while they waited, the
+  // input being the op of the tile whose publication released the wait satisfied last. late: how long after the
+  // tile's consumers turned to it the input was published (0 when before), the consumers' idle time it caused; hop:
+  // from that publication to the end of the wait (the counter's release, the poll, the backoff). Means per tile.
   struct WaitedOn {
     std::string op, input;
     size_t tiles = 0;

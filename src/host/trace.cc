@@ -25,10 +25,8 @@ const Instruction& instruction_of(const Schedule& schedule, const TraceRecord& r
 // the end of its consumers' work.
 double output_ready(const TraceRecord& r) { return r.published >= 0 ? r.published : r.end; }
 
-// The wait that held a tile back, and how long: the producer's for GEMM and attention tiles, else the consumers'.
-double wait_ns(const TraceRecord& r) {
-  return r.producer_start >= 0 ? r.producer_waits_done - r.producer_start : r.waits_done - r.start;
-}
+// The wait that held a tile back: the producer's for GEMM and attention tiles, else the consumers'.
+double wait_start(const TraceRecord& r) { return r.producer_start >= 0 ? r.producer_start : r.start; }
 double wait_end(const TraceRecord& r) { return r.producer_start >= 0 ? r.producer_waits_done : r.waits_done; }
 
 // Which tile released each counter last, for finding what a wait ended on.
@@ -68,15 +66,16 @@ struct Signals {
 // Waits shorter than this are polling noise, not dependencies.
 constexpr double kWaitThresholdNs = 200;
 
-// Per (op, the op of the tile its wait ended on): how late that input came and how long its publication took to end
-// the wait. Ops in graph order, inputs by name.
+// Per (op, the op of the tile its wait ended on), in opcode order: how late that input came and how long its
+// publication took to end the wait. Only tiles whose input was published while they waited count: for the others
+// the wait was something else (a GEMM producer's wait includes claiming ring stages before its first poll).
 std::vector<TraceSummary::WaitedOn> summarize_waited_on(const Graph& graph, const Schedule& schedule,
                                                         const Trace& trace, const Signals& signals) {
   std::map<std::pair<Opcode, Opcode>, TraceSummary::WaitedOn> by_pair;
   for (const TraceRecord& r : trace.records) {
-    if (wait_ns(r) <= kWaitThresholdNs) continue;
+    if (wait_end(r) - wait_start(r) <= kWaitThresholdNs) continue;
     const TraceRecord* input = signals.binding_record(schedule, r);
-    if (input == nullptr) continue;
+    if (input == nullptr || output_ready(*input) <= wait_start(r)) continue;
     const Opcode op = graph.tasks()[r.task].opcode, input_op = graph.tasks()[input->task].opcode;
     TraceSummary::WaitedOn& w = by_pair[{op, input_op}];
     w.op = opcode_name(op);

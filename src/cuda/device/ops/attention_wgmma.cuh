@@ -23,8 +23,8 @@ __device__ __forceinline__ int32_t attention_kv_blocks(const MegakernelParams& p
 
 // ---- producer ----
 
-// Where an attention tile's operands are, in the TMA maps' coordinates: Q (kMapQuery) and the K and V columns of its
-// kv head (kMapKeyValue), all in the plane of its (layer, sequence).
+// Where an attention tile's operands and output are, in the TMA maps' coordinates: Q (kMapQuery), the K and V columns
+// of its kv head (kMapKeyValue) and O (kMapAttnOut, Q's rows and columns), all in the plane of its (layer, sequence).
 struct AttentionOperands {
   int32_t boxes;  // 64-column boxes in a head
   int32_t plane;
