@@ -83,6 +83,15 @@ struct TraceSummary {
     double hop_ns = 0;
   };
   std::vector<WaitedOn> waited_on;
+  // A decode step's HBM-idle gaps: stretches of the span in which no SM runs a tile that streams from HBM (a decode
+  // GEMM's weights, decode attention's cache) past its counter waits. Empty for a forward pass.
+  struct HbmGap {
+    double begin_ns, end_ns;
+    std::vector<std::string> during;  // the ops (with layer) whose tiles filled most of the gap, longest first
+  };
+  double hbm_idle_ns = 0;
+  size_t hbm_gaps = 0;
+  std::vector<HbmGap> longest_hbm_gaps;  // the 8 longest
 };
 TraceSummary summarize_trace(const Graph& graph, const Schedule& schedule, const Trace& trace);
 std::string format_trace_summary(const Graph& graph, const TraceSummary& summary, const Trace& trace);

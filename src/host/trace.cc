@@ -2,6 +2,7 @@
 #include "mk/trace.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -91,6 +92,65 @@ std::vector<TraceSummary::WaitedOn> summarize_waited_on(const Graph& graph, cons
     out.push_back(w);
   }
   return out;
+}
+
+// Tiles that stream from HBM while they run: a decode step's weights and cache.
+bool streams_from_hbm(Opcode opcode) {
+  switch (opcode) {
+    case Opcode::kDecodeQ:
+    case Opcode::kDecodeKv:
+    case Opcode::kDecodeAttention:
+    case Opcode::kDecodeOProj:
+    case Opcode::kDecodeOProjCombine:
+    case Opcode::kDecodeGateUp:
+    case Opcode::kDecodeDown:
+    case Opcode::kDecodeLmHead:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Gaps shorter than this between streaming tiles are the tiles' own start-up, not the step's structure.
+constexpr double kHbmGapThresholdNs = 500;
+
+// The ops (with layer) whose records cover most of [begin, end), longest first, at most two.
+std::vector<std::string> ops_during(const Graph& graph, const Trace& trace, double begin, double end) {
+  std::map<std::string, double> covered;
+  for (const TraceRecord& r : trace.records) {
+    const double overlap = std::min(end, r.end) - std::max(begin, r.start);
+    if (overlap > 0) covered[slice_name(graph.tasks()[r.task])] += overlap;
+  }
+  std::vector<std::pair<double, std::string>> by_time;
+  for (const auto& [name, ns] : covered) by_time.push_back({-ns, name});
+  std::sort(by_time.begin(), by_time.end());
+  std::vector<std::string> names;
+  for (size_t i = 0; i < by_time.size() && i < 2; ++i) names.push_back(by_time[i].second);
+  return names;
+}
+
+// Fills the summary's HBM-idle gaps: the complement, within the span, of the union of streaming tiles' run times.
+void summarize_hbm_gaps(const Graph& graph, const Trace& trace, double first, double last, TraceSummary& summary) {
+  std::vector<std::pair<double, double>> streaming;
+  for (const TraceRecord& r : trace.records)
+    if (streams_from_hbm(graph.tasks()[r.task].opcode) && r.end > r.waits_done)
+      streaming.push_back({r.waits_done, r.end});
+  if (streaming.empty()) return;
+  std::sort(streaming.begin(), streaming.end());
+  std::vector<TraceSummary::HbmGap> gaps;
+  double covered_until = first;
+  for (const auto& [begin, end] : streaming) {
+    if (begin - covered_until >= kHbmGapThresholdNs) gaps.push_back({covered_until, begin, {}});
+    covered_until = std::max(covered_until, end);
+  }
+  if (last - covered_until >= kHbmGapThresholdNs) gaps.push_back({covered_until, last, {}});
+  summary.hbm_gaps = gaps.size();
+  for (const auto& gap : gaps) summary.hbm_idle_ns += gap.end_ns - gap.begin_ns;
+  std::sort(gaps.begin(), gaps.end(),
+            [](const auto& a, const auto& b) { return a.end_ns - a.begin_ns > b.end_ns - b.begin_ns; });
+  if (gaps.size() > 8) gaps.resize(8);
+  for (auto& gap : gaps) gap.during = ops_during(graph, trace, gap.begin_ns, gap.end_ns);
+  summary.longest_hbm_gaps = std::move(gaps);
 }
 
 }  // namespace
@@ -202,6 +262,7 @@ TraceSummary summarize_trace(const Graph& graph, const Schedule& schedule, const
   }
   std::reverse(summary.critical_path.begin(), summary.critical_path.end());
   summary.waited_on = summarize_waited_on(graph, schedule, trace, signals);
+  summarize_hbm_gaps(graph, trace, first, last, summary);
   return summary;
 }
 
@@ -245,6 +306,14 @@ std::string format_trace_summary(const Graph& graph, const TraceSummary& s, cons
   for (const auto& w : s.waited_on)
     out += fmt::format("  {:<17} {:<17} {:>7} {:>8.2f} {:>8.2f}\n", w.op, w.input, w.tiles, w.late_ns / 1e3,
                        w.hop_ns / 1e3);
+  if (!s.longest_hbm_gaps.empty()) {
+    out += fmt::format("HBM-idle gaps (no decode GEMM or attention tile past its waits on any SM, {:.1f} us or more): "
+                       "{}, {:.1f} us ({:.1f}% of the span); the longest, with the ops that filled them:\n",
+                       kHbmGapThresholdNs / 1e3, s.hbm_gaps, s.hbm_idle_ns / 1e3, 100 * s.hbm_idle_ns / s.span_ns);
+    for (const auto& gap : s.longest_hbm_gaps)
+      out += fmt::format("  {:>8.2f} us at {:.1f} us: {}\n", (gap.end_ns - gap.begin_ns) / 1e3, gap.begin_ns / 1e3,
+                         gap.during.empty() ? std::string("nothing") : fmt::format("{}", fmt::join(gap.during, ", ")));
+  }
   out += fmt::format("observed critical path ({} tasks):", s.critical_path.size());
   std::string previous;
   size_t run = 0;

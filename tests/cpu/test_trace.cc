@@ -226,3 +226,61 @@ TEST(TraceSummary, WaitsCountOnlyInputsPublishedWhileTheyWaited) {
 
 }  // namespace
 }  // namespace mk
+
+namespace mk {
+namespace {
+
+// One SM running every instruction of the schedule for 1 us, back to back.
+Trace back_to_back(const Schedule& schedule) {
+  Trace trace;
+  trace.engine = "gpu";
+  trace.num_sms = 1;
+  for (size_t i = 0; i < schedule.instructions.size(); ++i) {
+    TraceRecord r;
+    r.index = uint32_t(i);
+    r.task = schedule.instructions[i].task;
+    r.start = r.waits_done = 1000.0 * double(i);
+    r.math_done = r.start + 900;
+    r.end = r.start + 1000;
+    trace.records.push_back(r);
+  }
+  trace.launch_ns = trace.records.back().end;
+  return trace;
+}
+
+// A decode step's HBM-idle gaps on a hand-timed trace: with every tile 1 us back to back, the gaps are exactly the
+// runs of tiles that stream nothing from HBM (the embedding, the combines, the sample), each named by its op; a
+// forward pass has none.
+TEST(TraceSummary, NamesTheHbmIdleGapsOfADecodeStep) {
+  const ModelConfig config = find_preset("tiny").config;
+  const Graph graph(config, {2, 1, PassKind::kDecode, 256});
+  const Schedule schedule = make_schedule(graph, derive_dependencies(graph), SchedulePolicy::kRoundRobin, 1);
+  const Trace trace = back_to_back(schedule);
+  size_t gaps = 0, idle_tiles = 0;
+  bool previous_idle = false;
+  for (const Instruction& in : schedule.instructions) {
+    const bool idle = in.opcode == Opcode::kEmbed || in.opcode == Opcode::kDecodeCombine || in.opcode == Opcode::kSample;
+    idle_tiles += idle;
+    gaps += idle && !previous_idle;
+    previous_idle = idle;
+  }
+  const TraceSummary summary = summarize_trace(graph, schedule, trace);
+  ASSERT_GT(gaps, 2u);
+  EXPECT_EQ(summary.hbm_gaps, gaps);
+  EXPECT_DOUBLE_EQ(summary.hbm_idle_ns, 1000.0 * double(idle_tiles));
+  ASSERT_FALSE(summary.longest_hbm_gaps.empty());
+  for (const TraceSummary::HbmGap& gap : summary.longest_hbm_gaps) {
+    ASSERT_FALSE(gap.during.empty());
+    EXPECT_TRUE(gap.during[0] == "embed" || gap.during[0].rfind("decode_combine", 0) == 0 || gap.during[0] == "sample")
+        << gap.during[0];
+  }
+  EXPECT_NE(format_trace_summary(graph, summary, trace).find("HBM-idle gaps"), std::string::npos);
+
+  const Graph forward(config, {1, 32});
+  const Schedule forward_schedule =
+      make_schedule(forward, derive_dependencies(forward), SchedulePolicy::kRoundRobin, 1);
+  EXPECT_TRUE(summarize_trace(forward, forward_schedule, back_to_back(forward_schedule)).longest_hbm_gaps.empty());
+}
+
+}  // namespace
+}  // namespace mk
