@@ -125,7 +125,9 @@ for s in $steps; do
       step hf timeout 600 python3 "$root/scripts/compare_hf.py" --mk "$build/mk" --work /tmp/mk-hf
       ;;
     bench)
-      step_with_clocks bench timeout 900 python3 "$root/bench/bench.py" --mk "$build/mk" --out "$out"
+      # BENCH_ARGS: extra flags, split on spaces (e.g. --sweeps seq --torch-backends eager+graph,reduce-overhead: a
+      # whole run of every sweep and backend outlasts one call to the GPU machine)
+      step_with_clocks bench timeout 900 python3 "$root/bench/bench.py" --mk "$build/mk" --out "$out" ${BENCH_ARGS:-}
       ;;
     sanitize)
       for tool in memcheck racecheck synccheck; do
