@@ -67,7 +67,7 @@ struct TraceSummary {
   std::vector<Sm> sms;
   struct LongWait {
     uint32_t sm, index, task;
-    double wait_ns;
+    double wait_ns;    // the producer's counter wait for GEMM and attention tiles, else the consumers'
     uint32_t counter;  // the wait that was satisfied last
   };
   std::vector<LongWait> longest_waits;  // the 10 longest

@@ -62,21 +62,24 @@ struct Signals {
     const uint32_t counter = binding_counter(schedule, r);
     return counter == UINT32_MAX || last[counter].second == UINT32_MAX ? nullptr : record_of_task[last[counter].second];
   }
+  // The tile that held r back: the binding one, if r waited and that tile was published while it did; else null
+  // (a GEMM producer's wait includes claiming ring stages before its first poll, which no input explains).
+  const TraceRecord* held_back_by(const Schedule& schedule, const TraceRecord& r) const {
+    constexpr double kWaitThresholdNs = 200;  // shorter waits are polling noise, not dependencies
+    if (wait_end(r) - wait_start(r) <= kWaitThresholdNs) return nullptr;
+    const TraceRecord* input = binding_record(schedule, r);
+    return input != nullptr && output_ready(*input) > wait_start(r) ? input : nullptr;
+  }
 };
 
-// Waits shorter than this are polling noise, not dependencies.
-constexpr double kWaitThresholdNs = 200;
-
-// Per (op, the op of the tile its wait ended on), in opcode order: how late that input came and how long its
-// publication took to end the wait. Only tiles whose input was published while they waited count: for the others
-// the wait was something else (a GEMM producer's wait includes claiming ring stages before its first poll).
+// Per (op, the op of the tile that held it back), in opcode order: how late that input came and how long its
+// publication took to end the wait.
 std::vector<TraceSummary::WaitedOn> summarize_waited_on(const Graph& graph, const Schedule& schedule,
                                                         const Trace& trace, const Signals& signals) {
   std::map<std::pair<Opcode, Opcode>, TraceSummary::WaitedOn> by_pair;
   for (const TraceRecord& r : trace.records) {
-    if (wait_end(r) - wait_start(r) <= kWaitThresholdNs) continue;
-    const TraceRecord* input = signals.binding_record(schedule, r);
-    if (input == nullptr || output_ready(*input) <= wait_start(r)) continue;
+    const TraceRecord* input = signals.held_back_by(schedule, r);
+    if (input == nullptr) continue;
     const Opcode op = graph.tasks()[r.task].opcode, input_op = graph.tasks()[input->task].opcode;
     TraceSummary::WaitedOn& w = by_pair[{op, input_op}];
     w.op = opcode_name(op);
@@ -224,8 +227,7 @@ TraceSummary summarize_trace(const Graph& graph, const Schedule& schedule, const
     op.name = opcode_name(task.opcode);
     ++op.count;
     op.total_ns += r.end - r.waits_done;
-    const bool produced = r.producer_start >= 0;
-    op.dependency_wait_ns += produced ? r.producer_waits_done - r.producer_start : r.waits_done - r.start;
+    op.dependency_wait_ns += wait_end(r) - wait_start(r);
     const double work_start = r.data_ready >= 0 ? r.data_ready : r.waits_done;
     op.data_wait_ns += r.data_ready >= 0 ? r.data_ready - r.start : 0.0;
     op.math_ns += r.math_done - work_start;
@@ -240,23 +242,22 @@ TraceSummary summarize_trace(const Graph& graph, const Schedule& schedule, const
 
   const Signals signals(graph, schedule, trace);
   for (const TraceRecord& r : trace.records) {
-    if (r.waits_done <= r.start) continue;
+    if (wait_end(r) <= wait_start(r)) continue;
     summary.longest_waits.push_back(
-        {r.sm, r.index, r.task, r.waits_done - r.start, signals.binding_counter(schedule, r)});
+        {r.sm, r.index, r.task, wait_end(r) - wait_start(r), signals.binding_counter(schedule, r)});
   }
   std::sort(summary.longest_waits.begin(), summary.longest_waits.end(),
             [](const auto& a, const auto& b) { return a.wait_ns > b.wait_ns; });
   if (summary.longest_waits.size() > 10) summary.longest_waits.resize(10);
 
-  // Observed critical path: from the last instruction to finish, step to whatever released it: the last signaler of
-  // its binding counter if it waited, else its predecessor on the same SM.
+  // Observed critical path: from the last instruction to finish, step to whatever released it: the tile that held it
+  // back, else its predecessor on the same SM.
   const TraceRecord* at = nullptr;
   for (const TraceRecord& r : trace.records)
     if (at == nullptr || r.end > at->end) at = &r;
   while (at != nullptr) {
     summary.critical_path.push_back(at->task);
-    const TraceRecord* next =
-        at->waits_done - at->start > kWaitThresholdNs ? signals.binding_record(schedule, *at) : nullptr;
+    const TraceRecord* next = signals.held_back_by(schedule, *at);
     if (next == nullptr && at->index > 0) next = &trace.records[schedule.sm_begin[at->sm] + at->index - 1];
     at = next;
   }

@@ -222,6 +222,10 @@ TEST(TraceSummary, WaitsCountOnlyInputsPublishedWhileTheyWaited) {
   EXPECT_EQ(w.tiles, waiting_tiles);
   EXPECT_DOUBLE_EQ(w.late_ns, 300);
   EXPECT_DOUBLE_EQ(w.hop_ns, 300);
+  // The longest waits are the producer's for GEMM tiles (the consumers' here lasted 50 ns).
+  ASSERT_FALSE(summary.longest_waits.empty());
+  EXPECT_DOUBLE_EQ(summary.longest_waits[0].wait_ns, 700);
+  EXPECT_EQ(graph.tasks()[summary.longest_waits[0].task].opcode, Opcode::kQkv);
 }
 
 }  // namespace
