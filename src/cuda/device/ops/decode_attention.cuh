@@ -1,6 +1,6 @@
-// Split-KV decode attention (one partial per KV block: unnormalized output, max and sum per query head; the block's
-// K and V staged in shared memory, its older keys before the counter wait; the math on the tensor cores where
-// head_dim allows, decode_attention_mma.cuh), the combine that merges a sequence's partials in block order, and
+// Split-KV decode attention (one partial per KV block: unnormalized output, max and sum per query head; the blocks'
+// K and V staged in shared memory, up to four in flight, the first ones' older keys before the counter wait; the
+// math on the tensor cores where head_dim allows, decode_attention_mma.cuh), the combine that merges a sequence's partials in block order, and
 // greedy sampling: run by the consumer warps with plain loads.
 #pragma once
 
@@ -95,8 +95,8 @@ static_assert(DecodeAttentionSmem::kv_buffers(kMaxHeadDim) >= 1,
               "q, scores or weights, stats, and a K and V block of decode attention fit the stage ring");
 static_assert(DecodeAttentionSmem::kv_buffers(64) == kMaxKvBuffers && DecodeAttentionSmem::kv_buffers(128) == 2,
               "the Llama head_dims keep their later blocks loading while one is computed");
-static_assert(DecodeAttentionSmem::kFloats * 4 % 16 == 0 && kv_stride(kMaxHeadDim) * 2 % 16 == 0 &&
-                  kWeightStride * 2 % 16 == 0,
+static_assert(DecodeAttentionSmem::kFloats * 4 % 16 == 0 && DecodeAttentionSmem::kFixedBytes % 16 == 0 &&
+                  kv_stride(kMaxHeadDim) * 2 % 16 == 0 && kWeightStride * 2 % 16 == 0,
               "every bf16 buffer and row starts 16-byte aligned, as cp.async and ldmatrix need");
 
 // Partial rows per sequence, and the row (within its sequence) of KV block `block`: block j is split j % splits's
@@ -252,8 +252,8 @@ __device__ __forceinline__ void decode_block_partial_cuda_cores(const ModelDims&
 }
 
 // The same on the tensor cores (decode_attention_mma.cuh): scores, weights (one exchange of the warps' maxima),
-// P V, and the block's max and sum. Ends with the consumers synchronized (the next block's staging overwrites K and
-// V, its scores the weights and the warps' shares).
+// P V, and the block's max and sum. Ends with the consumers synchronized (a later block's staging overwrites this
+// buffer's K and V, the next block's scores the weights and the warps' shares).
 __device__ __forceinline__ void decode_block_partial_mma(const ModelDims& d, const DecodeAttentionSmem& smem,
                                                          int32_t j, int32_t keys, float* record, int warp, int lane,
                                                          int consumer_thread) {
