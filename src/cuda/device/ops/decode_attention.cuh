@@ -1,6 +1,6 @@
-// Split-KV decode attention (one partial per KV block: unnormalized output, max and sum per query head; the block's
-// K and V staged in shared memory, its older keys before the counter wait; the math on the tensor cores where
-// head_dim allows, decode_attention_mma.cuh), the combine that merges a sequence's partials in block order, and
+// Split-KV decode attention (one partial per KV block: unnormalized output, max and sum per query head; the blocks'
+// K and V staged in shared memory, up to four in flight, the first ones' older keys before the counter wait; the
+// math on the tensor cores where head_dim allows, decode_attention_mma.cuh), the combine that merges a sequence's partials in block order, and
 // greedy sampling: run by the consumer warps with plain loads.
 #pragma once
 
@@ -47,13 +47,23 @@ __device__ __forceinline__ void stage_kv_rows(const ModelDims& d, const __nv_bfl
   }
 }
 
-// Where a decode attention tile keeps q, its block's scores or weights and stats, and the staged block in the
-// (otherwise idle) stage ring: the CUDA-core path's buffers, then the tensor-core path's, then K and V.
+// Where a decode attention tile keeps q, its block's scores or weights and stats, and its staged K and V blocks in the
+// (otherwise idle) stage ring: the CUDA-core path's buffers, the tensor-core path's, then as many K and V block
+// buffers as fit (up to kMaxKvBuffers), so that later blocks load while earlier ones are computed.
+constexpr int kMaxKvBuffers = 4;
 struct DecodeAttentionSmem {
   static constexpr int kFloats = kMaxGroup * kMaxHeadDim + kMaxGroup * kDecodeKvBlock + 2 * kMaxGroup +
                                  2 * KernelConfig::kConsumerWarps * kMmaHeads;
-  static constexpr int kBf16s = kMaxGroup * kv_stride(kMaxHeadDim) + kMmaHeads * kWeightStride +
-                                2 * kDecodeKvBlock * kv_stride(kMaxHeadDim);
+  static constexpr int kBf16s = kMaxGroup * kv_stride(kMaxHeadDim) + kMmaHeads * kWeightStride;
+  static constexpr int kFixedBytes = kFloats * 4 + kBf16s * 2;
+  // A K and a V block of kDecodeKvBlock padded rows.
+  __host__ __device__ static constexpr int32_t kv_buffer_bytes(int32_t head_dim) {
+    return 2 * kDecodeKvBlock * kv_stride(head_dim) * 2;
+  }
+  __host__ __device__ static constexpr int32_t kv_buffers(int32_t head_dim) {
+    const int32_t fit = (KernelConfig::kNumStages * KernelConfig::kStageBytes - kFixedBytes) / kv_buffer_bytes(head_dim);
+    return fit < kMaxKvBuffers ? fit : kMaxKvBuffers;
+  }
   float* q;                    // (G, head_dim), CUDA cores
   float* scores;               // (G, kDecodeKvBlock), CUDA cores
   float* stats;                // (G, 2): max, sum, CUDA cores
@@ -61,9 +71,10 @@ struct DecodeAttentionSmem {
   float* warp_sums;            // (kConsumerWarps, kMmaHeads), tensor cores
   __nv_bfloat16* q_rows;       // (G, kv_stride) bf16, tensor cores
   __nv_bfloat16* weights;      // (kMmaHeads, kWeightStride) bf16, tensor cores
-  __nv_bfloat16* k_block;      // (keys, kv_stride)
-  __nv_bfloat16* v_block;      // (keys, kv_stride)
-  __device__ __forceinline__ explicit DecodeAttentionSmem(const SharedState& s)
+  __nv_bfloat16* kv;           // buffers: (kv_buffers, 2 [K, V], kDecodeKvBlock, kv_stride) bf16
+  int32_t stride;              // kv_stride(head_dim)
+  int32_t buffers;             // kv_buffers(head_dim)
+  __device__ __forceinline__ DecodeAttentionSmem(const SharedState& s, int32_t head_dim)
       : q(reinterpret_cast<float*>(s.stages)),
         scores(q + kMaxGroup * kMaxHeadDim),
         stats(scores + kMaxGroup * kDecodeKvBlock),
@@ -71,14 +82,21 @@ struct DecodeAttentionSmem {
         warp_sums(warp_maxima + KernelConfig::kConsumerWarps * kMmaHeads),
         q_rows(reinterpret_cast<__nv_bfloat16*>(warp_sums + KernelConfig::kConsumerWarps * kMmaHeads)),
         weights(q_rows + kMaxGroup * kv_stride(kMaxHeadDim)),
-        k_block(weights + kMmaHeads * kWeightStride),
-        v_block(k_block + kDecodeKvBlock * kv_stride(kMaxHeadDim)) {}
+        kv(weights + kMmaHeads * kWeightStride),
+        stride(kv_stride(head_dim)),
+        buffers(kv_buffers(head_dim)) {}
+  // K and V of block j of the tile (its buffer is j % buffers).
+  __device__ __forceinline__ __nv_bfloat16* k_block(int32_t j) const {
+    return kv + int64_t(j % buffers) * 2 * kDecodeKvBlock * stride;
+  }
+  __device__ __forceinline__ __nv_bfloat16* v_block(int32_t j) const { return k_block(j) + kDecodeKvBlock * stride; }
 };
-static_assert(DecodeAttentionSmem::kFloats * 4 + DecodeAttentionSmem::kBf16s * 2 <=
-                  KernelConfig::kNumStages * KernelConfig::kStageBytes,
+static_assert(DecodeAttentionSmem::kv_buffers(kMaxHeadDim) >= 1,
               "q, scores or weights, stats, and a K and V block of decode attention fit the stage ring");
-static_assert(DecodeAttentionSmem::kFloats * 4 % 16 == 0 && kv_stride(kMaxHeadDim) * 2 % 16 == 0 &&
-                  kWeightStride * 2 % 16 == 0,
+static_assert(DecodeAttentionSmem::kv_buffers(64) == kMaxKvBuffers && DecodeAttentionSmem::kv_buffers(128) == 2,
+              "the Llama head_dims keep their later blocks loading while one is computed");
+static_assert(DecodeAttentionSmem::kFloats * 4 % 16 == 0 && DecodeAttentionSmem::kFixedBytes % 16 == 0 &&
+                  kv_stride(kMaxHeadDim) * 2 % 16 == 0 && kWeightStride * 2 % 16 == 0,
               "every bf16 buffer and row starts 16-byte aligned, as cp.async and ldmatrix need");
 
 // Partial rows per sequence, and the row (within its sequence) of KV block `block`: block j is split j % splits's
@@ -112,15 +130,52 @@ __device__ __forceinline__ const __nv_bfloat16* cache_keys(const MegakernelParam
          in.head * d.head_dim;
 }
 
-// Before the tile's counter wait: its first block's K and V but the newest key, which this step's decode_kv writes;
-// the others were written by earlier steps and the prefill, so they depend on nothing in this launch.
+// Blocks of the tile staged before its loop: all buffers but one, which the loop fills while the others are computed
+// (one when there is a single buffer).
+__device__ __forceinline__ int32_t prestaged_blocks(const DecodeAttentionSmem& smem, const Instruction& in) {
+  return min(max(smem.buffers - 1, 1), in.row_end - in.row_begin);
+}
+
+// Stages block j (partial row in.row_begin + j) of the tile into its buffer as one cp.async group (empty past the
+// tile's blocks or the sequence's position, so that every block counts one group).
+__device__ __forceinline__ void stage_tile_block(const MegakernelParams& p, const Instruction& in,
+                                                 const DecodeAttentionSmem& smem, int32_t j, int32_t position,
+                                                 int consumer_thread) {
+  if (in.row_begin + j < in.row_end) {
+    const KvBlockKeys block = kv_block_keys(p.dims, in, in.row_begin + j, position);
+    if (block.keys > 0)
+      stage_kv_rows(p.dims, cache_keys(p, in, block.first_key), 0, block.keys, -1, smem.k_block(j), smem.v_block(j),
+                    consumer_thread);
+  }
+  ptx::cp_async_commit();
+}
+
+// After the counter wait: the newest key into whichever prestaged block holds it, as one group.
+__device__ __forceinline__ void stage_newest_key(const MegakernelParams& p, const Instruction& in,
+                                                 const DecodeAttentionSmem& smem, int32_t position,
+                                                 int consumer_thread) {
+  for (int32_t j = 0; j < prestaged_blocks(smem, in); ++j) {
+    const KvBlockKeys block = kv_block_keys(p.dims, in, in.row_begin + j, position);
+    const int32_t newest = position - block.first_key;
+    if (newest >= 0 && newest < block.keys)
+      stage_kv_rows(p.dims, cache_keys(p, in, block.first_key), newest, newest + 1, -1, smem.k_block(j),
+                    smem.v_block(j), consumer_thread);
+  }
+  ptx::cp_async_commit();
+}
+
+// Before the tile's counter wait: its first blocks' K and V but the newest key, which this step's decode_kv writes;
+// the others were written by earlier steps and the prefill, so they depend on nothing in this launch. One group.
 __device__ __forceinline__ void prestage_decode_attention(const MegakernelParams& p, const SharedState& s,
                                                           const Instruction& in, int consumer_thread) {
   const int32_t position = p.positions[in.sequence];
-  const KvBlockKeys block = kv_block_keys(p.dims, in, in.row_begin, position);
-  const DecodeAttentionSmem smem(s);
-  stage_kv_rows(p.dims, cache_keys(p, in, block.first_key), 0, block.keys, position - block.first_key, smem.k_block,
-                smem.v_block, consumer_thread);
+  const DecodeAttentionSmem smem(s, p.dims.head_dim);
+  for (int32_t j = 0; j < prestaged_blocks(smem, in); ++j) {
+    const KvBlockKeys block = kv_block_keys(p.dims, in, in.row_begin + j, position);
+    if (block.keys > 0)
+      stage_kv_rows(p.dims, cache_keys(p, in, block.first_key), 0, block.keys, position - block.first_key,
+                    smem.k_block(j), smem.v_block(j), consumer_thread);
+  }
   ptx::cp_async_commit();
 }
 
@@ -171,10 +226,11 @@ __device__ __forceinline__ bool decode_attention_on_mma(const ModelDims& d) { re
 // One block's partial record on the CUDA cores (q and the block's K and V staged): scores, softmax, P V, and the
 // block's max and sum. Ends with the consumers synchronized (scores are reused by the next block).
 __device__ __forceinline__ void decode_block_partial_cuda_cores(const ModelDims& d, const DecodeAttentionSmem& smem,
-                                                                int32_t keys, float* record, int warp, int lane,
-                                                                int consumer_thread) {
+                                                                int32_t j, int32_t keys, float* record, int warp,
+                                                                int lane, int consumer_thread) {
   const int32_t G = d.group_size, hd = d.head_dim, stride = hd + kPartialStats;
-  decode_scores(d, smem.q, smem.k_block, keys, smem.scores, consumer_thread);
+  const __nv_bfloat16* v_block = smem.v_block(j);
+  decode_scores(d, smem.q, smem.k_block(j), keys, smem.scores, consumer_thread);
   ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
   decode_softmax(d, keys, smem.scores, smem.stats, warp, lane);
   ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
@@ -183,7 +239,7 @@ __device__ __forceinline__ void decode_block_partial_cuda_cores(const ModelDims&
     const float* weights = smem.scores + h * kDecodeKvBlock;
     float acc = 0.0f;
     for (int32_t key = 0; key < keys; ++key)
-      acc = fmaf(weights[key], __bfloat162float(smem.v_block[key * kv_stride(hd) + e]), acc);
+      acc = fmaf(weights[key], __bfloat162float(v_block[key * smem.stride + e]), acc);
     record[h * stride + e] = acc;
   }
   if (consumer_thread < G) {
@@ -196,18 +252,19 @@ __device__ __forceinline__ void decode_block_partial_cuda_cores(const ModelDims&
 }
 
 // The same on the tensor cores (decode_attention_mma.cuh): scores, weights (one exchange of the warps' maxima),
-// P V, and the block's max and sum. Ends with the consumers synchronized (the next block's staging overwrites K and
-// V, its scores the weights and the warps' shares).
+// P V, and the block's max and sum. Ends with the consumers synchronized (a later block's staging overwrites this
+// buffer's K and V, the next block's scores the weights and the warps' shares).
 __device__ __forceinline__ void decode_block_partial_mma(const ModelDims& d, const DecodeAttentionSmem& smem,
-                                                         int32_t keys, float* record, int warp, int lane,
+                                                         int32_t j, int32_t keys, float* record, int warp, int lane,
                                                          int consumer_thread) {
-  const int32_t hd = d.head_dim, stride = kv_stride(hd), record_stride = hd + kPartialStats;
+  const int32_t hd = d.head_dim, stride = smem.stride, record_stride = hd + kPartialStats;
+  __nv_bfloat16* v_block = smem.v_block(j);
   float score[2][2];
-  mma_block_scores(smem.q_rows, smem.k_block, hd, stride, d.group_size, keys, warp, lane, score);
-  zero_value_tail(smem.v_block, hd, stride, keys, consumer_thread);
+  mma_block_scores(smem.q_rows, smem.k_block(j), hd, stride, d.group_size, keys, warp, lane, score);
+  zero_value_tail(v_block, hd, stride, keys, consumer_thread);
   mma_block_weights(score, smem.weights, smem.warp_maxima, smem.warp_sums, warp, lane);
   ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
-  mma_block_output(smem.weights, smem.v_block, hd, stride, d.group_size, keys, record, record_stride, warp, lane);
+  mma_block_output(smem.weights, v_block, hd, stride, d.group_size, keys, record, record_stride, warp, lane);
   if (consumer_thread < d.group_size) {
     const float2 stats = mma_block_stats(smem.warp_maxima, smem.warp_sums, consumer_thread);
     *reinterpret_cast<float4*>(record + consumer_thread * record_stride + hd) =
@@ -216,15 +273,15 @@ __device__ __forceinline__ void decode_block_partial_mma(const ModelDims& d, con
   ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
 }
 
-// One block's partial record for the G query heads of the tile (q and the block's K and V staged), on the tensor
+// Block j's partial record for the G query heads of the tile (q and the block's K and V staged), on the tensor
 // cores where head_dim allows. Ends with the consumers synchronized.
-__device__ __forceinline__ void decode_block_partial(const ModelDims& d, const DecodeAttentionSmem& smem,
+__device__ __forceinline__ void decode_block_partial(const ModelDims& d, const DecodeAttentionSmem& smem, int32_t j,
                                                      int32_t keys, float* record, int warp, int lane,
                                                      int consumer_thread) {
   if (decode_attention_on_mma(d))
-    decode_block_partial_mma(d, smem, keys, record, warp, lane, consumer_thread);
+    decode_block_partial_mma(d, smem, j, keys, record, warp, lane, consumer_thread);
   else
-    decode_block_partial_cuda_cores(d, smem, keys, record, warp, lane, consumer_thread);
+    decode_block_partial_cuda_cores(d, smem, j, keys, record, warp, lane, consumer_thread);
 }
 
 // The tile's G query heads into shared memory: bf16 rows kv_stride apart for the tensor cores' ldmatrix, fp32 for
@@ -245,7 +302,10 @@ __device__ __forceinline__ void stage_query_heads(const ModelDims& d, const __nv
 
 // attn_partial[l][rows] for sequence in.sequence, kv head in.head: one partial record per query head of the kv head
 // and per KV block of the split (blocks past the sequence's position are empty: max -inf, left out by the combine).
-// The first block was prestaged but for its newest key (prestage_decode_attention).
+// The first blocks were prestaged but for the newest key (prestage_decode_attention). With more than one buffer, block
+// j + buffers - 1 is requested before block j is computed, into the buffer block j - 1 has just freed.
+// NOTE: one block at a time, each block's load came after the previous block's math: 3.3 us a block at batch 8, 2 us
+// for a block staged ahead (sixth session, run 2).
 __device__ __forceinline__ void run_decode_attention(const MegakernelParams& p, const SharedState& s,
                                                      const Instruction& in, int consumer_thread) {
   const ModelDims& d = p.dims;
@@ -254,9 +314,20 @@ __device__ __forceinline__ void run_decode_attention(const MegakernelParams& p, 
   const int32_t G = d.group_size, hd = d.head_dim, stride = hd + kPartialStats;
   const int32_t rows_per_sequence = partial_rows_per_sequence(d);
   const int32_t position = p.positions[in.sequence];
-  const DecodeAttentionSmem smem(s);
+  const DecodeAttentionSmem smem(s, hd);
+  const bool ahead = smem.buffers > 1;
   stage_query_heads(d, p.decode_q + (layer * B + in.sequence) * d.q_dim + in.head * G * hd, smem, consumer_thread);
-  for (int32_t row = in.row_begin; row < in.row_end; ++row) {
+  stage_newest_key(p, in, smem, position, consumer_thread);
+  for (int32_t j = 0; j < in.row_end - in.row_begin; ++j) {
+    // Groups committed after the one block j needs: those of the blocks requested ahead of it.
+    if (ahead) {
+      stage_tile_block(p, in, smem, j + smem.buffers - 1, position, consumer_thread);
+      ptx::cp_async_wait_at_most(min(j + 1, smem.buffers - 1));
+    } else {
+      if (j >= prestaged_blocks(smem, in)) stage_tile_block(p, in, smem, j, position, consumer_thread);
+      ptx::cp_async_wait<0>();
+    }
+    const int32_t row = in.row_begin + j;
     const KvBlockKeys block = kv_block_keys(d, in, row, position);
     float* record = p.attn_partial + (layer * B * rows_per_sequence + row) * int64_t(d.q_dim / hd) * stride +
                     int64_t(in.head) * G * stride;
@@ -265,16 +336,8 @@ __device__ __forceinline__ void run_decode_attention(const MegakernelParams& p, 
         record[i] = i % stride == hd ? -INFINITY : 0.0f;
       continue;
     }
-    // The prestaged first block lacks only its newest key, if it holds it.
-    const int32_t newest = min(position - block.first_key, block.keys);
-    const bool prestaged = row == in.row_begin;
-    stage_kv_rows(d, cache_keys(p, in, block.first_key), prestaged ? newest : 0,
-                  prestaged ? min(newest + 1, block.keys) : block.keys, -1, smem.k_block, smem.v_block,
-                  consumer_thread);
-    ptx::cp_async_commit();
-    ptx::cp_async_wait<0>();
     ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
-    decode_block_partial(d, smem, block.keys, record, warp, lane, consumer_thread);
+    decode_block_partial(d, smem, j, block.keys, record, warp, lane, consumer_thread);
   }
 }
 
