@@ -104,7 +104,7 @@ __device__ __forceinline__ bool run_instruction(const MegakernelParams& p, const
       run_decode_attention(p, s, in, thread);
       break;
     case Opcode::kDecodeCombine:
-      run_decode_combine(p, in, thread);
+      run_decode_combine(p, s, in, thread);
       break;
     case Opcode::kSample:
       run_sample(p, s, in, thread);

@@ -370,51 +370,77 @@ __device__ __forceinline__ float combine_partials(const MegakernelParams& p, int
   return combine_records(blocks, hd, e, [&](int32_t block, int32_t at) { return __ldcg(record(block) + at); });
 }
 
-// Row b's attention output (q_dim values) into `out` as bf16, from its partial records of every block, first copied
-// into `scratch` (scratch_bytes) with every 16-byte load in flight at once: decode_o_proj_combine's staging. Each
-// tile needs the whole row, so loading record by record, value by value, would be a chain of L2 trips per value.
-// Rows whose records do not fit the scratch are combined from global memory. Element i goes to out[i ^ swizzle]
-// (the staged rows' chunk swizzle, decode_gemm.cuh). Ends with the consumers synchronized.
+// Sequence b's partial records of query heads [head_begin, head_begin + heads), every block up to its position, into
+// `scratch` (block j's at j * heads * (head_dim + kPartialStats) floats), every 16-byte copy in flight at once.
+// NOTE: read record by record, value by value, they are a chain of L2 trips per value: a combine task took 4.5 us
+// at batch 1 (sixth session, run 3). False, copying nothing, when they do not fit scratch_bytes. Ends with the
+// consumers synchronized when true.
+__device__ __forceinline__ bool stage_partial_records(const MegakernelParams& p, int64_t layer, int32_t b,
+                                                      int32_t head_begin, int32_t heads, float* scratch,
+                                                      int32_t scratch_bytes, int consumer_thread) {
+  const ModelDims& d = p.dims;
+  const int32_t stride = d.head_dim + kPartialStats, block_floats = heads * stride;
+  const int64_t record_row = int64_t(d.q_dim / d.head_dim) * stride;
+  const int32_t blocks = p.positions[b] / kDecodeKvBlock + 1;
+  if (int64_t(blocks) * block_floats * 4 > scratch_bytes) return false;
+  const float* first = p.attn_partial + (layer * d.batch + b) * partial_rows_per_sequence(d) * record_row +
+                       int64_t(head_begin) * stride;
+  const int32_t chunks = block_floats / 4;
+  for (int32_t i = consumer_thread; i < blocks * chunks; i += KernelConfig::kConsumerThreads) {
+    const float* block = first + int64_t(partial_row_of_block(d, i / chunks)) * record_row;
+    ptx::cp_async_16(reinterpret_cast<uint4*>(scratch) + i, reinterpret_cast<const uint4*>(block) + i % chunks, 16);
+  }
+  ptx::cp_async_commit();
+  ptx::cp_async_wait<0>();
+  ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
+  return true;
+}
+
+// Output value e of head `head` (of the staged heads) from records staged by stage_partial_records.
+__device__ __forceinline__ float combine_staged(const ModelDims& d, const float* scratch, int32_t blocks,
+                                                int32_t heads, int32_t head, int32_t e) {
+  const int32_t stride = d.head_dim + kPartialStats;
+  const float* record = scratch + head * stride;
+  return combine_records(blocks, d.head_dim, e,
+                         [&](int32_t block, int32_t at) { return record[block * heads * stride + at]; });
+}
+
+// Row b's attention output (q_dim values) into `out` as bf16, from its partial records of every block, staged in
+// `scratch` (scratch_bytes): decode_o_proj_combine's staging, each tile needing the whole row. Rows whose records do
+// not fit the scratch are combined from global memory. Element i goes to out[i ^ swizzle] (the staged rows' chunk
+// swizzle, decode_gemm.cuh). Ends with the consumers synchronized.
 __device__ __forceinline__ void stage_combined_row(const MegakernelParams& p, int64_t layer, int32_t b,
                                                    __nv_bfloat16* out, int32_t swizzle, float* scratch,
                                                    int32_t scratch_bytes, int consumer_thread) {
   const ModelDims& d = p.dims;
-  const int32_t hd = d.head_dim, stride = hd + kPartialStats, record_floats = d.q_dim / hd * stride;
-  const int32_t rows_per_sequence = partial_rows_per_sequence(d);
-  const int32_t blocks = p.positions[b] / kDecodeKvBlock + 1;
-  if (blocks * record_floats * 4 > scratch_bytes) {
-    for (int32_t i = consumer_thread; i < d.q_dim; i += KernelConfig::kConsumerThreads)
-      out[i ^ swizzle] = __float2bfloat16_rn(combine_partials(p, layer, b, i));
-    ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
-    return;
-  }
-  const float* first = p.attn_partial + (layer * d.batch + b) * rows_per_sequence * int64_t(record_floats);
-  const int32_t chunks = record_floats / 4;
-  for (int32_t i = consumer_thread; i < blocks * chunks; i += KernelConfig::kConsumerThreads) {
-    const int32_t row = partial_row_of_block(d, i / chunks);
-    reinterpret_cast<uint4*>(scratch)[i] =
-        __ldcg(reinterpret_cast<const uint4*>(first + int64_t(row) * record_floats) + i % chunks);
-  }
-  ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
+  const int32_t heads = d.q_dim / d.head_dim, blocks = p.positions[b] / kDecodeKvBlock + 1;
+  const bool staged = stage_partial_records(p, layer, b, 0, heads, scratch, scratch_bytes, consumer_thread);
   for (int32_t i = consumer_thread; i < d.q_dim; i += KernelConfig::kConsumerThreads) {
-    const float* record = scratch + i / hd * stride;
-    const float value = combine_records(blocks, hd, i % hd,
-                                        [&](int32_t block, int32_t at) { return record[block * record_floats + at]; });
+    const float value = staged ? combine_staged(d, scratch, blocks, heads, i / d.head_dim, i % d.head_dim)
+                               : combine_partials(p, layer, b, i);
     out[i ^ swizzle] = __float2bfloat16_rn(value);
   }
   ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
 }
 
-// attn[l][rows, cols] <- for sequences rows and the query heads of cols, their partials combined. One thread per
-// output element.
-__device__ __forceinline__ void run_decode_combine(const MegakernelParams& p, const Instruction& in,
-                                                   int consumer_thread) {
+// attn[l][rows, cols] <- for sequences rows and the query heads of cols, their partials combined: the records staged
+// in the (idle) stage ring where they fit, then one thread per output element.
+__device__ __forceinline__ void run_decode_combine(const MegakernelParams& p, const SharedState& s,
+                                                   const Instruction& in, int consumer_thread) {
   const ModelDims& d = p.dims;
-  const int32_t width = in.col_end - in.col_begin;
-  for (int32_t i = consumer_thread; i < (in.row_end - in.row_begin) * width; i += KernelConfig::kConsumerThreads) {
-    const int32_t b = in.row_begin + i / width, col = in.col_begin + i % width;
-    const float value = combine_partials(p, in.layer, b, col);
-    p.attn[(int64_t(in.layer) * d.batch + b) * d.q_dim + col] = __float2bfloat16_rn(value);
+  const int32_t width = in.col_end - in.col_begin, heads = width / d.head_dim, head_begin = in.col_begin / d.head_dim;
+  float* scratch = reinterpret_cast<float*>(s.stages);
+  constexpr int32_t kScratchBytes = KernelConfig::kNumStages * KernelConfig::kStageBytes;
+  for (int32_t b = in.row_begin; b < in.row_end; ++b) {
+    const int32_t blocks = p.positions[b] / kDecodeKvBlock + 1;
+    const bool staged = stage_partial_records(p, in.layer, b, head_begin, heads, scratch, kScratchBytes,
+                                              consumer_thread);
+    for (int32_t i = consumer_thread; i < width; i += KernelConfig::kConsumerThreads) {
+      const float value = staged ? combine_staged(d, scratch, blocks, heads, i / d.head_dim, i % d.head_dim)
+                                 : combine_partials(p, in.layer, b, in.col_begin + i);
+      p.attn[(int64_t(in.layer) * d.batch + b) * d.q_dim + in.col_begin + i] = __float2bfloat16_rn(value);
+    }
+    ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);  // the next row's records overwrite these
   }
 }
 
