@@ -18,6 +18,27 @@ namespace mk::gpu {
 
 namespace {
 
+// Where everything lives in the CTA's shared memory: the stage ring, the output tile, the barriers, the flags.
+// NOTE: the consumers rebuild it for every instruction rather than hold its 64-bit pointers in registers through
+// their loop, where ptxas spilled loop state (the staged decode combine tipped it). The alignment is opaque, or the
+// compiler hoists the rebuild out of the loop again.
+__device__ __forceinline__ SharedState shared_state() {
+  extern __shared__ uint8_t shared_raw[];
+  const uint32_t base = ptx::smem_address(shared_raw);
+  uint8_t* aligned = shared_raw + ptx::opaque(int32_t((1024 - base % 1024) % 1024));
+  SharedState s;
+  s.stages = aligned;
+  s.output = aligned + KernelConfig::kNumStages * KernelConfig::kStageBytes;
+  s.full = reinterpret_cast<uint64_t*>(s.output + KernelConfig::kOutputBytes);
+  s.empty = s.full + KernelConfig::kNumStages;
+  s.staged = s.empty + KernelConfig::kNumStages;
+  s.output_free = s.staged + 1;
+  s.loaded = s.output_free + 1;
+  s.flag = reinterpret_cast<volatile uint32_t*>(s.loaded + 1);
+  s.freed = s.flag + 1;
+  return s;
+}
+
 __device__ uint64_t* trace_slots(const MegakernelParams& p, uint32_t instruction) {
   return p.trace_records != nullptr ? p.trace_records + uint64_t(instruction) * kTraceSlots : nullptr;
 }
@@ -118,8 +139,7 @@ __device__ __forceinline__ bool run_instruction(const MegakernelParams& p, const
 }
 
 // NOTE: forced inline: outlined, the call into it makes ptxas serialize every wgmma of the kernel (C7510).
-__device__ __forceinline__ void run_consumers(const MegakernelParams& p, const SharedState& s, uint32_t sm,
-                                              int consumer_thread) {
+__device__ __forceinline__ void run_consumers(const MegakernelParams& p, uint32_t sm, int consumer_thread) {
   const int warpgroup = consumer_thread / 128;
   const int thread_in_wg = consumer_thread % 128;
   PipelineState state;
@@ -133,6 +153,7 @@ __device__ __forceinline__ void run_consumers(const MegakernelParams& p, const S
   bool healthy = true;
   for (uint32_t i = begin; i < end; ++i) {
     const Instruction in = p.instructions[i];
+    const SharedState s = shared_state();
     // NOTE: opaque: what the row-wise and decode ops derive from the thread index (lanes, shared addresses) is
     // computed per instruction instead of hoisted out of this loop, where it stayed live across the GEMM tiles'
     // accumulators (ptxas spilled once the tensor-core decode path was added).
@@ -172,19 +193,7 @@ __device__ __forceinline__ void run_consumers(const MegakernelParams& p, const S
 }  // namespace
 
 __global__ void __launch_bounds__(KernelConfig::kThreads, 1) megakernel(const __grid_constant__ MegakernelParams p) {
-  extern __shared__ uint8_t shared_raw[];
-  const uint32_t base = ptx::smem_address(shared_raw);
-  uint8_t* aligned = shared_raw + ((1024 - base % 1024) % 1024);
-  SharedState s;
-  s.stages = aligned;
-  s.output = aligned + KernelConfig::kNumStages * KernelConfig::kStageBytes;
-  s.full = reinterpret_cast<uint64_t*>(s.output + KernelConfig::kOutputBytes);
-  s.empty = s.full + KernelConfig::kNumStages;
-  s.staged = s.empty + KernelConfig::kNumStages;
-  s.output_free = s.staged + 1;
-  s.loaded = s.output_free + 1;
-  s.flag = reinterpret_cast<volatile uint32_t*>(s.loaded + 1);
-  s.freed = s.flag + 1;
+  const SharedState s = shared_state();
 
   if (threadIdx.x == 0) {
     for (int i = 0; i < KernelConfig::kNumStages; ++i) {
@@ -210,7 +219,7 @@ __global__ void __launch_bounds__(KernelConfig::kThreads, 1) megakernel(const __
     else if (threadIdx.x == KernelConfig::kStorerThread) run_storer(p, s, sm);
   } else {
     ptx::setmaxnreg_inc<KernelConfig::kConsumerRegisters>();
-    run_consumers(p, s, sm, int(threadIdx.x) - 128);
+    run_consumers(p, sm, int(threadIdx.x) - 128);
   }
 }
 
