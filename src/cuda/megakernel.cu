@@ -10,6 +10,7 @@
 #include "device/ops/gemm_epilogue.cuh"
 #include "device/ops/gemm_sm90.cuh"
 #include "device/ops/rowwise.cuh"
+#include "device/ops/sample.cuh"
 #include "device/ptx.cuh"
 #include "device/sync.cuh"
 #include "megakernel.h"

@@ -1,7 +1,7 @@
 // Split-KV decode attention (one partial per KV block: unnormalized output, max and sum per query head; the blocks'
 // K and V staged in shared memory, up to four in flight, the first ones' older keys before the counter wait; the
-// math on the tensor cores where head_dim allows, decode_attention_mma.cuh), the combine that merges a sequence's partials in block order, and
-// greedy sampling: run by the consumer warps with plain loads.
+// math on the tensor cores where head_dim allows, decode_attention_mma.cuh), and the combine that merges a
+// sequence's partials in block order: run by the consumer warps with plain loads.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -441,72 +441,6 @@ __device__ __forceinline__ void run_decode_combine(const MegakernelParams& p, co
       p.attn[(int64_t(in.layer) * d.batch + b) * d.q_dim + in.col_begin + i] = __float2bfloat16_rn(value);
     }
     ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);  // the next row's records overwrite these
-  }
-}
-
-// The better of two (logit, id) candidates: the larger logit, ties to the lower id.
-__device__ __forceinline__ void keep_best(float& value, int32_t& id, float other_value, int32_t other_id) {
-  if (other_value > value || (other_value == value && other_id < id)) {
-    value = other_value;
-    id = other_id;
-  }
-}
-
-// This thread's best (logit, id) of one row of logits. The row goes through shared memory in passes of up to
-// kSampleStageBytes, every 16-byte copy of a pass in flight at once: loads into registers, even 8 deep, left the
-// 128k logits of a Llama vocabulary a chain of round trips on this one SM (27-63 us). NOTE: the loops stay rolled:
-// unrolled, they pushed the kernel past its 168 registers (ptxas spilled kernel-wide values, not these).
-constexpr int kSampleStageBytes = 128 * 1024;
-static_assert(kSampleStageBytes <= KernelConfig::kNumStages * KernelConfig::kStageBytes, "a pass fits the ring");
-__device__ __forceinline__ void best_of_row(const __nv_bfloat16* logits, int32_t vocab, uint4* stage,
-                                            int consumer_thread, float& value, int32_t& id) {
-  constexpr int kThreads = KernelConfig::kConsumerThreads;
-  constexpr int32_t kPassChunks = kSampleStageBytes / 16;
-  const int32_t chunks = vocab % 8 == 0 ? vocab / 8 : 0;  // rows are 16-byte aligned only then
-  const uint4* row = reinterpret_cast<const uint4*>(logits);
-  for (int32_t first = 0; first < chunks; first += kPassChunks) {
-    const int32_t pass_chunks = min(kPassChunks, chunks - first);
-#pragma unroll 1
-    for (int32_t c = consumer_thread; c < pass_chunks; c += kThreads) ptx::cp_async_16(stage + c, row + first + c, 16);
-    ptx::cp_async_commit();
-    ptx::cp_async_wait<0>();  // each thread scans the chunks it copied: no barrier
-#pragma unroll 1
-    for (int32_t c = consumer_thread; c < pass_chunks; c += kThreads) {
-      const uint4 packed = stage[c];
-      const __nv_bfloat16* x = reinterpret_cast<const __nv_bfloat16*>(&packed);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) keep_best(value, id, __bfloat162float(x[e]), 8 * (first + c) + e);
-    }
-  }
-  for (int32_t i = 8 * chunks + consumer_thread; i < vocab; i += kThreads)
-    keep_best(value, id, __bfloat162float(__ldcg(logits + i)), i);
-}
-
-// sampled[rows] <- argmax of logits[rows] (greedy), ties to the lower id.
-__device__ __forceinline__ void run_sample(const MegakernelParams& p, const SharedState& s, const Instruction& in,
-                                           int consumer_thread) {
-  const int warp = consumer_thread / 32, lane = consumer_thread % 32;
-  const int32_t vocab = p.dims.vocab_size;
-  float* warp_values = reinterpret_cast<float*>(s.stages);
-  int32_t* warp_ids = reinterpret_cast<int32_t*>(warp_values + KernelConfig::kConsumerWarps);
-  for (int32_t b = in.row_begin; b < in.row_end; ++b) {
-    const __nv_bfloat16* logits = p.logits + int64_t(b) * vocab;
-    float value = -INFINITY;
-    int32_t id = vocab;
-    best_of_row(logits, vocab, reinterpret_cast<uint4*>(s.stages) + 16, consumer_thread, value, id);
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2)
-      keep_best(value, id, __shfl_xor_sync(0xffffffff, value, offset), __shfl_xor_sync(0xffffffff, id, offset));
-    if (lane == 0) {
-      warp_values[warp] = value;
-      warp_ids[warp] = id;
-    }
-    ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
-    if (consumer_thread == 0) {
-      for (int w = 1; w < KernelConfig::kConsumerWarps; ++w) keep_best(value, id, warp_values[w], warp_ids[w]);
-      p.sampled[b] = id < vocab ? id : 0;
-    }
-    ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
   }
 }
 
