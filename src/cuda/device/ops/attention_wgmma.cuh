@@ -132,6 +132,28 @@ __device__ __forceinline__ void pack_probabilities(const float (&score)[kScoreVa
   }
 }
 
+// Inter-warpgroup ping-pong of the tile's MMAs (FlashAttention-3's scheduler barriers): a warpgroup issues its
+// QK^T and P V only in its turn, right after the other's, so that the tensor cores run one warpgroup's MMAs while the
+// other does its softmax, rather than both softmaxes meeting idle tensor cores. Named barriers 2 (warpgroup 0's turn)
+// and 3 (warpgroup 1's) each complete when one warpgroup waits at it and the other arrives: per tile, warpgroup 1
+// hands the first turn over, and each passes the turn after every issue but warpgroup 1 after its last, so that both
+// barriers end the tile balanced.
+struct IssueTurns {
+  static constexpr uint32_t kFirstBarrier = 2;  // 0: __syncthreads, 1: the consumers' barrier
+  int warpgroup;
+
+  __device__ __forceinline__ explicit IssueTurns(int warpgroup_index) : warpgroup(warpgroup_index) {
+    if (warpgroup == 1) ptx::named_barrier_arrive(kFirstBarrier, KernelConfig::kConsumerThreads);
+  }
+  __device__ __forceinline__ void wait() const {
+    ptx::named_barrier_sync(kFirstBarrier + warpgroup, KernelConfig::kConsumerThreads);
+  }
+  __device__ __forceinline__ void pass(bool last) const {
+    if (last && warpgroup == 1) return;
+    ptx::named_barrier_arrive(kFirstBarrier + 1 - warpgroup, KernelConfig::kConsumerThreads);
+  }
+};
+
 // Keeps the compiler from moving accesses to O and P across a wgmma fence or wait.
 // NOTE: a register written between the wgmma fence and the MMA that reads it makes ptxas serialize every wgmma of
 // the kernel, so the rescale of O and the packing of P are complete before the fence.
@@ -220,8 +242,11 @@ __device__ __forceinline__ bool attention_mainloop(const MegakernelParams& p, co
   bool ok = wait_barrier(p, s.loaded, output.loaded_parity(), site);  // Q
   if (trace) trace[kTraceDataReady] = clock64();
   ok &= wait_barrier(p, &s.full[key.stage], key.phase, site);
+  const IssueTurns turns(warpgroup);
+  turns.wait();
   ptx::wgmma_fence();
   issue_attention_scores<kHeadDim>(s.output, s.stage(key.stage), warpgroup, score);
+  turns.pass(false);
   ptx::wgmma_wait_group<0>();
   ptx::fence_registers(score);
   release_stage(s, key.stage);
@@ -233,9 +258,11 @@ __device__ __forceinline__ bool attention_mainloop(const MegakernelParams& p, co
 
   for (int32_t kb = 1; kb < kv_blocks; ++kb) {
     fence_value_operands<kHeadDim>(o, probability);
+    turns.wait();
     ptx::wgmma_fence();
     issue_attention_scores<kHeadDim>(s.output, s.stage(key.stage), warpgroup, score);  // committed first: retires first
     issue_attention_values<kHeadDim>(probability, s.stage(value.stage), o);
+    turns.pass(false);
     const uint32_t pending_value_stage = value.stage;
     next_block(value);
     ptx::wgmma_wait_group<1>();
@@ -254,8 +281,10 @@ __device__ __forceinline__ bool attention_mainloop(const MegakernelParams& p, co
   }
 
   fence_value_operands<kHeadDim>(o, probability);
+  turns.wait();
   ptx::wgmma_fence();
   issue_attention_values<kHeadDim>(probability, s.stage(value.stage), o);
+  turns.pass(true);
   ptx::wgmma_wait_group<0>();
   ptx::fence_registers(o);
   release_stage(s, value.stage);
