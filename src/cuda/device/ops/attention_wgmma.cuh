@@ -213,7 +213,9 @@ __device__ __forceinline__ float2 online_softmax(float (&score)[kScoreValues], f
 // so that the tensor cores work through P V while the softmax of S_j runs; O takes block j's correction after
 // P_{j-1} V_{j-1} is in it and before P_j V_j is. Stages are freed as their MMAs retire, K_j before V_{j-1}: each
 // stage has its own empty barrier, and the producer refills one only after every consumer warp freed it.
-// Returns false when a wait gave up (aborting): there is no early exit, since wgmma must stay warpgroup-convergent.
+// Returns false when a wait gave up (aborting): there is no early exit, since wgmma must stay warpgroup-convergent
+// and both warpgroups must take every issue turn (IssueTurns: an early exit would hang the other in bar.sync, which no
+// bounded wait catches).
 // NOTE: the waits for the next blocks (V_j, K_{j+1}) sit between the softmax and the P V wait: ptxas issues a wgmma
 // wait as early as its basic block allows, ahead of the softmax it should overlap, and the barrier waits end the
 // block. At the top of the loop they made the kernel spill (ptxas -v), as did waiting for Q in the caller.
