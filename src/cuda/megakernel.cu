@@ -37,6 +37,7 @@ __device__ __forceinline__ SharedState shared_state() {
   s.loaded = s.output_free + 1;
   s.flag = reinterpret_cast<volatile uint32_t*>(s.loaded + 1);
   s.freed = s.flag + 1;
+  s.counters_ready = s.freed + 1;
   return s;
 }
 
@@ -60,12 +61,29 @@ __device__ void run_producer(const MegakernelParams& p, const SharedState& s, ui
     if (gemm) {
       if (!produce_gemm(p, s, in, state, output, site, trace)) return;
     } else {
-      if (!wait_all_counters(p, in, site)) return;
+      if (!wait_counters_ready(p, s, site.instruction, site)) return;
       if (trace) trace[kTraceProducerWaitsDone] = clock64();
       ptx::fence_proxy_async_global();  // the awaited tiles were written by generic or TMA stores; TMA reads them next
       if (!produce_attention(p, s, in, state, output, site)) return;
     }
     if (trace) trace[kTraceProducerLoadsIssued] = clock64();
+  }
+}
+
+// Checks, ahead of the producer, the counters of the SM's GEMM and attention instructions in order, all 32 lanes at
+// once, and counts the instructions whose counters are all met (acquired) in shared memory for the producer.
+// NOTE: an attention tile at S=4096 waits on up to 32 counters (one per qkv row block of its sequence). The producer
+// checked them one acquire load after another, ~9 us a tile and mostly after the previous tile's last loads, so the
+// consumers waited for it (trace, seventh session).
+__device__ void run_counter_poller(const MegakernelParams& p, const SharedState& s, uint32_t sm, uint32_t lane) {
+  const uint32_t begin = p.sm_begin[sm];
+  const uint32_t end = p.sm_begin[sm + 1];
+  for (uint32_t i = begin; i < end; ++i) {
+    const Instruction in = p.instructions[i];
+    if (!is_gemm(in.opcode) && in.opcode != Opcode::kAttention) continue;
+    const Site site{sm, i - begin, in.task};
+    if (!warp_wait_all_counters(p, in, site, lane)) return;
+    if (lane == 0) ptx::store_release_shared(s.counters_ready, i - begin + 1);
   }
 }
 
@@ -205,6 +223,7 @@ __global__ void __launch_bounds__(KernelConfig::kThreads, 1) megakernel(const __
     ptx::mbarrier_init(s.output_free, 1);
     ptx::mbarrier_init(s.loaded, 1);
     *s.freed = 0;
+    *s.counters_ready = 0;
     ptx::fence_mbarrier_init();
   }
   __syncthreads();
@@ -218,6 +237,7 @@ __global__ void __launch_bounds__(KernelConfig::kThreads, 1) megakernel(const __
     ptx::setmaxnreg_dec<KernelConfig::kProducerRegisters>();
     if (threadIdx.x == KernelConfig::kProducerThread) run_producer(p, s, sm);
     else if (threadIdx.x == KernelConfig::kStorerThread) run_storer(p, s, sm);
+    else if (threadIdx.x / 32 == KernelConfig::kCounterPollerWarp) run_counter_poller(p, s, sm, threadIdx.x % 32);
   } else {
     ptx::setmaxnreg_inc<KernelConfig::kConsumerRegisters>();
     run_consumers(p, sm, int(threadIdx.x) - 128);

@@ -28,14 +28,15 @@ struct KernelConfig {
   static constexpr int kOutputBytes = kOutputBoxes * kOutputBoxBytes;
 
   // ---- warp roles ----
-  // Warpgroup 0: warp 0 produces (TMA loads), warp 1 stores (TMA stores of staged GEMM tiles, then publication);
-  // one elected thread each. Warpgroups 1 and 2 consume.
+  // Warpgroup 0: warp 0 produces (TMA loads), warp 1 stores (TMA stores of staged GEMM tiles, then publication),
+  // one elected thread each; warp 2 polls the producer's counters ahead of it. Warpgroups 1 and 2 consume.
   static constexpr int kConsumerWarpgroups = 2;
   static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
   static constexpr int kThreads = 128 + kConsumerThreads;
   static constexpr int kConsumerWarps = kConsumerThreads / 32;
   static constexpr int kProducerThread = 0;
   static constexpr int kStorerThread = 32;
+  static constexpr int kCounterPollerWarp = 2;  // all 32 lanes: checks the producer's counters ahead of it
   static constexpr int kProducerRegisters = 56;
   static constexpr int kConsumerRegisters = 224;
 
@@ -50,7 +51,8 @@ struct KernelConfig {
   // full/empty per stage, then staged (consumers -> storer), output_free (storer -> consumers), loaded (TMA ->
   // consumers)
   static constexpr int kNumBarriers = 2 * kNumStages + 3;
-  static constexpr int kBarrierBytes = kNumBarriers * 8 + 16;  // + the consumers' broadcast flag, the freed count
+  // + the consumers' broadcast flag, the freed count, the counter poller's ready count
+  static constexpr int kBarrierBytes = kNumBarriers * 8 + 16;
   static constexpr int kSmemBytes = 1024 + kNumStages * kStageBytes + kOutputBytes + kBarrierBytes;  // + alignment
 };
 

@@ -82,11 +82,11 @@ __device__ __forceinline__ bool produce_gemm(const MegakernelParams& p, const Sh
     ptx::tma_load_3d(s.stage(state.stage) + KernelConfig::kATileBytes, &p.maps[g.b_map], &s.full[state.stage],
                      kb * KernelConfig::kBlockK, g.b_row, g.layer);
     state.advance();
-    if (!met && counters_met(p, in)) counters_now_met();
+    if (!met && counters_ready(s, site.instruction)) counters_now_met();
     if (met) load_a_slices(p, s, in, g, first, a_issued, kb + 1);
   }
   if (!met) {
-    if (!wait_all_counters(p, in, site)) return false;
+    if (!wait_counters_ready(p, s, site.instruction, site)) return false;
     counters_now_met();
     load_a_slices(p, s, in, g, first, a_issued, prefetched);
   }
