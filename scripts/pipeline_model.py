@@ -164,7 +164,7 @@ class Model:
                 for _ in range(prefetched):  # weights first; A of each claimed stage once the counters are met
                     yield from self.fill(sm, ring, i, 2)
                     pending += 1
-                    met = met or self.met(x)  # a poll, not a wait (counters_ready: the poller warp checked them)
+                    met = met or self.met(x)  # a look, not a wait (take_ready: the poller warp checked them)
                     if met:
                         pending = self.land_a(sm, first, pending, x, i)
                 if not met:

@@ -35,9 +35,10 @@ __device__ __forceinline__ SharedState shared_state() {
   s.staged = s.empty + KernelConfig::kNumStages;
   s.output_free = s.staged + 1;
   s.loaded = s.output_free + 1;
-  s.flag = reinterpret_cast<volatile uint32_t*>(s.loaded + 1);
+  s.ready = s.loaded + 1;
+  s.ready_free = s.ready + KernelConfig::kNumStages;
+  s.flag = reinterpret_cast<volatile uint32_t*>(s.ready_free + KernelConfig::kNumStages);
   s.freed = s.flag + 1;
-  s.counters_ready = s.freed + 1;
   return s;
 }
 
@@ -47,6 +48,7 @@ __device__ uint64_t* trace_slots(const MegakernelParams& p, uint32_t instruction
 
 __device__ void run_producer(const MegakernelParams& p, const SharedState& s, uint32_t sm) {
   PipelineState state;
+  PipelineState ready;  // the counter poller's next report (take_ready)
   OutputState output;
   const uint32_t begin = p.sm_begin[sm];
   const uint32_t end = p.sm_begin[sm + 1];
@@ -59,9 +61,9 @@ __device__ void run_producer(const MegakernelParams& p, const SharedState& s, ui
     uint64_t* trace = trace_slots(p, i);
     if (trace) trace[kTraceProducerStart] = clock64();
     if (gemm) {
-      if (!produce_gemm(p, s, in, state, output, site, trace)) return;
+      if (!produce_gemm(p, s, in, state, ready, output, site, trace)) return;
     } else {
-      if (!wait_counters_ready(p, s, site.instruction, site)) return;
+      if (!wait_ready(p, s, ready)) return;
       if (trace) trace[kTraceProducerWaitsDone] = clock64();
       ptx::fence_proxy_async_global();  // the awaited tiles were written by generic or TMA stores; TMA reads them next
       if (!produce_attention(p, s, in, state, output, site)) return;
@@ -71,11 +73,12 @@ __device__ void run_producer(const MegakernelParams& p, const SharedState& s, ui
 }
 
 // Checks, ahead of the producer, the counters of the SM's GEMM and attention instructions in order, all 32 lanes at
-// once, and counts the instructions whose counters are all met (acquired) in shared memory for the producer.
+// once, and reports each instruction whose counters are all met (acquired) to the producer through the ready ring.
 // NOTE: an attention tile at S=4096 waits on up to 32 counters (one per qkv row block of its sequence). The producer
 // checked them one acquire load after another, ~9 us a tile and mostly after the previous tile's last loads, so the
 // consumers waited for it (trace, seventh session).
 __device__ void run_counter_poller(const MegakernelParams& p, const SharedState& s, uint32_t sm, uint32_t lane) {
+  PipelineState ready;  // the next slot of the ready ring
   const uint32_t begin = p.sm_begin[sm];
   const uint32_t end = p.sm_begin[sm + 1];
   for (uint32_t i = begin; i < end; ++i) {
@@ -83,7 +86,13 @@ __device__ void run_counter_poller(const MegakernelParams& p, const SharedState&
     if (!is_gemm(in.opcode) && in.opcode != Opcode::kAttention) continue;
     const Site site{sm, i - begin, in.task};
     if (!warp_wait_all_counters(p, in, site, lane)) return;
-    if (lane == 0) ptx::store_release_shared(s.counters_ready, i - begin + 1);
+    bool reported = true;
+    if (lane == 0) {
+      reported = wait_barrier(p, &s.ready_free[ready.stage], ready.phase ^ 1, site);
+      if (reported) ptx::mbarrier_arrive(&s.ready[ready.stage]);
+    }
+    if (!__shfl_sync(0xffffffffu, reported, 0)) return;
+    ready.advance();
   }
 }
 
@@ -218,12 +227,13 @@ __global__ void __launch_bounds__(KernelConfig::kThreads, 1) megakernel(const __
     for (int i = 0; i < KernelConfig::kNumStages; ++i) {
       ptx::mbarrier_init(&s.full[i], 1);
       ptx::mbarrier_init(&s.empty[i], KernelConfig::kConsumerWarps);
+      ptx::mbarrier_init(&s.ready[i], 1);
+      ptx::mbarrier_init(&s.ready_free[i], 1);
     }
     ptx::mbarrier_init(s.staged, KernelConfig::kConsumerWarps);
     ptx::mbarrier_init(s.output_free, 1);
     ptx::mbarrier_init(s.loaded, 1);
     *s.freed = 0;
-    *s.counters_ready = 0;
     ptx::fence_mbarrier_init();
   }
   __syncthreads();

@@ -49,10 +49,9 @@ struct KernelConfig {
   static constexpr int kDecodeInvRmsBytes = 256;
 
   // full/empty per stage, then staged (consumers -> storer), output_free (storer -> consumers), loaded (TMA ->
-  // consumers)
-  static constexpr int kNumBarriers = 2 * kNumStages + 3;
-  // + the consumers' broadcast flag, the freed count, the counter poller's ready count
-  static constexpr int kBarrierBytes = kNumBarriers * 8 + 16;
+  // consumers), then ready/ready_free per slot of the counter poller's ring (poller -> producer, of kNumStages slots)
+  static constexpr int kNumBarriers = 2 * kNumStages + 3 + 2 * kNumStages;
+  static constexpr int kBarrierBytes = kNumBarriers * 8 + 16;  // + the consumers' broadcast flag, the freed count
   static constexpr int kSmemBytes = 1024 + kNumStages * kStageBytes + kOutputBytes + kBarrierBytes;  // + alignment
 };
 

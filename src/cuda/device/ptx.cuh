@@ -45,6 +45,21 @@ __device__ __forceinline__ bool mbarrier_try_wait(uint64_t* barrier, uint32_t pa
   return done != 0;
 }
 
+// The same, without waiting: try_wait may suspend the thread for a while when the phase is not complete yet.
+__device__ __forceinline__ bool mbarrier_test_wait(uint64_t* barrier, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n"
+      ".reg .pred ready;\n"
+      "mbarrier.test_wait.parity.shared::cta.b64 ready, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, ready;\n"
+      "}\n"
+      : "=r"(done)
+      : "r"(smem_address(barrier)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
 // ---- TMA (bulk tensor copies) ----
 
 // Global -> shared, completing `bytes` on the barrier. Coordinates innermost first.
@@ -130,17 +145,11 @@ __device__ __forceinline__ void cp_async_wait_at_most(int pending) {
   }
 }
 
-// A strong load that orders nothing after it: several can be in flight at once. Pair it with fence_acquire_gpu.
-// NOTE: no "memory" clobber, so that the compiler keeps the batch's loads back to back; fence_acquire_gpu has one.
-__device__ __forceinline__ uint32_t load_relaxed(const uint32_t* address) {
+__device__ __forceinline__ uint32_t load_acquire(const uint32_t* address) {
   uint32_t value;
-  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(value) : "l"(address));
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(value) : "l"(address) : "memory");
   return value;
 }
-
-// After relaxed loads that saw other SMs' releases: an acquire for all of them at once (ld.acquire.gpu is a load and
-// an L1 invalidation each, and the next load waits behind both).
-__device__ __forceinline__ void fence_acquire_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 
 // Shared-memory words one thread of the CTA writes and another polls.
 __device__ __forceinline__ uint32_t load_acquire_shared(const volatile uint32_t* address) {

@@ -30,9 +30,10 @@ struct SharedState {
   uint64_t* staged;          // every consumer warp has written its part of the output tile
   uint64_t* output_free;     // the storer's TMA store has read the output tile
   uint64_t* loaded;          // a TMA load into the output tile has landed (a GEMM's residual, attention's Q)
+  uint64_t* ready;           // (kNumStages) the counter poller saw all of one producer instruction's counters met
+  uint64_t* ready_free;      // (kNumStages) the producer took that report: the slot can carry a later one
   volatile uint32_t* flag;   // consumer broadcast: did the counter waits succeed
   volatile uint32_t* freed;  // uses of the output tile whose store has read it (the storer counts; see output_tile.cuh)
-  volatile uint32_t* counters_ready;  // the SM's first GEMM and attention instructions whose counters are all met
   __device__ __forceinline__ uint8_t* stage(uint32_t index) const { return stages + index * KernelConfig::kStageBytes; }
 };
 
@@ -61,13 +62,11 @@ __device__ __forceinline__ void report_error(const MegakernelParams& p, ErrorKin
   atomicExch(&p.error->abort, 1u);
 }
 
-// Polls until counters[wait.counter] >= epoch * wait.target, with relaxed loads: the caller fences (acquire) once it
-// has seen every counter it needs (an acquire load is a load and an L1 invalidation, and the next load waits behind
-// both). False when the kernel is aborting.
-__device__ __forceinline__ bool poll_counter(const MegakernelParams& p, const Wait& wait, Site site) {
+// Acquire-waits until counters[wait.counter] >= epoch * wait.target. False when the kernel is aborting.
+__device__ __forceinline__ bool wait_counter(const MegakernelParams& p, const Wait& wait, Site site) {
   const uint32_t target = p.epoch * wait.target;
   const uint32_t* counter = p.counters + wait.counter;
-  uint32_t value = ptx::load_relaxed(counter);
+  uint32_t value = ptx::load_acquire(counter);
   if (value >= target) return true;
   const uint64_t start = ptx::global_timer_ns();
   // NOTE: a decode step is a chain of short dependent phases, each wait ending a phase's critical path, so decode
@@ -75,7 +74,7 @@ __device__ __forceinline__ bool poll_counter(const MegakernelParams& p, const Wa
   const uint32_t max_sleep_ns = p.dims.decode ? 64 : 512;
   uint32_t sleep_ns = 32;
   while (true) {
-    value = ptx::load_relaxed(counter);
+    value = ptx::load_acquire(counter);
     if (value >= target) return true;
     if (aborting(p)) return false;
     if (ptx::global_timer_ns() - start > p.stall_timeout_ns) {
@@ -87,22 +86,23 @@ __device__ __forceinline__ bool poll_counter(const MegakernelParams& p, const Wa
   }
 }
 
-// One thread: waits until every counter the instruction waits on has reached its target, then acquires them all.
-// For the consumers' row-wise and decode ops, which wait on one or two counters.
+// One thread: waits until every counter the instruction waits on has reached its target. For the consumers'
+// row-wise and decode ops, which wait on one or two counters.
+// NOTE: an acquire load is a load and an L1 invalidation, and the next load waits behind both: ~0.5 us a counter
+// (the instruction's wait list is read again from L2 each time). Many counters are the counter poller's work.
 __device__ __forceinline__ bool wait_all_counters(const MegakernelParams& p, const Instruction& in, Site site) {
   for (uint32_t k = 0; k < in.num_waits; ++k)
-    if (!poll_counter(p, p.waits[in.wait_begin + k], site)) return false;
-  ptx::fence_acquire_gpu();
+    if (!wait_counter(p, p.waits[in.wait_begin + k], site)) return false;
   return true;
 }
 
-// A whole warp (all 32 lanes): the same, lane j polling waits j, j + 32, ..., so that one L2 round trip checks up to 32
-// counters. Every lane returns the same answer.
+// A whole warp (all 32 lanes): the same, lane j waiting on waits j, j + 32, ..., so that one round of loads checks up
+// to 32 counters. Every lane returns the same answer.
 __device__ __forceinline__ bool warp_wait_all_counters(const MegakernelParams& p, const Instruction& in, Site site,
                                                        uint32_t lane) {
   bool ok = true;
-  for (uint32_t k = lane; k < in.num_waits && ok; k += 32) ok = poll_counter(p, p.waits[in.wait_begin + k], site);
-  ptx::fence_acquire_gpu();
+  for (uint32_t k = lane; k < in.num_waits && ok; k += 32) ok = wait_counter(p, p.waits[in.wait_begin + k], site);
+  __syncwarp();  // orders every lane's acquires before what lane 0 releases next
   return __all_sync(0xffffffffu, ok);
 }
 
@@ -127,16 +127,25 @@ __device__ __forceinline__ bool wait_barrier(const MegakernelParams& p, uint64_t
   return wait_in_shared(p, site, [&] { return ptx::mbarrier_try_wait(barrier, parity); });
 }
 
-// The producer: whether the counter poller (run_counter_poller) has seen every counter of the SM's instruction number
-// `index` met, and acquired them. The poller runs ahead, so by the time the producer turns to an instruction its
-// counters are usually checked already; when not, its check took one L2 round trip, not one per counter.
-__device__ __forceinline__ bool counters_ready(const SharedState& s, uint32_t index) {
-  return ptx::load_acquire_shared(s.counters_ready) > index;
+// The producer: whether the counter poller (run_counter_poller) reported the counters of the producer's next
+// instruction met; if so, takes the report and frees its slot. The report's arrive releases what the poller's fence
+// acquired, and this wait acquires it. `ready` walks a ring of kNumStages slots, as the poller's own cursor does.
+// NOTE: the poller runs ahead, so when the producer turns to an instruction its counters are usually checked already;
+// when not, the check took one L2 round trip, not one per counter.
+__device__ __forceinline__ bool take_ready(const SharedState& s, PipelineState& ready) {
+  if (!ptx::mbarrier_test_wait(&s.ready[ready.stage], ready.phase)) return false;
+  ptx::mbarrier_arrive(&s.ready_free[ready.stage]);
+  ready.advance();
+  return true;
 }
 
-__device__ __forceinline__ bool wait_counters_ready(const MegakernelParams& p, const SharedState& s, uint32_t index,
-                                                    Site site) {
-  return wait_in_shared(p, site, [&] { return counters_ready(s, index); });
+// The producer: waits for that report. False when the kernel is aborting.
+// NOTE: no timeout of its own: the poller stops only at the end of its list or on an abort, and its counter wait
+// times out first, naming the counter.
+__device__ __forceinline__ bool wait_ready(const MegakernelParams& p, const SharedState& s, PipelineState& ready) {
+  while (!ptx::mbarrier_try_wait(&s.ready[ready.stage], ready.phase))
+    if (aborting(p)) return false;
+  return take_ready(s, ready);
 }
 
 // All consumer threads: thread 0 waits on the instruction's counters (bounded) and tells the others, so that all

@@ -59,11 +59,13 @@ __device__ __forceinline__ void load_a_slices(const MegakernelParams& p, const S
 
 // The producer side of a GEMM tile.
 // NOTE: weights depend on nothing, so the tile's first stages are claimed and their weight slices requested before
-// the activation counters are met. The counters are polled after each claim and each claimed stage's A slice goes out
-// as soon as they are: A's latency then hides under the previous tile's last stages instead of following them (when
-// A waited for all prefetched stages, the consumers waited ~2 us for it at the start of every tile).
+// the activation counters are met. The counter poller's report is looked for after each claim, and each claimed
+// stage's A slice goes out as soon as it came: A's latency then hides under the previous tile's last stages instead
+// of following them (when A waited for all prefetched stages, the consumers waited ~2 us for it at the start of every
+// tile).
 __device__ __forceinline__ bool produce_gemm(const MegakernelParams& p, const SharedState& s, const Instruction& in,
-                                             PipelineState& state, OutputState& output, Site site, uint64_t* trace) {
+                                             PipelineState& state, PipelineState& ready, OutputState& output, Site site,
+                                             uint64_t* trace) {
   const GemmOperands g = gemm_operands(p, in);
   const uint32_t bytes = KernelConfig::kATileBytes + uint32_t(g.b_rows) * KernelConfig::kBlockK * 2;
   const int32_t k_blocks = g.k / KernelConfig::kBlockK;
@@ -82,11 +84,11 @@ __device__ __forceinline__ bool produce_gemm(const MegakernelParams& p, const Sh
     ptx::tma_load_3d(s.stage(state.stage) + KernelConfig::kATileBytes, &p.maps[g.b_map], &s.full[state.stage],
                      kb * KernelConfig::kBlockK, g.b_row, g.layer);
     state.advance();
-    if (!met && counters_ready(s, site.instruction)) counters_now_met();
+    if (!met && take_ready(s, ready)) counters_now_met();
     if (met) load_a_slices(p, s, in, g, first, a_issued, kb + 1);
   }
   if (!met) {
-    if (!wait_counters_ready(p, s, site.instruction, site)) return false;
+    if (!wait_ready(p, s, ready)) return false;
     counters_now_met();
     load_a_slices(p, s, in, g, first, a_issued, prefetched);
   }
