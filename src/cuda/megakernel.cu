@@ -1,7 +1,8 @@
 // The megakernel: one persistent CTA per SM runs that SM's instruction list. In warpgroup 0 one thread produces
-// (waits on counters, streams tiles into the shared-memory ring with TMA, running ahead across instructions) and one
-// stores (TMA stores of finished GEMM and attention tiles, then their publication); warpgroups 1 and 2 consume (wgmma,
-// row-wise and decode math with plain loads, epilogues, publication of row-wise and decode tiles).
+// (streams tiles into the shared-memory ring with TMA once their counters are met, running ahead across instructions),
+// one warp polls those counters ahead of it, and one thread stores (TMA stores of finished GEMM and attention tiles,
+// then their publication); warpgroups 1 and 2 consume (wgmma, row-wise and decode math with plain loads, epilogues,
+// publication of row-wise and decode tiles).
 #include "device/config.cuh"
 #include "device/ops/attention_wgmma.cuh"
 #include "device/ops/decode_attention.cuh"
@@ -86,12 +87,12 @@ __device__ void run_counter_poller(const MegakernelParams& p, const SharedState&
     if (!is_gemm(in.opcode) && in.opcode != Opcode::kAttention) continue;
     const Site site{sm, i - begin, in.task};
     if (!warp_wait_all_counters(p, in, site, lane)) return;
-    bool reported = true;
-    if (lane == 0) {
-      reported = wait_barrier(p, &s.ready_free[ready.stage], ready.phase ^ 1, site);
-      if (reported) ptx::mbarrier_arrive(&s.ready[ready.stage]);
-    }
-    if (!__shfl_sync(0xffffffffu, reported, 0)) return;
+    bool slot_free = true;
+    if (lane == 0) slot_free = wait_barrier(p, &s.ready_free[ready.stage], ready.phase ^ 1, site);
+    if (!__shfl_sync(0xffffffffu, slot_free, 0)) return;
+    // NOTE: every lane arrives (the barrier counts 32), so that each lane's acquires precede its own release in
+    // program order, with no warp barrier in the chain to the producer.
+    ptx::mbarrier_arrive(&s.ready[ready.stage]);
     ready.advance();
   }
 }
@@ -227,7 +228,7 @@ __global__ void __launch_bounds__(KernelConfig::kThreads, 1) megakernel(const __
     for (int i = 0; i < KernelConfig::kNumStages; ++i) {
       ptx::mbarrier_init(&s.full[i], 1);
       ptx::mbarrier_init(&s.empty[i], KernelConfig::kConsumerWarps);
-      ptx::mbarrier_init(&s.ready[i], 1);
+      ptx::mbarrier_init(&s.ready[i], 32);
       ptx::mbarrier_init(&s.ready_free[i], 1);
     }
     ptx::mbarrier_init(s.staged, KernelConfig::kConsumerWarps);

@@ -117,7 +117,10 @@ struct MegakernelParams {
   const Wait* waits;
   uint32_t* counters;               // (num_counters), monotonic across launches
   uint32_t epoch;                   // 1 for the first launch, then 2, ...
-  uint64_t stall_timeout_ns;
+  uint64_t stall_timeout_ns;       // a counter wait's
+  // A shared-memory wait's: an eighth longer, so that when a signal is missing the counter wait that lacks it (the
+  // cause) reports before the shared-memory waits stuck behind it (the symptoms).
+  uint64_t pipeline_stall_timeout_ns;
   DeviceError* error;
 
   // Tracing, off when null: clock64 stamps per instruction (kTraceSlots each, see TraceSlot) and per SM

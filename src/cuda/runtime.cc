@@ -120,6 +120,7 @@ GpuEngine::GpuEngine(const Graph& graph, const Schedule& schedule, const ModelWe
   impl.buffer_address = gpu::upload_model(impl.arena, graph, weights, options.kv_cache, shared, impl.params);
   impl.upload_schedule(schedule);
   impl.params.stall_timeout_ns = uint64_t(options.stall_timeout_s * 1e9);
+  impl.params.pipeline_stall_timeout_ns = impl.params.stall_timeout_ns + impl.params.stall_timeout_ns / 8;
   impl.params.epoch = 0;
 }
 
@@ -238,7 +239,8 @@ std::vector<float> GpuEngine::time_runs(int launches) {
       if (error.kind == gpu::kErrorPipelineStall) {
         throw Error(fmt::format("megakernel pipeline stall: SM {} instruction {} (task {}: {}) waited {:.1f} s on a "
                                 "shared-memory stage",
-                                error.sm, error.instruction, error.task, task, impl.options.stall_timeout_s));
+                                error.sm, error.instruction, error.task, task,
+                                double(impl.params.pipeline_stall_timeout_ns) * 1e-9));
       }
       throw Error(fmt::format("megakernel error {} at SM {} instruction {} (task {}: {})", error.kind, error.sm,
                               error.instruction, error.task, task));

@@ -102,7 +102,6 @@ __device__ __forceinline__ bool warp_wait_all_counters(const MegakernelParams& p
                                                        uint32_t lane) {
   bool ok = true;
   for (uint32_t k = lane; k < in.num_waits && ok; k += 32) ok = wait_counter(p, p.waits[in.wait_begin + k], site);
-  __syncwarp();  // orders every lane's acquires before what lane 0 releases next
   return __all_sync(0xffffffffu, ok);
 }
 
@@ -114,7 +113,7 @@ __device__ __forceinline__ bool wait_in_shared(const MegakernelParams& p, Site s
   const uint64_t start = ptx::global_timer_ns();
   while (!done()) {
     if (aborting(p)) return false;
-    if (ptx::global_timer_ns() - start > p.stall_timeout_ns) {
+    if (ptx::global_timer_ns() - start > p.pipeline_stall_timeout_ns) {
       report_error(p, kErrorPipelineStall, site, ~0u, 0, 0);
       return false;
     }
@@ -128,8 +127,8 @@ __device__ __forceinline__ bool wait_barrier(const MegakernelParams& p, uint64_t
 }
 
 // The producer: whether the counter poller (run_counter_poller) reported the counters of the producer's next
-// instruction met; if so, takes the report and frees its slot. The report's arrive releases what the poller's fence
-// acquired, and this wait acquires it. `ready` walks a ring of kNumStages slots, as the poller's own cursor does.
+// instruction met; if so, takes the report and frees its slot. Each poller lane's arrive releases what its acquire
+// loads saw, and this wait acquires it. `ready` walks a ring of kNumStages slots, as the poller's own cursor does.
 // NOTE: the poller runs ahead, so when the producer turns to an instruction its counters are usually checked already;
 // when not, the check took one L2 round trip, not one per counter.
 __device__ __forceinline__ bool take_ready(const SharedState& s, PipelineState& ready) {
