@@ -56,7 +56,11 @@ clock_summary() {
 
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --format=csv >"$out/gpu.txt" 2>&1
 cat "$out/gpu.txt"
-git -C "$root" log -1 --format='commit %h %s' >"$out/commit.txt" 2>/dev/null || echo "commit unknown" >"$out/commit.txt"
+if [ -f "$root/COMMIT" ]; then  # a copy made by scripts/gpu_snapshot.sh
+  echo "commit $(cat "$root/COMMIT")" >"$out/commit.txt"
+else
+  git -C "$root" log -1 --format='commit %h %s' >"$out/commit.txt" 2>/dev/null || echo "commit unknown" >"$out/commit.txt"
+fi
 # The GPU machine has no package registry: PCRE2 comes from .gpu-deps/ (scripts/prepare_gpu_deps.sh) when needed.
 if ! pkg-config --exists libpcre2-8 2>/dev/null && [ -d "$root/.gpu-deps/pcre2" ]; then
   export PKG_CONFIG_PATH=$root/.gpu-deps/pcre2/usr/lib/x86_64-linux-gnu/pkgconfig

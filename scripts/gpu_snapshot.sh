@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Copies committed trees into .gpu-snap/ for one call to a GPU machine: REF's tree at its root and, for A/B timing in
+# the same call, OLD_REF's under .gpu-snap/old/; each names its commit in a COMMIT file (bench.py and gpu_check.sh
+# report it: the copy is no git checkout). .gpu-deps (scripts/prepare_gpu_deps.sh) goes along. Carry .gpu-snap.
+# Usage: scripts/gpu_snapshot.sh REF [OLD_REF]
+set -euo pipefail
+ref=${1:?usage: scripts/gpu_snapshot.sh REF [OLD_REF]}
+old=${2:-}
+root=$(cd "$(dirname "$0")/.." && pwd)
+snap=$root/.gpu-snap
+copy_tree() {  # copy_tree REF DIR
+  mkdir -p "$2"
+  git -C "$root" archive "$1" | tar -x -C "$2"
+  git -C "$root" rev-parse --short "$1" >"$2/COMMIT"
+}
+rm -rf "$snap"
+copy_tree "$ref" "$snap"
+if [ -n "$old" ]; then copy_tree "$old" "$snap/old"; fi
+if [ -d "$root/.gpu-deps" ]; then
+  cp -r "$root/.gpu-deps" "$snap/"
+else
+  echo "note: no .gpu-deps here (scripts/prepare_gpu_deps.sh): the GPU machine must have PCRE2 itself" >&2
+fi
+echo "$snap: $(cat "$snap/COMMIT")${old:+, old/: $(cat "$snap/old/COMMIT")} ($(du -sh "$snap" | cut -f1))"
