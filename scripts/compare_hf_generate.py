@@ -18,7 +18,7 @@ attention. Measuring the noise keeps the comparison at every step where it means
 it excuses may differ. At each step, on HF's own tokens:
   - l16: HF's bf16 logits from generate; l32: the HF fp32 model's on the same tokens (teacher-forced); e = l16 - l32;
   - delta = max |mk - l32|, mk's logits from `mk run --engine reference` on the same tokens (mk's incremental decode
-    gives its full-sequence forward's logits bit for bit: docs/design.md, Decode); they must also pass the tolerance
+    gives its full-sequence forward's logits bit for bit: docs/decode.md); they must also pass the tolerance
     policy (the reference within compare_hf.REFERENCE_TOL relative L2 of fp32);
   - for HF's token t and every other token j: HF's margin l16[t] - l16[j] against its noise |e[t] - e[j]| + 2 delta.
     A margin above its noise means l32[t] - l32[j] > 2 delta, so no engine within delta of fp32 prefers j. mk's

@@ -2,16 +2,24 @@
 # Copies committed trees into .gpu-snap/ for one call to a GPU machine: REF's tree at its root and, for A/B timing in
 # the same call, OLD_REF's under .gpu-snap/old/; each names its commit in a COMMIT file (bench.py and gpu_check.sh
 # report it: the copy is no git checkout). .gpu-deps (scripts/prepare_gpu_deps.sh) goes along. Carry .gpu-snap.
+# NOTE: trees older than this script's have a bench.py and gpu_check.sh that report the enclosing checkout's HEAD;
+# take an old tree's commit from old/COMMIT.
 # Usage: scripts/gpu_snapshot.sh REF [OLD_REF]
 set -euo pipefail
 ref=${1:?usage: scripts/gpu_snapshot.sh REF [OLD_REF]}
 old=${2:-}
 root=$(cd "$(dirname "$0")/.." && pwd)
 snap=$root/.gpu-snap
+for r in "$ref" ${old:+"$old"}; do
+  if ! git -C "$root" rev-parse --verify --quiet "$r^{commit}" >/dev/null; then
+    echo "gpu_snapshot.sh: no commit '$r'" >&2
+    exit 2
+  fi
+done
 copy_tree() {  # copy_tree REF DIR
   mkdir -p "$2"
   git -C "$root" archive "$1" | tar -x -C "$2"
-  git -C "$root" rev-parse --short "$1" >"$2/COMMIT"
+  git -C "$root" rev-parse --short "$1^{commit}" >"$2/COMMIT"
 }
 rm -rf "$snap"
 copy_tree "$ref" "$snap"

@@ -27,7 +27,8 @@ struct GpuInfo {
 GpuInfo query_gpu();  // never throws
 
 struct GpuOptions {
-  double stall_timeout_s = 5.0;  // a counter or pipeline wait longer than this aborts the launch with a report
+  // A counter wait longer than this (a shared-memory wait: an eighth more) aborts the launch with a report.
+  double stall_timeout_s = 5.0;
   bool verify = true;            // false only for tests that feed a deliberately broken schedule
   // Prefill and decode: device memory of the GPU holding every layer's KV cache, stacked as the buffer table stacks
   // kv_cache (GpuKvCache), used instead of a cache of the engine's own so that passes share it. Null: the engine

@@ -14,8 +14,9 @@ namespace mk {
 // One instruction's phases, in ns since the launch began (negative where not recorded). Consumer: fetched ->
 // counters satisfied (row-wise ops; the producer waits for GEMM and attention) -> first operands landed (gpu GEMM and
 // attention) -> math done -> output published (gpu GEMM and attention: staged for the storer). Producer (gpu GEMM
-// and attention): started the instruction -> counters seen satisfied (a GEMM polls them after claiming each of its
-// first ring stages, so this includes waiting for the ring) -> last load issued. Storer (gpu GEMM and attention):
+// and attention): started the instruction -> the counter poller reported its counters satisfied (a GEMM looks for
+// the report after claiming each of its first ring stages, so this includes waiting for the ring) -> last load
+// issued. Storer (gpu GEMM and attention):
 // TMA store landed and counter released.
 struct TraceRecord {
   uint32_t sm = 0;
@@ -45,9 +46,9 @@ std::string trace_to_chrome_json(const Graph& graph, const Trace& trace);
 struct TraceSummary {
   double span_ns = 0;  // first start to last end
   // Where each op's time goes, summed over its tiles. The waits are split from the work: the dependency wait (for
-  // other SMs' results: the producer's counter wait where it waits, else the consumers'), the data wait (consumers
-  // waiting for their first operands: dependency wait plus load latency), math, epilogue, and store (the storer's TMA
-  // store and publication, which overlaps the consumers' next instruction).
+  // other SMs' results: the producer's wait for the poller's report where it waits, else the consumers'), the data
+  // wait (consumers waiting for their first operands: dependency wait plus load latency), math, epilogue, and store
+  // (the storer's TMA store and publication, which overlaps the consumers' next instruction).
   struct Op {
     std::string name;
     size_t count = 0;
@@ -67,7 +68,7 @@ struct TraceSummary {
   std::vector<Sm> sms;
   struct LongWait {
     uint32_t sm, index, task;
-    double wait_ns;    // the producer's counter wait for GEMM and attention tiles, else the consumers'
+    double wait_ns;    // GEMM and attention tiles: the producer's wait for the poller's report; else the consumers'
     uint32_t counter;  // the wait that was satisfied last
   };
   std::vector<LongWait> longest_waits;  // the 10 longest

@@ -193,7 +193,8 @@ __device__ __forceinline__ void run_consumers(const MegakernelParams& p, uint32_
     uint64_t* trace = thread == 0 ? trace_slots(p, i) : nullptr;
     if (trace) trace[kTraceStart] = clock64();
     // NOTE: what consumers read through the stage ring and the output tile is ordered by their barriers (the
-    // producer waited on the counters before loading); only row-wise ops read other SMs' results with plain loads.
+    // producer waited for the counter poller's report before loading); only row-wise ops read other SMs' results
+    // with plain loads.
     // Decode: what depends on nothing in this launch (weights, older cache rows) starts before the wait.
     const bool weights_sent = is_decode_gemm(in.opcode) && early_weight_prologue(p, s, in, thread);
     if (in.opcode == Opcode::kDecodeAttention) prestage_decode_attention(p, s, in, thread);

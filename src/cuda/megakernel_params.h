@@ -55,7 +55,7 @@ struct DeviceError {
 
 enum TraceSlot : int {
   kTraceStart,               // consumers fetched the instruction
-  kTraceWaitsDone,           // its counters were reached (row-wise ops; the producer waits for the others)
+  kTraceWaitsDone,           // its counters were reached (row-wise ops; the producer waits for the others' report)
   kTraceDataReady,           // GEMM, attention: the first stage of operands had landed
   kTraceMathDone,            // main loop finished (before the epilogue)
   kTraceEnd,                 // output published (GEMM, attention: staged for the storer)

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
@@ -84,6 +85,9 @@ void check_decode_limits(const Graph& graph) {
 GpuEngine::GpuEngine(const Graph& graph, const Schedule& schedule, const ModelWeights& weights,
                      const GpuOptions& options)
     : impl_(std::make_unique<Impl>(graph, options)) {
+  // NOTE: an hour at most: the waits count nanoseconds in 64 bits, and a shared-memory wait's limit is an eighth more.
+  MK_CHECK(std::isfinite(options.stall_timeout_s) && options.stall_timeout_s > 0 && options.stall_timeout_s <= 3600,
+           "gpu engine: stall_timeout_s must be in (0, 3600] seconds, got {}", options.stall_timeout_s);
   const GpuInfo info = query_gpu();
   MK_CHECK(info.usable, "gpu engine: {}", info.reason);
   const ModelConfig& c = graph.config();

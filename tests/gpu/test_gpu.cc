@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 
 #include "mk/check.h"
@@ -175,6 +176,14 @@ TEST_F(Gpu, RefusesWhatItCannotServe) {
   const Graph graph(config, {1, 64});
   EXPECT_THAT([&] { GpuEngine(graph, schedule_for(graph), random_weights(config, 1)); },
               testing::ThrowsMessage<Error>(HasSubstr("vocab_size 1001")));
+  config.vocab_size = 1000;
+  const Graph servable(config, {1, 64});
+  for (const double timeout : {0.0, -1.0, std::nan(""), 1e12}) {
+    const GpuOptions options{.stall_timeout_s = timeout};
+    EXPECT_THAT([&] { GpuEngine(servable, schedule_for(servable), random_weights(config, 1), options); },
+                testing::ThrowsMessage<Error>(HasSubstr("stall_timeout_s must be in")))
+        << timeout;
+  }
 }
 
 }  // namespace
