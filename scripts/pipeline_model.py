@@ -1,20 +1,23 @@
 #!/usr/bin/env python3
 """A protocol model of the megakernel's per-SM pipeline, run over a real schedule to find failures without a GPU.
 
-Each SM has four actors, as in src/cuda/megakernel.cu: the producer (stage-ring and output-tile loads, activations only
-once their counters are met), two consumer warpgroups (stage waits and releases, output-tile waits, row-wise counter waits behind a named
-barrier) and the storer (stores staged output tiles, frees the tile, publishes). Their mbarriers are modelled with
+Each SM has five actors, as in src/cuda/megakernel.cu: the counter poller (waits on the counters of the producer's
+instructions in order and reports each through a ring of ready / ready_free mbarriers), the producer (stage-ring and
+output-tile loads, activations only once the poller reported their counters met), two consumer warpgroups (stage
+waits and releases, output-tile waits, row-wise counter waits behind a named barrier) and the storer (stores staged
+output tiles, frees the tile, publishes). Their mbarriers are modelled with
 phases and parity waits, exactly as mbarrier.try_wait.parity behaves: a waiter two phases behind sees the wrong
 phase. Actors advance in random interleavings (seeded, so a result repeats); a round in which no actor can move is a
 deadlock, reported with what the blocked actors wait on, and a load or write into the output tile before the store
 of its previous use has read it is a failure too (silent corruption on the GPU).
 
 The model mirrors the kernel's waits by hand (produce_gemm, produce_attention, gemm_mainloop, attention_mainloop,
-stage_output, store_output_tile): change it with them. It found the fifth session's stall, where the producer
-waited for the output tile by parity (`--producer-waits parity` brings that rule back).
+stage_output, store_output_tile, run_counter_poller, take_ready): change it with them. It found the fifth session's
+stall, where the producer waited for the output tile by parity (`--producer-waits parity` brings that rule back);
+`--poller-laps` lets the poller report without waiting for a free slot, which must fail too.
 
 Usage: pipeline_model.py --mk build/mk --preset tiny --batch 18 --seq 384 [--sms 132] [--interleavings 16]
-           [--producer-waits count|parity] [--expect clean|failure]
+           [--producer-waits count|parity] [--poller-laps] [--expect clean|failure]
 """
 import argparse
 import json
@@ -121,10 +124,10 @@ class ProtocolViolation(Exception):
 
 
 class Model:
-    def __init__(self, header, sm_begin, instructions, waits, producer_parity):
+    def __init__(self, header, sm_begin, instructions, waits, producer_parity, poller_laps=False):
         self.header, self.sm_begin, self.ins, self.waits = header, sm_begin, instructions, waits
         self.stages = stage_count()
-        self.producer_parity = producer_parity
+        self.producer_parity, self.poller_laps = producer_parity, poller_laps
         c = header["config"]
         q_dim = c["n_heads"] * c["head_dim"]
         self.k = {"kQkv": c["d_model"], "kOProj": q_dim, "kGateUp": c["d_model"], "kDown": c["d_ff"],
@@ -144,14 +147,41 @@ class Model:
         query_end = x["rows"][1] - x["sequence"] * self.header["seq_len"]
         return (query_end + self.block_kv - 1) // self.block_kv
 
+    def poller(self, sm, order):
+        ready = Ring(self.stages)  # the poller's cursor over the ready ring
+        for i in order:
+            x = self.ins[i]
+            if x["op"] not in TILE_OPS:
+                continue
+            yield ("poller: counters", i), lambda x=x: self.met(x)
+            stage, parity = ready.stage, ready.phase ^ 1
+            if not self.poller_laps:
+                yield ("poller: ready slot free", i), lambda: sm.ready_free[stage].passed(parity)
+            sm.ready[stage].arrive(32)  # every lane
+            ready.advance()
+
+    def take_ready(self, sm, ready, x, i):  # a look: whether the poller's report came; if so taken, its slot freed
+        if not sm.ready[ready.stage].passed(ready.phase):
+            return False
+        if not self.met(x):
+            raise ProtocolViolation(f"schedule instruction {i}: the producer took a report of counters not met")
+        sm.ready_free[ready.stage].arrive()
+        ready.advance()
+        return True
+
+    def wait_ready(self, sm, ready, x, i):
+        stage, parity = ready.stage, ready.phase
+        yield ("producer: the poller's report", i), lambda: sm.ready[stage].passed(parity)
+        self.take_ready(sm, ready, x, i)
+
     def producer(self, sm, order):
-        ring, uses = Ring(self.stages), 0
+        ring, uses, ready = Ring(self.stages), 0, Ring(self.stages)
         for i in order:
             x = self.ins[i]
             if x["op"] not in TILE_OPS:
                 continue
             if x["op"] == "kAttention":
-                yield ("producer: counters", i), lambda x=x: self.met(x)
+                yield from self.wait_ready(sm, ready, x, i)
                 yield ("producer: output tile free (Q)", i), self.tile_free(sm, uses)
                 self.check_freed(sm, uses, i, "the producer loads Q")
                 sm.loaded.expect_and_arrive(1)
@@ -164,11 +194,11 @@ class Model:
                 for _ in range(prefetched):  # weights first; A of each claimed stage once the counters are met
                     yield from self.fill(sm, ring, i, 2)
                     pending += 1
-                    met = met or self.met(x)  # a look, not a wait (take_ready: the poller warp checked them)
+                    met = met or self.take_ready(sm, ready, x, i)  # a look, not a wait
                     if met:
                         pending = self.land_a(sm, first, pending, x, i)
                 if not met:
-                    yield ("producer: counters", i), lambda x=x: self.met(x)
+                    yield from self.wait_ready(sm, ready, x, i)
                     pending = self.land_a(sm, first, pending, x, i)
                 for _ in range(blocks - prefetched):
                     yield from self.fill(sm, ring, i, 1)
@@ -288,21 +318,23 @@ class SmState:
         self.full = [MBarrier(1) for _ in range(stages)]
         self.empty = [MBarrier(8) for _ in range(stages)]  # every consumer warp
         self.staged, self.free, self.loaded = MBarrier(8), MBarrier(1), MBarrier(1)
+        self.ready = [MBarrier(32) for _ in range(stages)]  # every poller lane
+        self.ready_free = [MBarrier(1) for _ in range(stages)]
         self.arrived, self.published = [0, 0], [0, 0]
 
 
-def interleave(schedule, producer_parity, seed):
+def interleave(schedule, producer_parity, seed, poller_laps=False):
     """One random interleaving: None if every actor finishes, else what went wrong: the blocked actors' waits (a
     deadlock), or the output tile overwritten before its store read it."""
     header, sm_begin, instructions, _ = schedule
-    model = Model(*schedule, producer_parity)
+    model = Model(*schedule, producer_parity, poller_laps)
     rng = random.Random(seed)
     actors = []
     for sm_index in range(header["num_sms"]):
         sm = SmState(model.stages)
         order = range(sm_begin[sm_index], sm_begin[sm_index + 1])
-        for actor in (model.producer(sm, order), model.storer(sm, order), model.consumer(sm, order, 0),
-                      model.consumer(sm, order, 1)):
+        for actor in (model.poller(sm, order), model.producer(sm, order), model.storer(sm, order),
+                      model.consumer(sm, order, 0), model.consumer(sm, order, 1)):
             actors.append({"sm": sm_index, "run": actor, "wait": None})
     while actors:
         rng.shuffle(actors)
@@ -328,7 +360,7 @@ def interleave(schedule, producer_parity, seed):
                 x = instructions[i]
                 blocked.append(f"SM {a['sm']} instruction {i - sm_begin[a['sm']]} ({x['op'][1:]} L{x['layer']} "
                                f"rows [{x['rows'][0]},{x['rows'][1]})): {what}")
-            tile_waits = ("output tile", "staged", "loaded")
+            tile_waits = ("output tile", "staged", "loaded", "report")
             return sorted(blocked, key=lambda line: not any(w in line for w in tile_waits))
     return None
 
@@ -343,6 +375,8 @@ def main():
     parser.add_argument("--interleavings", type=int, default=16)
     parser.add_argument("--producer-waits", choices=("count", "parity"), default="count",
                         help="how the producer waits for the output tile: the kernel's count, or the old parity")
+    parser.add_argument("--poller-laps", action="store_true",
+                        help="a mutation: the poller reports without waiting for a free slot of the ready ring")
     parser.add_argument("--expect", choices=("clean", "failure"),
                         help="exit 1 unless every interleaving is clean, or unless one fails")
     args = parser.parse_args()
@@ -354,15 +388,16 @@ def main():
         schedule = load_schedule(path)
     failures = 0
     for seed in range(args.interleavings):
-        blocked = interleave(schedule, args.producer_waits == "parity", seed)
+        blocked = interleave(schedule, args.producer_waits == "parity", seed, args.poller_laps)
         if blocked is not None:
             failures += 1
             if failures == 1:
                 print(f"interleaving {seed}: {len(blocked)} failures, e.g.")
                 for line in blocked[:6]:
                     print("  " + line)
+    poller = ", the poller laps its ring" if args.poller_laps else ""
     print(f"{args.preset} batch {args.batch} seq {args.seq} on {args.sms} SMs, producer waits by "
-          f"{args.producer_waits}: {args.interleavings - failures} of {args.interleavings} interleavings clean")
+          f"{args.producer_waits}{poller}: {args.interleavings - failures} of {args.interleavings} interleavings clean")
     if args.expect == "clean" and failures:
         return 1
     if args.expect == "failure" and not failures:
