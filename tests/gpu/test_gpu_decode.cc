@@ -85,6 +85,19 @@ TEST_F(Gpu, GenerationReproducesTheForwardPassOnRaggedBatches) {
   check_generation(small_config(256, 768, 2, 2, 128, false, true, 1), {5}, 20, 128, 23);
 }
 
+// Decode attention keeps later KV blocks loading while one is computed (4 buffers at head_dim 64, 2 at 128): tasks
+// of several blocks, the newest key in a prestaged block or in one staged in the loop, and empty blocks.
+TEST_F(Gpu, DecodeAttentionStagesBlocksAhead) {
+  // 9 sequences x 8 kv heads = 72 pairs: one split of all 4 blocks; positions past 384 put the newest key in block 3,
+  // the one a 4-buffer task stages in its loop.
+  check_generation(small_config(512, 1024, 8, 8, 64, true, true), {450, 400, 60, 390, 200, 440, 10, 420, 300}, 4,
+                   512, 34);
+  // head_dim 128, 34 sequences x 4 kv heads = 136 pairs: one split of both blocks, the second staged in the loop.
+  std::vector<int64_t> prompts;
+  for (int64_t b = 0; b < 34; ++b) prompts.push_back(100 + (b * 37) % 150);
+  check_generation(small_config(512, 1024, 4, 4, 128, true, true), prompts, 4, 256, 35);
+}
+
 TEST_F(Gpu, TensorCoreDecodeTilesAtTheirEdges) {
   // d_ff 8704: gate_up tiles of 128 pairs, 16 units of two groups, so warps take two jobs each; vocab 8440: LM head
   // tiles of 64 columns, the last one 56 (7 groups: one warp idle); a batch of 3: the smallest tensor-core pass.
