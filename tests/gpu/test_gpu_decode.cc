@@ -96,6 +96,16 @@ TEST_F(Gpu, DecodeAttentionStagesBlocksAhead) {
   std::vector<int64_t> prompts;
   for (int64_t b = 0; b < 34; ++b) prompts.push_back(100 + (b * 37) % 150);
   check_generation(small_config(512, 1024, 4, 4, 128, true, true), prompts, 4, 256, 35);
+  // More blocks than buffers, so that a buffer is reused for block j + buffers - 1 once block j - 1 is done: head_dim
+  // 64, 72 pairs: one split of 6 blocks (max context 768), up to 6 of them holding keys; head_dim 128, 68 pairs: one
+  // split of 4 blocks (max context 512), up to 4 holding keys. Most prompts are short: the CPU reference is the cost.
+  check_generation(small_config(512, 1024, 8, 8, 64, true, true), {700, 50, 650, 300, 10, 690, 200, 120, 520}, 3,
+                   768, 36);
+  std::vector<int64_t> mostly_short(17, 20);
+  mostly_short[0] = 460;
+  mostly_short[7] = 300;
+  mostly_short[16] = 410;
+  check_generation(small_config(512, 1024, 4, 4, 128, true, true), mostly_short, 3, 512, 37);
 }
 
 TEST_F(Gpu, TensorCoreDecodeTilesAtTheirEdges) {
