@@ -137,7 +137,7 @@ __device__ __forceinline__ void pack_probabilities(const float (&score)[kScoreVa
 // other does its softmax, rather than both softmaxes meeting idle tensor cores. Named barriers 2 (warpgroup 0's turn)
 // and 3 (warpgroup 1's) each complete when one warpgroup waits at it and the other arrives: per tile, warpgroup 1
 // hands the first turn over, and each passes the turn after every issue but warpgroup 1 after its last, so that both
-// barriers end the tile balanced.
+// barriers end the tile balanced (scripts/attention_turns_model.py checks the protocol; CPU tests run it).
 struct IssueTurns {
   static constexpr uint32_t kFirstBarrier = 2;  // 0: __syncthreads, 1: the consumers' barrier
   int warpgroup;
