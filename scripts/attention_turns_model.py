@@ -16,6 +16,8 @@ import argparse
 import random
 import sys
 
+from pipeline_model import exit_status
+
 THREADS = 256  # KernelConfig::kConsumerThreads: the count of bar.sync / bar.arrive
 FIRST_BARRIER = 2  # IssueTurns::kFirstBarrier
 
@@ -95,11 +97,7 @@ def main():
                 print(f"interleaving {seed} (tiles of {tiles} key blocks): {problem}")
     print(f"attention issue turns, mutation {args.mutation}: {args.interleavings - failures} of "
           f"{args.interleavings} interleavings clean")
-    if args.expect == "clean" and failures:
-        return 1
-    if args.expect == "failure" and not failures:
-        return 1
-    return 0
+    return exit_status(args.expect, failures)
 
 
 if __name__ == "__main__":

@@ -365,6 +365,11 @@ def interleave(schedule, producer_parity, seed, poller_laps=False):
     return None
 
 
+def exit_status(expect, failures):
+    """The exit status of a model run: 1 when --expect clean met a failure or --expect failure met none."""
+    return int((expect == "clean" and failures > 0) or (expect == "failure" and failures == 0))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mk", default=str(ROOT / "build/mk"), help="the mk binary, to build the schedule")
@@ -398,11 +403,7 @@ def main():
     poller = ", the poller laps its ring" if args.poller_laps else ""
     print(f"{args.preset} batch {args.batch} seq {args.seq} on {args.sms} SMs, producer waits by "
           f"{args.producer_waits}{poller}: {args.interleavings - failures} of {args.interleavings} interleavings clean")
-    if args.expect == "clean" and failures:
-        return 1
-    if args.expect == "failure" and not failures:
-        return 1
-    return 0
+    return exit_status(args.expect, failures)
 
 
 if __name__ == "__main__":
