@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: configure, build with all cores, then run the requested steps, logging into a folder.
 # Usage: scripts/gpu_check.sh OUT_DIR [steps...]
-#        steps: smoke tests decode bench_decode hf_generate text sanitize_decode trace hf bench sanitize sass
+#        steps: smoke tests decode bench_decode hf_generate text sanitize_decode trace traces ab hf bench sanitize sass
 # (run scripts/prepare_gpu_deps.sh here first and carry .gpu-deps: the GPU machine cannot install PCRE2)
-#        (default: all but sanitize)
+#        (default: all but sanitize, traces and ab)
+# NOTE: a GPU machine keeps at most 8 files of OUT_DIR: pack it (tar) before the call ends.
 set -uo pipefail
 out=${1:?usage: scripts/gpu_check.sh OUT_DIR [steps...]}
 shift
@@ -142,6 +143,48 @@ for s in $steps; do
     trace)
       step trace timeout 300 "$build/mk" trace --preset seed --engine gpu --out "$out/trace-seed.json" --overhead 20
       step trace-plot python3 "$root/scripts/plot_trace.py" "$out/trace-seed.json" --out "$out/trace-seed.png"
+      ;;
+    traces)
+      # TRACE_ARGS: ;-separated shape flags for `mk trace --preset seed` (default: the seed and S=4096); the summaries
+      # (per-op phases, what the waits ended on, the critical path) go to traces.log
+      IFS=';' read -ra shapes <<<"${TRACE_ARGS:---seq 256;--seq 4096}"
+      for shape in "${shapes[@]}"; do
+        echo "=== trace $shape" >>"$out/traces.log"
+        # shellcheck disable=SC2086  # the shape is flags, split on purpose
+        if ! timeout 120 "$build/mk" trace --preset seed $shape --engine gpu --out "$out/trace.json" \
+          >>"$out/traces.log" 2>&1; then
+          echo "!!! trace $shape failed"
+          status=1
+        fi
+      done
+      rm -f "$out/trace.json"
+      grep -E "^=== trace|^trace \(gpu\)" "$out/traces.log"
+      ;;
+    ab)
+      # The tree under old/ (scripts/gpu_snapshot.sh REF OLD_REF) against this one, alternating in this call, twice:
+      # `mk run --preset seed` with each of AB_ARGS' ;-separated shape flags (default: the seed and S=4096).
+      if [ ! -d "$root/old" ]; then
+        echo "!!! ab: no old/ tree here (scripts/gpu_snapshot.sh REF OLD_REF)"
+        status=1
+        continue
+      fi
+      step build-old bash -c "cmake -S '$root/old' -B '$root/build-old' -G Ninja -DCMAKE_BUILD_TYPE=Release &&
+                              cmake --build '$root/build-old' -j $(nproc) --target mk"
+      IFS=';' read -ra shapes <<<"${AB_ARGS:---seq 256 --iterations 200;--seq 4096 --iterations 30}"
+      for _ in 1 2; do
+        for shape in "${shapes[@]}"; do
+          for tree in new old; do
+            binary=$build/mk
+            [ "$tree" = old ] && binary=$root/build-old/mk
+            # shellcheck disable=SC2086  # the shape is flags, split on purpose
+            time_line=$("$binary" run --preset seed $shape --engine gpu 2>&1 | grep -E '^time') || {
+              time_line=failed
+              status=1
+            }
+            echo "$tree ($shape): $time_line" | tee -a "$out/ab.log"
+          done
+        done
+      done
       ;;
     sass)
       obj=$(find "$build" -name 'megakernel.cu.o' | head -1)
