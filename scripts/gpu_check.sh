@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: configure, build with all cores, then run the requested steps, logging into a folder.
 # Usage: scripts/gpu_check.sh OUT_DIR [steps...]
-#        steps: smoke tests decode bench_decode hf_generate text sanitize_decode trace traces ab hf bench sanitize sass
+#        steps: smoke tests decode bench_decode hf_generate text sanitize_decode trace traces ab hf bench bench_ops
+#               sanitize sass
 # (run scripts/prepare_gpu_deps.sh here first and carry .gpu-deps: the GPU machine cannot install PCRE2)
 #        (default: all but sanitize, traces and ab)
 # NOTE: a GPU machine keeps at most 8 files of OUT_DIR: pack it (tar) before the call ends.
@@ -133,6 +134,11 @@ for s in $steps; do
       # BENCH_ARGS: extra flags, split on spaces (e.g. --sweeps seq --torch-backends eager+graph,reduce-overhead: a
       # whole run of every sweep and backend outlasts one call to the GPU machine)
       step_with_clocks bench timeout 900 python3 "$root/bench/bench.py" --mk "$build/mk" --out "$out" ${BENCH_ARGS:-}
+      ;;
+    bench_ops)
+      # BENCH_OPS_CONFIGS: ;-separated config labels (default: bench_ops.py's)
+      step_with_clocks bench-ops timeout 600 python3 "$root/bench/bench_ops.py" --mk "$build/mk" --out "$out" \
+        ${BENCH_OPS_CONFIGS:+--configs "$BENCH_OPS_CONFIGS"}
       ;;
     sanitize)
       for tool in memcheck racecheck synccheck; do

@@ -5,7 +5,9 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include <cstdint>
+#include <map>
 #include <span>
+#include <string>
 
 #include "mk/check.h"
 #include "mk/ops.h"
@@ -61,6 +63,7 @@ void run_whole_step(const OpDescriptor& op, const OpContext& ctx, const CpuTile&
 struct ForwardCost {
   int64_t parameters = 0;
   double flops = 0;             // TaskWork's convention: matrix products, causal attention counted half
+  std::map<std::string, double> flops_by_op;  // the same, per op (its name), summed over the layers
   // Weights read once, input read once, output and K/V written once; decode also reads the whole cache (at the
   // full max context)
   double min_bytes = 0;

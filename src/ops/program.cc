@@ -109,7 +109,9 @@ ForwardCost forward_cost(const ModelConfig& config, const RunShape& shape) {
   cost.activation_bytes = buffers.device_bytes();
   add_memory(config, shape.pass, buffers, cost);
   for_each_step(config, shape.pass, [&](const OpDescriptor& op, uint16_t layer) {
-    cost.flops += op.work(ctx, whole_output(op, ctx, layer)).flops;
+    const double flops = op.work(ctx, whole_output(op, ctx, layer)).flops;
+    cost.flops += flops;
+    if (flops > 0) cost.flops_by_op[op.name] += flops;
     const OpTraffic traffic = op.traffic(ctx);
     cost.weights_read += traffic.weight_bytes;
     cost.min_bytes += traffic.weight_bytes + traffic.kept_bytes + traffic.cache_bytes;
@@ -128,6 +130,7 @@ nlohmann::json forward_info_json(const ModelConfig& config, const RunShape& shap
           {"tokens", shape.tokens()},
           {"parameters", cost.parameters},
           {"flops", cost.flops},
+          {"flops_by_op", cost.flops_by_op},
           {"min_bytes", cost.min_bytes},
           {"weight_bytes", cost.weight_bytes},
           {"weights_read", cost.weights_read},

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,13 @@ TEST(Cli, InfoJsonHoldsTheConfigAndTheGraphsCounts) {
   EXPECT_EQ(info.at("seq_len"), 64);
   const mk::ForwardCost cost = mk::forward_cost(expected, {2, 64});
   EXPECT_EQ(info.at("flops").get<double>(), cost.flops);
+  using FlopsByOp = std::map<std::string, double>;
+  EXPECT_EQ(info.at("flops_by_op").get<FlopsByOp>(), cost.flops_by_op);
+  double summed = 0;
+  for (const auto& [op, flops] : cost.flops_by_op) summed += flops;
+  EXPECT_DOUBLE_EQ(summed, cost.flops);
+  EXPECT_EQ(cost.flops_by_op.count("gate_up"), 1u);
+  EXPECT_EQ(cost.flops_by_op.count("attn_norm"), 0u) << "a norm does no matrix product";
   EXPECT_EQ(info.at("parameters").get<int64_t>(), cost.parameters);
   EXPECT_EQ(info.at("min_bytes").get<double>(), cost.min_bytes);
   EXPECT_EQ(info.at("weight_bytes").get<double>(), cost.weight_bytes);
