@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 import compare_hf  # noqa: E402  (model specs, building and loading them)
 import compare_hf_generate as hfgen  # noqa: E402  (saving for mk, teacher forcing, margins, the token comparison)
-from bench import Fatal, git_commit  # noqa: E402
+from bench import Fatal  # noqa: E402
+from provenance import git_commit  # noqa: E402
 from compare_hf import EngineError, Spec  # noqa: E402
 from torch_backends import COMPILE_MODES, ERROR_CHARS, graph_runner, release  # noqa: E402
 

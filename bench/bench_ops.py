@@ -5,24 +5,30 @@ backends (causal attention) on the same shapes, in one process.
 mk runs the whole forward pass once under `mk trace`. An op's in-situ rate is its FLOPs (`mk info`'s flops_by_op,
 the benchmark's convention: causal attention counted half) over its tiles' math and epilogue time spread over the
 SMs (the trace summary's per-tile means): what its tiles reach once fed, dependency and operand waits excluded.
-PyTorch runs one layer's GEMM (F.linear, bf16) or causal SDPA alone, inputs rotated so that no run reads the previous
-one's from L2. NOTE: this compares tiles with kernels; bench/bench.py compares whole passes, waits included.
+PyTorch runs one layer's GEMM (F.linear, bf16) or causal SDPA alone, over rotated inputs (at the seed's shapes they
+still fit L2, as mk's operands do), timed CALLS calls per event pair so that no launch gap counts. NOTE: this
+compares tiles with kernels; bench/bench.py compares whole passes, waits included.
 
 Usage: bench_ops.py --mk build/mk [--configs 'B8 S256 D1024 H8 F4096 L8;...'] [--engine gpu|cpu-vm] [--mk-only]
            [--out DIR] [--iterations 30]
 """
 import argparse
 import json
+import math
 import re
 import subprocess
 import sys
 import tempfile
+from datetime import datetime, timezone
 from pathlib import Path
+
+from provenance import git_commit
 
 # cfg = (batch, seq, d_model, heads, ffn, layers) with heads = d_model / 128 and ffn = 4 d_model: the seed preset.
 DEFAULT_CONFIGS = "B8 S256 D1024 H8 F4096 L8;B8 S4096 D1024 H8 F4096 L8;B8 S256 D3072 H24 F12288 L1"
 ORDER = ("qkv", "attention", "o_proj", "gate_up", "down")  # a layer's ops with FLOPs, in program order
-INPUTS = 3  # rotated between timed runs, as bench.py does
+INPUTS = 3  # rotated between timed calls, as bench.py does
+CALLS = 20  # per timed event pair: the GPU stays busy, so the host's dispatch of each call is hidden
 
 
 class Fatal(Exception):
@@ -103,17 +109,18 @@ def torch_rates(cfg, iterations):
     head_dim, tokens = dim // heads, batch * seq
     device, dtype = torch.device("cuda"), torch.bfloat16
 
-    def median_ms(call, inputs):
+    def median_ms(call, inputs):  # of one call
         for i in range(3):
             call(inputs[i % INPUTS])
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         times = []
-        for i in range(iterations):
+        for _ in range(iterations):
             start.record()
-            call(inputs[i % INPUTS])
+            for i in range(CALLS):
+                call(inputs[i % INPUTS])
             stop.record()
             stop.synchronize()
-            times.append(start.elapsed_time(stop))
+            times.append(start.elapsed_time(stop) / CALLS)
         return sorted(times)[len(times) // 2]
 
     gemm_shapes = {"qkv": (dim, 3 * dim), "o_proj": (dim, dim), "gate_up": (dim, 2 * ffn), "down": (ffn, dim)}
@@ -138,6 +145,10 @@ def torch_rates(cfg, iterations):
     if best is not None:
         rates["attention"] = (f"SDPA {best[0]}", attention_flops / best[1] / 1e9)
     return rates
+
+
+def finite_or_none(value):  # JSON has no NaN
+    return value if math.isfinite(value) else None
 
 
 def report(label, mk, torch_side):
@@ -173,7 +184,7 @@ def main():
             if not args.mk_only:
                 progress(f"{label}: PyTorch, each op alone")
                 torch_side = torch_rates(cfg, args.iterations)
-            results.append({"config": label, "mk": mk,
+            results.append({"config": label, "mk": {op: finite_or_none(rate) for op, rate in mk.items()},
                             "pytorch": {op: {"kernel": what, "tflops": rate} for op, (what, rate) in
                                         torch_side.items()}})
             sections.append(report(label, mk, torch_side))
@@ -185,7 +196,9 @@ def main():
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "bench_ops.json").write_text(json.dumps(results, indent=1) + "\n")
+        meta = {"commit": git_commit(Path(__file__).resolve().parent.parent), "engine": args.engine,
+                "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        (out / "bench_ops.json").write_text(json.dumps({"meta": meta, "configs": results}, indent=1) + "\n")
         (out / "bench_ops.md").write_text(text)
     return 0
 

@@ -7,7 +7,9 @@ turn, 3 warpgroup 1's. bar.sync(id, 256) counts 128 arrivals and waits for the p
 128 without waiting. Per tile warpgroup 1 hands over the first turn, and each passes the turn after every issue but
 warpgroup 1 after its last. A tile of n key blocks has n + 1 issues per warpgroup. The model checks that the issues
 alternate 0, 1, 0, 1, ... within every tile, that nothing deadlocks, and that both barriers end with no arrivals
-pending (a pending one would let the next kernel's barrier pass early). The mutations must fail it.
+pending (a pending one would let the next tile's first wait pass early). The mutations must fail it. The model
+mirrors IssueTurns and attention_mainloop's n + 1 issues by hand: change it with them (scripts/pipeline_model.py
+runs the same turns among the tile's stage waits and releases).
 
 Usage: attention_turns_model.py [--interleavings 200] [--mutation none|pass-after-last|no-handover]
            [--expect clean|failure]

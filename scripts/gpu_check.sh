@@ -4,7 +4,7 @@
 #        steps: smoke tests decode bench_decode hf_generate text sanitize_decode trace traces ab hf bench bench_ops
 #               sanitize sass
 # (run scripts/prepare_gpu_deps.sh here first and carry .gpu-deps: the GPU machine cannot install PCRE2)
-#        (default: all but sanitize, traces and ab)
+#        (default: smoke tests trace hf bench sass)
 # NOTE: a GPU machine keeps at most 8 files of OUT_DIR: pack it (tar) before the call ends.
 set -uo pipefail
 out=${1:?usage: scripts/gpu_check.sh OUT_DIR [steps...]}
@@ -176,6 +176,7 @@ for s in $steps; do
       fi
       step build-old bash -c "cmake -S '$root/old' -B '$root/build-old' -G Ninja -DCMAKE_BUILD_TYPE=Release &&
                               cmake --build '$root/build-old' -j $(nproc) --target mk"
+      [ -x "$root/build-old/mk" ] || continue
       IFS=';' read -ra shapes <<<"${AB_ARGS:---seq 256 --iterations 200;--seq 4096 --iterations 30}"
       for _ in 1 2; do
         for shape in "${shapes[@]}"; do
@@ -183,7 +184,7 @@ for s in $steps; do
             binary=$build/mk
             [ "$tree" = old ] && binary=$root/build-old/mk
             # shellcheck disable=SC2086  # the shape is flags, split on purpose
-            time_line=$("$binary" run --preset seed $shape --engine gpu 2>&1 | grep -E '^time') || {
+            time_line=$(timeout 300 "$binary" run --preset seed $shape --engine gpu 2>&1 | grep -E '^time') || {
               time_line=failed
               status=1
             }

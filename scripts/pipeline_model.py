@@ -14,10 +14,12 @@ of its previous use has read it is a failure too (silent corruption on the GPU).
 The model mirrors the kernel's waits by hand (produce_gemm, produce_attention, gemm_mainloop, attention_mainloop,
 stage_output, store_output_tile, run_counter_poller, take_ready): change it with them. It found the fifth session's
 stall, where the producer waited for the output tile by parity (`--producer-waits parity` brings that rule back);
-`--poller-laps` lets the poller report without waiting for a free slot, which must fail too.
+`--poller laps` lets the poller report without waiting for a free slot of its ring and `--poller early` report
+before the counters are met, which must fail too. Attention's consumers take turns issuing their MMAs (IssueTurns,
+named barriers 2 and 3) among their stage waits and releases, as the kernel does.
 
 Usage: pipeline_model.py --mk build/mk --preset tiny --batch 18 --seq 384 [--sms 132] [--interleavings 16]
-           [--producer-waits count|parity] [--poller-laps] [--expect clean|failure]
+           [--producer-waits count|parity] [--poller kernel|laps|early] [--expect clean|failure]
 """
 import argparse
 import json
@@ -99,6 +101,20 @@ class MBarrier:
         return (self.phase & 1) != parity
 
 
+class NamedBarrier:
+    """bar.sync / bar.arrive over the two consumer warpgroups (256 threads): a phase completes at two arrivals."""
+
+    def __init__(self):
+        self.arrived, self.generation = 0, 0
+
+    def arrive(self):  # one warpgroup's; returns the phase it counted toward
+        phase = self.generation
+        self.arrived += 1
+        if self.arrived == 2:
+            self.arrived, self.generation = 0, self.generation + 1
+        return phase
+
+
 class Ring:
     """Position in the stage ring, advanced alike by producer and consumers (PipelineState)."""
 
@@ -124,10 +140,10 @@ class ProtocolViolation(Exception):
 
 
 class Model:
-    def __init__(self, header, sm_begin, instructions, waits, producer_parity, poller_laps=False):
+    def __init__(self, header, sm_begin, instructions, waits, producer_parity, poller="kernel"):
         self.header, self.sm_begin, self.ins, self.waits = header, sm_begin, instructions, waits
         self.stages = stage_count()
-        self.producer_parity, self.poller_laps = producer_parity, poller_laps
+        self.producer_parity, self.poller_mode = producer_parity, poller
         c = header["config"]
         q_dim = c["n_heads"] * c["head_dim"]
         self.k = {"kQkv": c["d_model"], "kOProj": q_dim, "kGateUp": c["d_model"], "kDown": c["d_ff"],
@@ -153,18 +169,21 @@ class Model:
             x = self.ins[i]
             if x["op"] not in TILE_OPS:
                 continue
-            yield ("poller: counters", i), lambda x=x: self.met(x)
+            if self.poller_mode != "early":
+                yield ("poller: counters", i), lambda x=x: self.met(x)
             stage, parity = ready.stage, ready.phase ^ 1
-            if not self.poller_laps:
+            if self.poller_mode != "laps":
                 yield ("poller: ready slot free", i), lambda: sm.ready_free[stage].passed(parity)
+            sm.reported[stage] = i
             sm.ready[stage].arrive(32)  # every lane
             ready.advance()
 
     def take_ready(self, sm, ready, x, i):  # a look: whether the poller's report came; if so taken, its slot freed
         if not sm.ready[ready.stage].passed(ready.phase):
             return False
-        if not self.met(x):
-            raise ProtocolViolation(f"schedule instruction {i}: the producer took a report of counters not met")
+        if sm.reported[ready.stage] != i or not self.met(x):
+            raise ProtocolViolation(f"schedule instruction {i}: the producer took a report of instruction "
+                                    f"{sm.reported[ready.stage]} (counters met: {self.met(x)})")
         sm.ready_free[ready.stage].arrive()
         ready.advance()
         return True
@@ -266,12 +285,16 @@ class Model:
                 value.advance()
                 yield (f"consumers {warpgroup}: Q loaded", i), (lambda p=loads & 1: sm.loaded.passed(p))
                 yield full(key, i, "K0")
+                if warpgroup == 1:
+                    sm.turns[0].arrive()  # IssueTurns: warpgroup 1 hands warpgroup 0 the first turn
+                yield from self.issue_turn(sm, warpgroup, i, last=False)  # S = Q K0^T
                 release(key.stage)
                 key.next_block()
                 yield full(value, i, "V0")
                 if blocks > 1:
                     yield full(key, i, "K1")
                 for j in range(1, blocks):
+                    yield from self.issue_turn(sm, warpgroup, i, last=False)  # S = Q Kj^T, O += P V(j-1)
                     pending = value.stage
                     value.next_block()
                     release(key.stage)
@@ -280,6 +303,7 @@ class Model:
                     if j + 1 < blocks:
                         yield full(key, i, f"K{j + 1}")
                     release(pending)
+                yield from self.issue_turn(sm, warpgroup, i, last=True)  # O += P V(n-1)
                 release(value.stage)
                 ring = key
                 loads += 1
@@ -301,6 +325,14 @@ class Model:
             sm.staged.arrive(4)
             uses += 1
 
+    def issue_turn(self, sm, warpgroup, i, last):
+        """IssueTurns: wait for this warpgroup's turn (bar.sync on its barrier), issue, pass the turn (bar.arrive on the
+        other's), but warpgroup 1 not after its last issue."""
+        phase = sm.turns[warpgroup].arrive()
+        yield (f"consumers {warpgroup}: issue turn", i), lambda: sm.turns[warpgroup].generation > phase
+        if not (last and warpgroup == 1):
+            sm.turns[1 - warpgroup].arrive()
+
     def storer(self, sm, order):
         uses = 0
         for i in order:
@@ -320,14 +352,16 @@ class SmState:
         self.staged, self.free, self.loaded = MBarrier(8), MBarrier(1), MBarrier(1)
         self.ready = [MBarrier(32) for _ in range(stages)]  # every poller lane
         self.ready_free = [MBarrier(1) for _ in range(stages)]
+        self.reported = [None] * stages  # the instruction each ready slot last reported
+        self.turns = [NamedBarrier(), NamedBarrier()]  # named barriers 2 and 3: warpgroup 0's and 1's issue turn
         self.arrived, self.published = [0, 0], [0, 0]
 
 
-def interleave(schedule, producer_parity, seed, poller_laps=False):
+def interleave(schedule, producer_parity, seed, poller="kernel"):
     """One random interleaving: None if every actor finishes, else what went wrong: the blocked actors' waits (a
     deadlock), or the output tile overwritten before its store read it."""
     header, sm_begin, instructions, _ = schedule
-    model = Model(*schedule, producer_parity, poller_laps)
+    model = Model(*schedule, producer_parity, poller)
     rng = random.Random(seed)
     actors = []
     for sm_index in range(header["num_sms"]):
@@ -360,7 +394,7 @@ def interleave(schedule, producer_parity, seed, poller_laps=False):
                 x = instructions[i]
                 blocked.append(f"SM {a['sm']} instruction {i - sm_begin[a['sm']]} ({x['op'][1:]} L{x['layer']} "
                                f"rows [{x['rows'][0]},{x['rows'][1]})): {what}")
-            tile_waits = ("output tile", "staged", "loaded", "report")
+            tile_waits = ("output tile", "staged", "loaded", "report", "turn")
             return sorted(blocked, key=lambda line: not any(w in line for w in tile_waits))
     return None
 
@@ -380,8 +414,9 @@ def main():
     parser.add_argument("--interleavings", type=int, default=16)
     parser.add_argument("--producer-waits", choices=("count", "parity"), default="count",
                         help="how the producer waits for the output tile: the kernel's count, or the old parity")
-    parser.add_argument("--poller-laps", action="store_true",
-                        help="a mutation: the poller reports without waiting for a free slot of the ready ring")
+    parser.add_argument("--poller", choices=("kernel", "laps", "early"), default="kernel",
+                        help="the kernel's counter poller, or a mutation: it reports without waiting for a free slot "
+                             "of its ring (laps) or before the counters are met (early)")
     parser.add_argument("--expect", choices=("clean", "failure"),
                         help="exit 1 unless every interleaving is clean, or unless one fails")
     args = parser.parse_args()
@@ -393,14 +428,14 @@ def main():
         schedule = load_schedule(path)
     failures = 0
     for seed in range(args.interleavings):
-        blocked = interleave(schedule, args.producer_waits == "parity", seed, args.poller_laps)
+        blocked = interleave(schedule, args.producer_waits == "parity", seed, args.poller)
         if blocked is not None:
             failures += 1
             if failures == 1:
                 print(f"interleaving {seed}: {len(blocked)} failures, e.g.")
                 for line in blocked[:6]:
                     print("  " + line)
-    poller = ", the poller laps its ring" if args.poller_laps else ""
+    poller = "" if args.poller == "kernel" else f", poller mutation '{args.poller}'"
     print(f"{args.preset} batch {args.batch} seq {args.seq} on {args.sms} SMs, producer waits by "
           f"{args.producer_waits}{poller}: {args.interleavings - failures} of {args.interleavings} interleavings clean")
     return exit_status(args.expect, failures)
