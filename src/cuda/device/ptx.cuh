@@ -30,35 +30,26 @@ __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* barrier, uin
                : "memory");
 }
 
-// True once the phase of the given parity has completed.
-__device__ __forceinline__ bool mbarrier_try_wait(uint64_t* barrier, uint32_t parity) {
-  uint32_t done;
-  asm volatile(
-      "{\n"
-      ".reg .pred ready;\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 ready, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, ready;\n"
-      "}\n"
-      : "=r"(done)
-      : "r"(smem_address(barrier)), "r"(parity)
-      : "memory");
-  return done != 0;
-}
+// Whether the phase of the given parity has completed: try_wait may suspend the thread for a while when it has not;
+// test_wait only looks.
+#define MK_MBARRIER_PARITY_CHECK(kind, barrier, parity)                                                               \
+  [&] {                                                                                                               \
+    uint32_t done;                                                                                                    \
+    asm volatile("{\n.reg .pred ready;\nmbarrier." kind ".parity.shared::cta.b64 ready, [%1], %2;\n"                  \
+                 "selp.u32 %0, 1, 0, ready;\n}\n"                                                                     \
+                 : "=r"(done)                                                                                         \
+                 : "r"(smem_address(barrier)), "r"(parity)                                                            \
+                 : "memory");                                                                                         \
+    return done != 0;                                                                                                 \
+  }()
 
-// The same, without waiting: try_wait may suspend the thread for a while when the phase is not complete yet.
-__device__ __forceinline__ bool mbarrier_test_wait(uint64_t* barrier, uint32_t parity) {
-  uint32_t done;
-  asm volatile(
-      "{\n"
-      ".reg .pred ready;\n"
-      "mbarrier.test_wait.parity.shared::cta.b64 ready, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, ready;\n"
-      "}\n"
-      : "=r"(done)
-      : "r"(smem_address(barrier)), "r"(parity)
-      : "memory");
-  return done != 0;
+__device__ __forceinline__ bool mbarrier_try_wait(uint64_t* barrier, uint32_t parity) {
+  return MK_MBARRIER_PARITY_CHECK("try_wait", barrier, parity);
 }
+__device__ __forceinline__ bool mbarrier_test_wait(uint64_t* barrier, uint32_t parity) {
+  return MK_MBARRIER_PARITY_CHECK("test_wait", barrier, parity);
+}
+#undef MK_MBARRIER_PARITY_CHECK
 
 // ---- TMA (bulk tensor copies) ----
 
