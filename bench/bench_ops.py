@@ -4,7 +4,7 @@ backends (causal attention) on the same shapes, in one process.
 
 mk runs the whole forward pass once under `mk trace`. An op's in-situ rate is its FLOPs (`mk info`'s flops_by_op,
 the benchmark's convention: causal attention counted half) over its tiles' math and epilogue time spread over the
-SMs (the trace summary's per-tile means): what its tiles reach once fed, dependency and operand waits excluded.
+SMs (`mk trace --summary`): what its tiles reach once fed, dependency and operand waits excluded.
 PyTorch runs one layer's GEMM (F.linear, bf16) or causal SDPA alone, over rotated inputs (at the seed's shapes they
 still fit L2, as mk's operands do), timed CALLS calls per event pair so that no launch gap counts. NOTE: this
 compares tiles with kernels; bench/bench.py compares whole passes, waits included.
@@ -63,23 +63,6 @@ def run_mk(mk, args):
     return result.stdout
 
 
-def parse_trace_summary(text):
-    """`mk trace`'s per-op table -> {op: (tiles, math us, epilogue us)} and the SM count."""
-    ops = {}
-    rows = re.search(r"^\s+op\s+count\s+busy\s+dep\.wait\s+data\.wait\s+math\s+epilogue\s+store\n(.*?)^SMs:", text,
-                     re.M | re.S)
-    sms = re.search(r"^SMs: .* of (\d+) SMs x", text, re.M)
-    if not rows or not sms:
-        raise Fatal("mk trace printed no per-op table (has its summary changed?)")
-    for line in rows.group(1).splitlines():
-        fields = line.split()
-        # op, count, busy, "us", share, dep.wait, data.wait, math, epilogue, store
-        if len(fields) != 10 or fields[3] != "us":
-            raise Fatal(f"mk trace: unexpected per-op row '{line}'")
-        ops[fields[0]] = (int(fields[1]), float(fields[7]), float(fields[8]))
-    return ops, int(sms.group(1))
-
-
 def mk_rates(mk, cfg, engine):
     """{op: the tiles' TFLOP/s} for every op with FLOPs, from one traced forward pass."""
     info = json.loads(run_mk(mk, ["info", *shape_args(cfg), "--json"]))
@@ -87,15 +70,16 @@ def mk_rates(mk, cfg, engine):
     if abs(sum(flops_by_op.values()) - info["flops"]) > 1e-9 * info["flops"]:
         raise Fatal("mk info: flops_by_op does not add up to flops")
     with tempfile.TemporaryDirectory() as work:
-        trace = str(Path(work) / "trace.json")
-        ops, sms = parse_trace_summary(run_mk(mk, ["trace", *shape_args(cfg), "--engine", engine, "--out", trace]))
+        trace, summary = Path(work) / "trace.json", Path(work) / "summary.json"
+        run_mk(mk, ["trace", *shape_args(cfg), "--engine", engine, "--out", str(trace), "--summary", str(summary)])
+        traced = json.loads(summary.read_text())
+    ops = {op["name"]: op for op in traced["ops"]}
     rates = {}
     for op, flops in flops_by_op.items():
         if op not in ops:
             raise Fatal(f"mk trace has no row for {op}, which mk info gives {flops:.3g} FLOPs")
-        tiles, math_us, epilogue_us = ops[op]
-        spread_us = tiles * (math_us + epilogue_us) / sms
-        rates[op] = flops / spread_us / 1e6 if spread_us > 0 else float("nan")
+        spread_ns = (ops[op]["math_ns"] + ops[op]["epilogue_ns"]) / traced["sms"]
+        rates[op] = flops / spread_ns / 1e3 if spread_ns > 0 else float("nan")
     return rates
 
 

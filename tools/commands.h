@@ -96,7 +96,7 @@ struct BisectCommand {
 struct TraceCommand {
   ModelOptions model;
   ScheduleOptions schedule;
-  std::string engine = "auto", out = "trace.json";
+  std::string engine = "auto", out = "trace.json", summary;
   int overhead_launches = 0;
   CLI::App* command = nullptr;
   CLI::App* add(CLI::App& app) {
@@ -108,6 +108,8 @@ struct TraceCommand {
         ->capture_default_str()
         ->check(CLI::IsMember({"auto", "gpu", "cpu-vm"}));
     command->add_option("--out", out, "trace file to write")->capture_default_str()->check(kNonEmpty);
+    command->add_option("--summary", summary, "also write the summary's per-op phases as JSON, for scripts")
+        ->check(kNonEmpty);
     command->add_option("--overhead", overhead_launches, "gpu: also measure tracing overhead over N launch pairs")
         ->capture_default_str()
         ->check(CLI::Range(0, 100000));

@@ -225,7 +225,8 @@ int run_bisect(const ModelOptions& options, ScheduleOptions schedule_options, in
 }
 
 int run_trace(const CLI::App& command, const ModelOptions& options, ScheduleOptions schedule_options,
-              const std::string& requested_engine, const std::string& out_path, int overhead_launches) {
+              const std::string& requested_engine, const std::string& out_path, const std::string& summary_path,
+              int overhead_launches) {
   const mk::ModelConfig config = options.config();
   const mk::RunShape shape = options.shape();
   std::string engine = requested_engine;
@@ -239,6 +240,7 @@ int run_trace(const CLI::App& command, const ModelOptions& options, ScheduleOpti
   options.add_inputs(files);
   schedule_options.add_inputs(files);
   files.output("--out", out_path);
+  files.output("--summary", summary_path);
   files.check();
   mk::cli::check_engine_memory(engine, mk::forward_cost(config, shape), shape);
   const mk::ModelWeights weights = options.weights(config);
@@ -275,7 +277,9 @@ int run_trace(const CLI::App& command, const ModelOptions& options, ScheduleOpti
   }
   mk::write_file(out_path, mk::trace_to_chrome_json(graph, trace));
   fmt::print("wrote {} (open it in ui.perfetto.dev)\n", out_path);
-  fmt::print("{}", mk::format_trace_summary(graph, mk::summarize_trace(graph, schedule, trace), trace));
+  const mk::TraceSummary summary = mk::summarize_trace(graph, schedule, trace);
+  if (!summary_path.empty()) mk::write_file(summary_path, mk::trace_summary_json(summary).dump(1) + "\n");
+  fmt::print("{}", mk::format_trace_summary(graph, summary, trace));
   return 0;
 }
 
@@ -425,7 +429,7 @@ int main(int argc, char** argv) {
       {bisect.add(app), [&] { return run_bisect(bisect.model, bisect.schedule, bisect.until_layer); }},
       {trace.add(app),
        [&] {
-         return run_trace(*trace.command, trace.model, trace.schedule, trace.engine, trace.out,
+         return run_trace(*trace.command, trace.model, trace.schedule, trace.engine, trace.out, trace.summary,
                           trace.overhead_launches);
        }},
       {export_model.add(app),

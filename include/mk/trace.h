@@ -2,6 +2,8 @@
 // globaltimer) or the cpu-vm (steady_clock); written as Chrome trace-event JSON for ui.perfetto.dev and summarized.
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -96,5 +98,7 @@ struct TraceSummary {
 };
 TraceSummary summarize_trace(const Graph& graph, const Schedule& schedule, const Trace& trace);
 std::string format_trace_summary(const Graph& graph, const TraceSummary& summary, const Trace& trace);
+// The span, the SM count and the per-op phases (sums over the op's tiles, ns) for scripts: `mk trace --summary`.
+nlohmann::json trace_summary_json(const TraceSummary& summary);
 
 }  // namespace mk

@@ -267,6 +267,20 @@ TraceSummary summarize_trace(const Graph& graph, const Schedule& schedule, const
   return summary;
 }
 
+nlohmann::json trace_summary_json(const TraceSummary& summary) {
+  nlohmann::json ops = nlohmann::json::array();
+  for (const TraceSummary::Op& op : summary.ops)
+    ops.push_back({{"name", op.name},
+                   {"count", op.count},
+                   {"total_ns", op.total_ns},
+                   {"dependency_wait_ns", op.dependency_wait_ns},
+                   {"data_wait_ns", op.data_wait_ns},
+                   {"math_ns", op.math_ns},
+                   {"epilogue_ns", op.epilogue_ns},
+                   {"store_ns", op.store_ns}});
+  return {{"span_ns", summary.span_ns}, {"sms", summary.sms.size()}, {"ops", ops}};
+}
+
 std::string format_trace_summary(const Graph& graph, const TraceSummary& s, const Trace& trace) {
   std::string out = fmt::format("trace ({}): span {:.1f} us, launch measured {:.1f} us\n", trace.engine,
                                 s.span_ns / 1e3, trace.launch_ns / 1e3);

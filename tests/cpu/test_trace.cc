@@ -166,6 +166,18 @@ TEST(TraceSummary, SplitsDependencyWaitDataWaitMathEpilogueAndStore) {
   }
   EXPECT_TRUE(found);
   EXPECT_NE(format_trace_summary(graph, summary, trace).find("dep.wait"), std::string::npos);
+  const nlohmann::json json = trace_summary_json(summary);
+  EXPECT_EQ(json.at("sms"), 1);
+  bool found_in_json = false;
+  for (const nlohmann::json& op : json.at("ops")) {
+    if (op.at("name") != "qkv") continue;
+    found_in_json = true;
+    EXPECT_EQ(op.at("count"), gemm_records);
+    EXPECT_DOUBLE_EQ(op.at("data_wait_ns").get<double>(), 300.0 * double(gemm_records));
+    EXPECT_DOUBLE_EQ(op.at("math_ns").get<double>(), 1000.0 * double(gemm_records));
+    EXPECT_DOUBLE_EQ(op.at("epilogue_ns").get<double>(), 50.0 * double(gemm_records));
+  }
+  EXPECT_TRUE(found_in_json);
 }
 
 }  // namespace
