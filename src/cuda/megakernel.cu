@@ -47,30 +47,38 @@ __device__ uint64_t* trace_slots(const MegakernelParams& p, uint32_t instruction
   return p.trace_records != nullptr ? p.trace_records + uint64_t(instruction) * kTraceSlots : nullptr;
 }
 
-__device__ void run_producer(const MegakernelParams& p, const SharedState& s, uint32_t sm) {
-  PipelineState state;
-  PipelineState ready;  // the counter poller's next report (take_ready)
-  OutputState output;
+// Walks the SM's GEMM and attention instructions in order, the ones that go through the stage ring and the output
+// tile: run(in, index, site) for each, until it returns false. The producer, the counter poller and the storer walk
+// the same instructions (one report, one load and one store each), so they share this walk.
+template <typename Run>
+__device__ __forceinline__ void for_each_tile_instruction(const MegakernelParams& p, uint32_t sm, Run run) {
   const uint32_t begin = p.sm_begin[sm];
   const uint32_t end = p.sm_begin[sm + 1];
   for (uint32_t i = begin; i < end; ++i) {
     const Instruction in = p.instructions[i];
-    const bool attention = in.opcode == Opcode::kAttention;
-    const bool gemm = is_gemm(in.opcode);
-    if (!gemm && !attention) continue;
-    const Site site{sm, i - begin, in.task};
+    if (!is_gemm(in.opcode) && in.opcode != Opcode::kAttention) continue;
+    if (!run(in, i, Site{sm, i - begin, in.task})) return;
+  }
+}
+
+__device__ void run_producer(const MegakernelParams& p, const SharedState& s, uint32_t sm) {
+  PipelineState state;
+  PipelineState ready;  // the counter poller's next report (take_ready)
+  OutputState output;
+  for_each_tile_instruction(p, sm, [&](const Instruction& in, uint32_t i, Site site) {
     uint64_t* trace = trace_slots(p, i);
     if (trace) trace[kTraceProducerStart] = clock64();
-    if (gemm) {
-      if (!produce_gemm(p, s, in, state, ready, output, site, trace)) return;
+    if (is_gemm(in.opcode)) {
+      if (!produce_gemm(p, s, in, state, ready, output, site, trace)) return false;
     } else {
-      if (!wait_ready(p, s, ready)) return;
+      if (!wait_ready(p, s, ready)) return false;
       if (trace) trace[kTraceProducerWaitsDone] = clock64();
       ptx::fence_proxy_async_global();  // the awaited tiles were written by generic or TMA stores; TMA reads them next
-      if (!produce_attention(p, s, in, state, output, site)) return;
+      if (!produce_attention(p, s, in, state, output, site)) return false;
     }
     if (trace) trace[kTraceProducerLoadsIssued] = clock64();
-  }
+    return true;
+  });
 }
 
 // Checks, ahead of the producer, the counters of the SM's GEMM and attention instructions in order, all 32 lanes at
@@ -80,37 +88,28 @@ __device__ void run_producer(const MegakernelParams& p, const SharedState& s, ui
 // consumers waited for it (trace, seventh session).
 __device__ void run_counter_poller(const MegakernelParams& p, const SharedState& s, uint32_t sm, uint32_t lane) {
   PipelineState ready;  // the next slot of the ready ring
-  const uint32_t begin = p.sm_begin[sm];
-  const uint32_t end = p.sm_begin[sm + 1];
-  for (uint32_t i = begin; i < end; ++i) {
-    const Instruction in = p.instructions[i];
-    if (!is_gemm(in.opcode) && in.opcode != Opcode::kAttention) continue;
-    const Site site{sm, i - begin, in.task};
-    if (!warp_wait_all_counters(p, in, site, lane)) return;
+  for_each_tile_instruction(p, sm, [&](const Instruction& in, uint32_t, Site site) {
+    if (!warp_wait_all_counters(p, in, site, lane)) return false;
     bool slot_free = true;
     if (lane == 0) slot_free = wait_barrier(p, &s.ready_free[ready.stage], ready.phase ^ 1, site);
-    if (!__shfl_sync(0xffffffffu, slot_free, 0)) return;
+    if (!__shfl_sync(0xffffffffu, slot_free, 0)) return false;
     // NOTE: every lane arrives (the barrier counts 32), so that each lane's acquires precede its own release in
     // program order, with no warp barrier in the chain to the producer.
     ptx::mbarrier_arrive(&s.ready[ready.stage]);
     ready.advance();
-  }
+    return true;
+  });
 }
 
 __device__ void run_storer(const MegakernelParams& p, const SharedState& s, uint32_t sm) {
   OutputState output;
-  const uint32_t begin = p.sm_begin[sm];
-  const uint32_t end = p.sm_begin[sm + 1];
-  for (uint32_t i = begin; i < end; ++i) {
-    const Instruction in = p.instructions[i];
+  for_each_tile_instruction(p, sm, [&](const Instruction& in, uint32_t i, Site site) {
     const bool attention = in.opcode == Opcode::kAttention;
-    if (!is_gemm(in.opcode) && !attention) continue;
-    const Site site{sm, i - begin, in.task};
-    const bool ok = attention ? store_attention(p, s, in, output, site) : store_gemm(p, s, in, output, site);
-    if (!ok) return;
+    if (!(attention ? store_attention(p, s, in, output, site) : store_gemm(p, s, in, output, site))) return false;
     uint64_t* trace = trace_slots(p, i);
     if (trace) trace[kTracePublished] = clock64();
-  }
+    return true;
+  });
 }
 
 // One instruction's work in the consumer warpgroups; false when a wait gave up (aborting).
