@@ -53,36 +53,68 @@ __device__ __forceinline__ float warp_sum(float value) {
   return value;
 }
 
-// One row of RMSNorm by one warp, the whole row held in registers: kChunks 16-byte pieces per lane cover
-// d_model <= 256 kChunks.
-template <int kChunks>
-__device__ __forceinline__ void rmsnorm_row(const __nv_bfloat16* x, const __nv_bfloat16* weight, __nv_bfloat16* out,
-                                            int32_t d_model, float eps, int lane) {
+// RMSNorm of one warp's rows (row_begin, then every kConsumerWarps-th row before row_end), whole rows held in
+// registers: kChunks 16-byte pieces per lane cover d_model <= 256 kChunks, and kRows rows are loaded at once.
+// NOTE: a row's loads are one round trip to L2; a warp used to make its rows' trips one after another (and rows
+// longer than 2048 two trips each, the second one load at a time), so a 32-row task of d_model 3072 took 27 us
+// (docs/perf.md, eighth session). The norm weight is loaded once for all the warp's rows.
+template <int kChunks, int kRows>
+__device__ __forceinline__ void rmsnorm_rows(const __nv_bfloat16* x, const __nv_bfloat16* weight, __nv_bfloat16* out,
+                                             int32_t row_begin, int32_t row_end, int32_t d_model, float eps,
+                                             int lane) {
+  constexpr int kStride = KernelConfig::kConsumerWarps;  // rows between a warp's rows
   const int32_t chunks = d_model / 8;
-  const uint4* x_row = reinterpret_cast<const uint4*>(x);
   const uint4* weight_row = reinterpret_cast<const uint4*>(weight);
-  // NOTE: the row and the norm weight are both loaded before the first use: one trip to L2 per row.
-  uint4 packed[kChunks];
-  uint4 packed_weight[kChunks];
+  // NOTE: held across rows only for rows of up to 1024: the kernel has 168 registers (ptxas), a 4096-wide row in
+  // flight takes 64 of them, and holding its weight besides spilled; wider rows load the weight 8 chunks at a time as
+  // they store.
+  constexpr bool kHoldWeight = kChunks <= 4;
+  constexpr int kGroup = kHoldWeight ? kChunks : 8;  // chunks stored per batch of weight loads
+  uint4 packed_weight[kChunks];  // (kChunks) 8 weights each, chunk lane + 32 c
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     const int32_t chunk = lane + 32 * c;
-    packed[c] = chunk < chunks ? __ldcg(x_row + chunk) : make_uint4(0, 0, 0, 0);
-    packed_weight[c] = chunk < chunks ? weight_row[chunk] : make_uint4(0, 0, 0, 0);
+    if (kHoldWeight) packed_weight[c] = chunk < chunks ? weight_row[chunk] : make_uint4(0, 0, 0, 0);
   }
-  float sum_of_squares = 0.0f;
+  for (int32_t first = row_begin; first < row_end; first += kRows * kStride) {
+    uint4 packed[kRows][kChunks];  // (kRows, kChunks) 8 bf16 of row first + kStride r each, chunk lane + 32 c
 #pragma unroll
-  for (int c = 0; c < kChunks; ++c) sum_of_squares += sum_of_squares_of_chunk(packed[c]);
-  const float inv_rms = 1.0f / sqrtf(warp_sum(sum_of_squares) / float(d_model) + eps);
-  uint4* out_row = reinterpret_cast<uint4*>(out);
+    for (int r = 0; r < kRows; ++r) {
+      const int32_t row = first + kStride * r;
+      const uint4* x_row = reinterpret_cast<const uint4*>(x + int64_t(row) * d_model);
 #pragma unroll
-  for (int c = 0; c < kChunks; ++c) {
-    const int32_t chunk = lane + 32 * c;
-    if (chunk < chunks) out_row[chunk] = normalize_chunk(packed[c], packed_weight[c], inv_rms);
+      for (int c = 0; c < kChunks; ++c) {
+        const int32_t chunk = lane + 32 * c;
+        packed[r][c] = row < row_end && chunk < chunks ? __ldcg(x_row + chunk) : make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int32_t row = first + kStride * r;
+      if (row >= row_end) break;
+      float sum_of_squares = 0.0f;
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) sum_of_squares += sum_of_squares_of_chunk(packed[r][c]);
+      const float inv_rms = 1.0f / sqrtf(warp_sum(sum_of_squares) / float(d_model) + eps);
+      uint4* out_row = reinterpret_cast<uint4*>(out + int64_t(row) * d_model);
+#pragma unroll
+      for (int group = 0; group < kChunks; group += kGroup) {
+#pragma unroll
+        for (int c = group; c < group + kGroup; ++c) {
+          const int32_t chunk = lane + 32 * c;
+          if (!kHoldWeight) packed_weight[c] = chunk < chunks ? weight_row[chunk] : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int c = group; c < group + kGroup; ++c) {
+          const int32_t chunk = lane + 32 * c;
+          if (chunk < chunks) out_row[chunk] = normalize_chunk(packed[r][c], packed_weight[c], inv_rms);
+        }
+      }
+    }
   }
 }
 
-// The same for rows too long for registers: two passes, each over batches of 512 elements per warp pass.
+// One row too long for registers (d_model > 4096): two passes, each over batches of 2048 elements, loaded at once.
 __device__ __forceinline__ void rmsnorm_long_row(const __nv_bfloat16* x, const __nv_bfloat16* weight,
                                                  __nv_bfloat16* out, int32_t d_model, float eps, int lane) {
   constexpr int kBatch = 8;
@@ -102,11 +134,24 @@ __device__ __forceinline__ void rmsnorm_long_row(const __nv_bfloat16* x, const _
   const float inv_rms = 1.0f / sqrtf(warp_sum(sum_of_squares) / float(d_model) + eps);
   const uint4* weight_row = reinterpret_cast<const uint4*>(weight);
   uint4* out_row = reinterpret_cast<uint4*>(out);
-  for (int32_t chunk = lane; chunk < chunks; chunk += 32)
-    out_row[chunk] = normalize_chunk(__ldcg(x_row + chunk), weight_row[chunk], inv_rms);
+  for (int32_t first = 0; first < chunks; first += 32 * kBatch) {
+    uint4 packed[kBatch];  // (kBatch) 8 bf16 each, chunk first + lane + 32 c
+    uint4 packed_weight[kBatch];
+#pragma unroll
+    for (int c = 0; c < kBatch; ++c) {
+      const int32_t chunk = first + lane + 32 * c;
+      packed[c] = chunk < chunks ? __ldcg(x_row + chunk) : make_uint4(0, 0, 0, 0);
+      packed_weight[c] = chunk < chunks ? weight_row[chunk] : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int c = 0; c < kBatch; ++c) {
+      const int32_t chunk = first + lane + 32 * c;
+      if (chunk < chunks) out_row[chunk] = normalize_chunk(packed[c], packed_weight[c], inv_rms);
+    }
+  }
 }
 
-// out[rows] <- x * rsqrt(mean(x^2) + eps) * weight; one warp per row.
+// out[rows] <- x * rsqrt(mean(x^2) + eps) * weight; each warp takes every kConsumerWarps-th row.
 __device__ __forceinline__ void run_rmsnorm(const MegakernelParams& p, const Instruction& in, int consumer_thread) {
   const ModelDims& d = p.dims;
   const int64_t T = d.tokens;
@@ -132,13 +177,15 @@ __device__ __forceinline__ void run_rmsnorm(const MegakernelParams& p, const Ins
   }
   const int warp = consumer_thread / 32;
   const int lane = consumer_thread % 32;
-  for (int32_t row = in.row_begin + warp; row < in.row_end; row += KernelConfig::kConsumerWarps) {
-    const int64_t offset = int64_t(row) * d.d_model;
-    if (d.d_model <= 1024) {
-      rmsnorm_row<4>(x + offset, weight, out + offset, d.d_model, d.rms_norm_eps, lane);
-    } else if (d.d_model <= 2048) {
-      rmsnorm_row<8>(x + offset, weight, out + offset, d.d_model, d.rms_norm_eps, lane);
-    } else {
+  const int32_t first = in.row_begin + warp;
+  // NOTE: one instantiation for all of 1025..4096 (masked chunks are predicated off): a third one spilled.
+  if (d.d_model <= 1024) {
+    rmsnorm_rows<4, 4>(x, weight, out, first, in.row_end, d.d_model, d.rms_norm_eps, lane);
+  } else if (d.d_model <= 4096) {
+    rmsnorm_rows<16, 1>(x, weight, out, first, in.row_end, d.d_model, d.rms_norm_eps, lane);
+  } else {
+    for (int32_t row = first; row < in.row_end; row += KernelConfig::kConsumerWarps) {
+      const int64_t offset = int64_t(row) * d.d_model;
       rmsnorm_long_row(x + offset, weight, out + offset, d.d_model, d.rms_norm_eps, lane);
     }
   }
