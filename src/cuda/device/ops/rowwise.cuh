@@ -65,16 +65,11 @@ __device__ __forceinline__ void rmsnorm_rows(const __nv_bfloat16* x, const __nv_
   constexpr int kStride = KernelConfig::kConsumerWarps;  // rows between a warp's rows
   const int32_t chunks = d_model / 8;
   const uint4* weight_row = reinterpret_cast<const uint4*>(weight);
-  // NOTE: held across rows only for rows of up to 1024: the kernel has 168 registers (ptxas), a 4096-wide row in
-  // flight takes 64 of them, and holding its weight besides spilled; wider rows load the weight 8 chunks at a time as
-  // they store.
-  constexpr bool kHoldWeight = kChunks <= 4;
-  constexpr int kGroup = kHoldWeight ? kChunks : 8;  // chunks stored per batch of weight loads
   uint4 packed_weight[kChunks];  // (kChunks) 8 weights each, chunk lane + 32 c
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     const int32_t chunk = lane + 32 * c;
-    if (kHoldWeight) packed_weight[c] = chunk < chunks ? weight_row[chunk] : make_uint4(0, 0, 0, 0);
+    packed_weight[c] = chunk < chunks ? weight_row[chunk] : make_uint4(0, 0, 0, 0);
   }
   for (int32_t first = row_begin; first < row_end; first += kRows * kStride) {
     uint4 packed[kRows][kChunks];  // (kRows, kChunks) 8 bf16 of row first + kStride r each, chunk lane + 32 c
@@ -98,23 +93,15 @@ __device__ __forceinline__ void rmsnorm_rows(const __nv_bfloat16* x, const __nv_
       const float inv_rms = 1.0f / sqrtf(warp_sum(sum_of_squares) / float(d_model) + eps);
       uint4* out_row = reinterpret_cast<uint4*>(out + int64_t(row) * d_model);
 #pragma unroll
-      for (int group = 0; group < kChunks; group += kGroup) {
-#pragma unroll
-        for (int c = group; c < group + kGroup; ++c) {
-          const int32_t chunk = lane + 32 * c;
-          if (!kHoldWeight) packed_weight[c] = chunk < chunks ? weight_row[chunk] : make_uint4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int c = group; c < group + kGroup; ++c) {
-          const int32_t chunk = lane + 32 * c;
-          if (chunk < chunks) out_row[chunk] = normalize_chunk(packed[r][c], packed_weight[c], inv_rms);
-        }
+      for (int c = 0; c < kChunks; ++c) {
+        const int32_t chunk = lane + 32 * c;
+        if (chunk < chunks) out_row[chunk] = normalize_chunk(packed[r][c], packed_weight[c], inv_rms);
       }
     }
   }
 }
 
-// One row too long for registers (d_model > 4096): two passes, each over batches of 2048 elements, loaded at once.
+// One row too long for registers (d_model > 2048): two passes, each over batches of 2048 elements, loaded at once.
 __device__ __forceinline__ void rmsnorm_long_row(const __nv_bfloat16* x, const __nv_bfloat16* weight,
                                                  __nv_bfloat16* out, int32_t d_model, float eps, int lane) {
   constexpr int kBatch = 8;
@@ -178,11 +165,13 @@ __device__ __forceinline__ void run_rmsnorm(const MegakernelParams& p, const Ins
   const int warp = consumer_thread / 32;
   const int lane = consumer_thread % 32;
   const int32_t first = in.row_begin + warp;
-  // NOTE: one instantiation for all of 1025..4096 (masked chunks are predicated off): a third one spilled.
+  // NOTE: two instantiations, each holding the norm weight: rows up to 2048 wide take one round trip to L2 with their
+  // weight (~2 us each under the GEMMs' traffic, docs/perf.md, eighth session). A third, for rows up to 4096 without
+  // the weight held, spilled, and one for up to 4096 in place of the second made 1280-wide rows wait for two trips.
   if (d.d_model <= 1024) {
     rmsnorm_rows<4, 4>(x, weight, out, first, in.row_end, d.d_model, d.rms_norm_eps, lane);
-  } else if (d.d_model <= 4096) {
-    rmsnorm_rows<16, 1>(x, weight, out, first, in.row_end, d.d_model, d.rms_norm_eps, lane);
+  } else if (d.d_model <= 2048) {
+    rmsnorm_rows<8, 1>(x, weight, out, first, in.row_end, d.d_model, d.rms_norm_eps, lane);
   } else {
     for (int32_t row = first; row < in.row_end; row += KernelConfig::kConsumerWarps) {
       const int64_t offset = int64_t(row) * d.d_model;
