@@ -57,7 +57,7 @@ struct RmsNormOp : RowwiseOp<Op> {
   }
 };
 
-// ---- GEMM ops: out (T, n) <- a (T, k) @ w^T, tiles of kBlockM rows x kBlockN columns ----
+// ---- GEMM ops: out (T, n) <- a (T, k) @ w^T, tiles of kBlockM rows x gemm_block_n columns ----
 
 struct GemmShape {
   int64_t n;                  // output columns
@@ -66,15 +66,23 @@ struct GemmShape {
   const char* k_field;        // the config field k comes from, for errors
 };
 
+// Output columns per tile: kWideBlockN for a plain GEMM with enough such tiles, else kBlockN (tiles.h).
+inline int64_t gemm_block_n(int64_t tokens, const GemmShape& g) {
+  const bool plain = g.weight_rows_per_col == 1 && g.n % tiles::kWideBlockN == 0;
+  const bool enough = blocks(tokens, tiles::kBlockM) * (g.n / tiles::kWideBlockN) >= tiles::kWideGemmMinTiles;
+  return plain && enough ? tiles::kWideBlockN : tiles::kBlockN;
+}
+
 inline void gemm_tiles(const OpContext& ctx, Opcode opcode, uint16_t layer, const GemmShape& g, std::vector<Task>& tasks) {
   const int64_t T = ctx.shape.tokens();
+  const int64_t block_n = gemm_block_n(T, g);
   const int32_t num_m_blocks = int32_t((T + tiles::kBlockM - 1) / tiles::kBlockM);
   const int64_t weight_bytes = 2 * g.n * g.weight_rows_per_col * g.k;
   const int32_t group_m = weight_bytes > tiles::kL2ResidentWeightBytes ? tiles::kGroupM : 1;
   for (int32_t group = 0; group < num_m_blocks; group += group_m) {
     const int32_t group_end = std::min(num_m_blocks, group + group_m);
-    for (int64_t col_begin = 0; col_begin < g.n; col_begin += tiles::kBlockN) {
-      const int32_t col_end = int32_t(std::min<int64_t>(g.n, col_begin + tiles::kBlockN));
+    for (int64_t col_begin = 0; col_begin < g.n; col_begin += block_n) {
+      const int32_t col_end = int32_t(std::min<int64_t>(g.n, col_begin + block_n));
       for (int32_t m = group; m < group_end; ++m) {
         const int32_t row_begin = m * tiles::kBlockM;
         const int32_t row_end = int32_t(std::min<int64_t>(T, row_begin + tiles::kBlockM));
@@ -99,7 +107,8 @@ struct GemmOp {
     gemm_tiles(ctx, Op::kOpcode, layer, Op::gemm(ctx.config), tasks);
   }
   static int64_t num_tasks(const OpContext& ctx) {
-    return blocks(ctx.shape.tokens(), tiles::kBlockM) * blocks(Op::gemm(ctx.config).n, tiles::kBlockN);
+    const GemmShape g = Op::gemm(ctx.config);
+    return blocks(ctx.shape.tokens(), tiles::kBlockM) * blocks(g.n, gemm_block_n(ctx.shape.tokens(), g));
   }
   static void reads(const OpContext& ctx, const Task& t, TaskRegions& r) {
     r.read(full_rows(ctx, Op::a(t.layer), t));

@@ -3,7 +3,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <map>
 #include <set>
+#include <string>
 
 #include "mk/check.h"
 #include "mk/compare.h"
@@ -82,7 +84,7 @@ TEST(Ops, GraphTilesTheProgramStepByStepWithTheTileSizes) {
            ++next) {
         const Task& t = graph.tasks()[next];
         EXPECT_LE(t.row_end - t.row_begin, std::max(tiles::kBlockM, tiles::kBlockRows));
-        EXPECT_LE(t.col_end - t.col_begin, std::max<int64_t>(tiles::kBlockN, config.d_model));
+        EXPECT_LE(t.col_end - t.col_begin, std::max<int64_t>(tiles::kWideBlockN, config.d_model));
         area += double(t.row_end - t.row_begin) * double(t.col_end - t.col_begin);
         flops += graph.work(t).flops;
       }
@@ -92,6 +94,28 @@ TEST(Ops, GraphTilesTheProgramStepByStepWithTheTileSizes) {
     });
     EXPECT_EQ(next, graph.tasks().size()) << "tasks the program does not account for";
   }
+}
+
+TEST(Ops, PlainGemmsTakeWideTilesWhenThereAreEnoughOfThem) {
+  // The seed (d_model 1024, d_ff 4096, 8 heads of 128): width of each GEMM op's tiles, and every tile that wide.
+  auto widths = [](const RunShape& shape) {
+    const Graph graph(find_preset("seed").config, shape);
+    std::map<std::string, std::set<int32_t>> widths;
+    for (const Task& t : graph.tasks()) {
+      const std::string name = op_descriptor(t.opcode).name;
+      if (name == "qkv" || name == "o_proj" || name == "gate_up" || name == "down")
+        widths[name].insert(t.col_end - t.col_begin);
+    }
+    return widths;
+  };
+  using Widths = std::map<std::string, std::set<int32_t>>;
+  const int32_t narrow = tiles::kBlockN, wide = tiles::kWideBlockN;
+  // 16 row blocks: qkv makes 16 x 12 wide tiles, o_proj and down 16 x 4 (too few), gate_up is always 128 columns.
+  EXPECT_EQ(widths({8, 256}),
+            (Widths{{"qkv", {wide}}, {"o_proj", {narrow}}, {"gate_up", {narrow}}, {"down", {narrow}}}));
+  EXPECT_EQ(widths({8, 4096}), (Widths{{"qkv", {wide}}, {"o_proj", {wide}}, {"gate_up", {narrow}}, {"down", {wide}}}));
+  EXPECT_EQ(widths({1, 128}),
+            (Widths{{"qkv", {narrow}}, {"o_proj", {narrow}}, {"gate_up", {narrow}}, {"down", {narrow}}}));
 }
 
 TEST(Buffers, KindsAreNumberedKindByKindWithStackedOffsets) {

@@ -37,8 +37,8 @@ struct KernelConfig {
   static constexpr int kProducerThread = 0;
   static constexpr int kStorerThread = 32;
   static constexpr int kCounterPollerWarp = 2;  // all 32 lanes: checks the producer's counters ahead of it
-  static constexpr int kProducerRegisters = 56;
-  static constexpr int kConsumerRegisters = 224;
+  static constexpr int kProducerRegisters = 64;
+  static constexpr int kConsumerRegisters = 216;
 
   // ---- decode GEMMs (ops/decode_gemm.cuh): the idle stage ring holds the tile's input rows, then each consumer
   // warp's ring of weight steps ----
@@ -68,8 +68,9 @@ static_assert(KernelConfig::kBlockKv * 128 * 2 <= KernelConfig::kStageBytes, "a 
 static_assert(KernelConfig::kBlockKv == 128 && KernelConfig::kBlockKv % KernelConfig::kBlockQ == 0,
               "attention's S tile is m64n128 per warpgroup, and only the last key block meets the diagonal");
 // NOTE: setmaxnreg moves registers within what the CTA got at launch (one CTA of kThreads per SM: 65536 / kThreads,
-// rounded down to a multiple of 8 = 168 each): 56 for the producer warpgroup leaves 224 for each consumer thread,
-// enough for the 128 accumulators of a gate_up tile without spills (ptxas -v: none).
+// rounded down to a multiple of 8 = 168 each): 64 for the producer warpgroup leave 216 for each consumer thread,
+// enough for the 128 accumulators of a gate_up or wide tile without spills (ptxas -v: none). NOTE: the storer of a
+// wide tile's two halves spilled at 56.
 static_assert(128 * KernelConfig::kProducerRegisters + KernelConfig::kConsumerThreads * KernelConfig::kConsumerRegisters <=
                   (65536 / KernelConfig::kThreads) / 8 * 8 * KernelConfig::kThreads,
               "register split within the CTA's launch allocation");

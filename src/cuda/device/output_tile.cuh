@@ -14,7 +14,7 @@ namespace mk::gpu {
 
 // Uses of the output tile so far, counted alike by producer, consumers and storer: the parities of its barriers.
 struct OutputState {
-  uint32_t uses = 0;   // GEMM and attention instructions so far
+  uint32_t uses = 0;   // GEMM and attention instructions so far, a wide GEMM tile counting two (gemm_sm90.cuh)
   uint32_t loads = 0;  // of which loaded the tile first
   // Parity that completes once the previous use's store has read the tile (passes at once for the first use): for
   // the consumers, who are never two uses behind, and whose 256 threads the mbarrier's try_wait suspends in hardware
@@ -35,15 +35,21 @@ __device__ __forceinline__ bool wait_output_freed(const MegakernelParams& p, con
   return wait_in_shared(p, site, [&] { return ptx::load_acquire_shared(s.freed) >= uses; });
 }
 
-// Producer: waits until the tile is free, then TMA-loads `boxes` boxes of 64 columns x 128 rows into it.
-__device__ __forceinline__ bool load_output_tile(const MegakernelParams& p, const SharedState& s,
-                                                 const OutputState& output, const CUtensorMap* map, int boxes,
-                                                 int32_t col, int32_t row, int32_t plane, Site site) {
-  if (!wait_output_freed(p, s, output.uses, site)) return false;
+// TMA-loads `boxes` boxes of 64 columns x 128 rows into the tile, which is free; `loaded` completes when they land.
+__device__ __forceinline__ void issue_output_tile_load(const SharedState& s, const CUtensorMap* map, int boxes,
+                                                       int32_t col, int32_t row, int32_t plane) {
   ptx::mbarrier_arrive_expect_tx(s.loaded, uint32_t(boxes * KernelConfig::kOutputBoxBytes));
   for (int box = 0; box < boxes; ++box)
     ptx::tma_load_3d(s.output + box * KernelConfig::kOutputBoxBytes, map, s.loaded, col + box * KernelConfig::kBoxCols,
                      row, plane);
+}
+
+// Producer: waits until the tile is free, then loads into it.
+__device__ __forceinline__ bool load_output_tile(const MegakernelParams& p, const SharedState& s,
+                                                 const OutputState& output, const CUtensorMap* map, int boxes,
+                                                 int32_t col, int32_t row, int32_t plane, Site site) {
+  if (!wait_output_freed(p, s, output.uses, site)) return false;
+  issue_output_tile_load(s, map, boxes, col, row, plane);
   return true;
 }
 
@@ -88,12 +94,10 @@ __device__ __forceinline__ void stage_output_tile(const SharedState& s, OutputSt
   if (loaded) ++output.loads;
 }
 
-// Storer: stores the staged tile's first `boxes` boxes with TMA, frees the tile as soon as the store has read it, and
-// publishes the result once it is in global memory.
+// Storer: stores the staged tile's first `boxes` boxes with TMA and frees the tile as soon as the store has read it.
 __device__ __forceinline__ bool store_output_tile(const MegakernelParams& p, const SharedState& s,
                                                   OutputState& output, const CUtensorMap* map, int boxes, int32_t col,
-                                                  int32_t col_end, int32_t row, int32_t plane, uint32_t counter,
-                                                  Site site) {
+                                                  int32_t col_end, int32_t row, int32_t plane, Site site) {
   if (!wait_barrier(p, s.staged, output.staged_parity(), site)) return false;
   for (int box = 0; box < boxes; ++box) {
     const int32_t box_col = col + box * KernelConfig::kBoxCols;
@@ -103,13 +107,17 @@ __device__ __forceinline__ bool store_output_tile(const MegakernelParams& p, con
   ptx::bulk_wait_group_read_all();
   ptx::mbarrier_arrive(s.output_free);
   ptx::store_release_shared(s.freed, output.uses + 1);
+  ++output.uses;
+  return true;
+}
+
+// Storer: publishes the instruction's stores once they are all in global memory.
+__device__ __forceinline__ void publish_stored(const MegakernelParams& p, uint32_t counter) {
   ptx::bulk_wait_group_all();
   // NOTE: the tile was written by the async proxy; readers acquire the counter and then read with TMA (after their
   // own proxy fence) or with plain loads.
   ptx::fence_proxy_async_global();
   ptx::add_release(p.counters + counter, 1);
-  ++output.uses;
-  return true;
 }
 
 }  // namespace mk::gpu

@@ -334,8 +334,11 @@ __device__ __forceinline__ bool consume_attention(const MegakernelParams& p, con
 __device__ __forceinline__ bool store_attention(const MegakernelParams& p, const SharedState& s, const Instruction& in,
                                                 OutputState& output, Site site) {
   const AttentionOperands a = attention_operands(p, in);
-  return store_output_tile(p, s, output, &p.maps[kMapAttnOut], a.boxes, in.col_begin, in.col_end, a.query_begin,
-                           a.plane, in.signal_counter, site);
+  if (!store_output_tile(p, s, output, &p.maps[kMapAttnOut], a.boxes, in.col_begin, in.col_end, a.query_begin, a.plane,
+                         site))
+    return false;
+  publish_stored(p, in.signal_counter);
+  return true;
 }
 
 }  // namespace mk::gpu

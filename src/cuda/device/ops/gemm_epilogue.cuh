@@ -19,15 +19,16 @@ constexpr int kOutputValues = KernelConfig::kBlockN / 2;  // accumulator registe
 
 // RoPE on the q and k heads of a qkv tile, in registers: element d < head_dim/2 of a head pairs with d + head_dim/2,
 // which the same thread holds kHeadDim/16 column groups later.
-template <int kHeadDim>
-__device__ __forceinline__ void epilogue_rope(const MegakernelParams& p, const Instruction& in,
-                                              float (&acc)[kOutputValues], int warpgroup, int thread_in_wg) {
+template <int kHeadDim, int kValues>
+__device__ __forceinline__ void epilogue_rope(const MegakernelParams& p, const Instruction& in, float (&acc)[kValues],
+                                              int warpgroup, int thread_in_wg) {
+  constexpr int kGroups = kValues / 4;  // j of the tile's columns
   constexpr int kPartner = kHeadDim / 16;  // column groups between x1 and x2
   constexpr int kHalf = kHeadDim / 2;
   const int32_t rotated_cols = p.dims.q_dim + p.dims.kv_dim;
   const int32_t row0 = in.row_begin + warpgroup * 64 + (thread_in_wg / 32) * 16 + (thread_in_wg % 32) / 4;
 #pragma unroll
-  for (int j = 0; j < kOutputGroups; ++j) {
+  for (int j = 0; j < kGroups; ++j) {
     if ((j % (2 * kPartner)) >= kPartner) continue;  // x2 columns are rotated with their x1
     const int32_t col = in.col_begin + 2 * (thread_in_wg % 4) + 8 * j;
     if (col >= rotated_cols) continue;
@@ -75,6 +76,31 @@ __device__ __forceinline__ bool stage_output(const MegakernelParams& p, const Sh
 
 // ---- the consumer side of one GEMM instruction ----
 
+// A plain GEMM tile of kValues accumulators per thread (64 x 2 kValues per warpgroup): RoPE for qkv, then its output,
+// 128 columns (one use of the output tile) at a time.
+template <int kValues>
+__device__ __forceinline__ bool consume_plain_gemm(const MegakernelParams& p, const SharedState& s,
+                                                   const Instruction& in, PipelineState& state, OutputState& output,
+                                                   Site site, int warpgroup, int thread_in_wg, uint64_t* trace) {
+  float acc[kValues];
+  bool ok = gemm_mainloop<2 * kValues>(p, s, in, state, site, warpgroup, acc, trace);
+  if (trace) trace[kTraceMathDone] = clock64();
+  if (in.opcode == Opcode::kQkv && p.dims.rope) {
+    if (p.dims.head_dim == 128) {
+      epilogue_rope<128>(p, in, acc, warpgroup, thread_in_wg);
+    } else {
+      epilogue_rope<64>(p, in, acc, warpgroup, thread_in_wg);
+    }
+  }
+  const bool residual = gemm_operands(p, in).residual_map >= 0;
+#pragma unroll
+  for (int half = 0; half < kValues / kOutputValues; ++half) {
+    ok &= stage_output(p, s, output, residual, [&](int i) { return acc[kOutputValues * half + i]; }, warpgroup,
+                       thread_in_wg, site);
+  }
+  return ok;
+}
+
 // trace: this thread's trace slots when it records (consumer thread 0 with tracing on), else null.
 __device__ __forceinline__ bool consume_gemm(const MegakernelParams& p, const SharedState& s, const Instruction& in,
                                              PipelineState& state, OutputState& output, Site site, int warpgroup,
@@ -87,28 +113,32 @@ __device__ __forceinline__ bool consume_gemm(const MegakernelParams& p, const Sh
                        site);
     return ok;
   }
-  float acc[kOutputValues];
-  bool ok = gemm_mainloop<128>(p, s, in, state, site, warpgroup, acc, trace);
-  if (trace) trace[kTraceMathDone] = clock64();
-  if (in.opcode == Opcode::kQkv && p.dims.rope) {
-    if (p.dims.head_dim == 128) {
-      epilogue_rope<128>(p, in, acc, warpgroup, thread_in_wg);
-    } else {
-      epilogue_rope<64>(p, in, acc, warpgroup, thread_in_wg);
-    }
-  }
-  const bool residual = gemm_operands(p, in).residual_map >= 0;
-  ok &= stage_output(p, s, output, residual, [&](int i) { return acc[i]; }, warpgroup, thread_in_wg, site);
-  return ok;
+  if (is_wide_gemm(in))
+    return consume_plain_gemm<2 * kOutputValues>(p, s, in, state, output, site, warpgroup, thread_in_wg, trace);
+  return consume_plain_gemm<kOutputValues>(p, s, in, state, output, site, warpgroup, thread_in_wg, trace);
 }
 
 // ---- the storer: one thread of warpgroup 0 ----
 
+// A wide tile's halves are stored one after the other, its second residual half loaded in between, and the tile
+// published once.
 __device__ __forceinline__ bool store_gemm(const MegakernelParams& p, const SharedState& s, const Instruction& in,
                                            OutputState& output, Site site) {
   const GemmOperands g = gemm_operands(p, in);
-  return store_output_tile(p, s, output, &p.maps[g.out_map], KernelConfig::kOutputBoxes, in.col_begin, in.col_end,
-                           in.row_begin, g.out_plane, in.signal_counter, site);
+  if (!store_output_tile(p, s, output, &p.maps[g.out_map], KernelConfig::kOutputBoxes, in.col_begin, in.col_end,
+                         in.row_begin, g.out_plane, site))
+    return false;
+  if (is_wide_gemm(in)) {
+    const int32_t col = in.col_begin + KernelConfig::kBlockN;
+    if (g.residual_map >= 0)
+      issue_output_tile_load(s, &p.maps[g.residual_map], KernelConfig::kOutputBoxes, col, in.row_begin,
+                             g.residual_plane);
+    if (!store_output_tile(p, s, output, &p.maps[g.out_map], KernelConfig::kOutputBoxes, col, in.col_end, in.row_begin,
+                           g.out_plane, site))
+      return false;
+  }
+  publish_stored(p, in.signal_counter);
+  return true;
 }
 
 }  // namespace mk::gpu

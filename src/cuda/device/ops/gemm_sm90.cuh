@@ -1,6 +1,7 @@
-// GEMM tiles (qkv, o_proj, gate_up, down, lm_head), 128 rows x 128 output columns: TMA loads of 128 x 64 A and B
-// slices into the stage ring by the producer (weights first, A as soon as the activations' counters are met), wgmma
-// by two consumer warpgroups (64 rows each), then the epilogue of gemm_epilogue.cuh.
+// GEMM tiles (qkv, o_proj, gate_up, down, lm_head), 128 rows x 128 output columns, or 256 for a wide plain GEMM
+// tile (include/mk/tiles.h): TMA loads of 128 x 64 A and 128- or 256-row B slices into the stage ring by the producer
+// (weights first, A as soon as the activations' counters are met), wgmma by two consumer warpgroups (64 rows each),
+// then the epilogue of gemm_epilogue.cuh.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -17,6 +18,15 @@ __device__ __forceinline__ bool is_gemm(Opcode opcode) {
          opcode == Opcode::kLmHead;
 }
 
+// A plain GEMM tile of 256 output columns: 256 contiguous weight rows like gate_up's, and its output leaves through
+// the 128-column output tile in two halves (two uses of it).
+__device__ __forceinline__ bool is_wide_gemm(const Instruction& in) {
+  return in.opcode != Opcode::kGateUp && in.col_end - in.col_begin > KernelConfig::kBlockN;
+}
+
+// Output-tile uses of a GEMM instruction: one per 128 output columns.
+__device__ __forceinline__ uint32_t gemm_output_uses(const Instruction& in) { return is_wide_gemm(in) ? 2 : 1; }
+
 // Where a GEMM tile's operands and output live: tensor maps and their outermost (plane) coordinates.
 struct GemmOperands {
   int a_map;
@@ -24,7 +34,9 @@ struct GemmOperands {
   int out_map;
   int residual_map;  // -1: no residual
   int32_t k;         // reduction length
-  int32_t b_rows;    // weight rows per tile: 128, or 256 for gate_up (gate and up rows of the same 128 columns)
+  int32_t b_rows;    // weight rows per tile: 128, or 256 for gate_up (gate and up rows of the same 128 columns) and
+                     // for a wide tile
+  int32_t b_boxes;   // TMA boxes per B slice: the weight maps' boxes are 128 rows (gate_up's 256)
   int32_t layer;     // plane of A and B
   int32_t b_row;     // first weight row of the tile
   int32_t out_plane;
@@ -35,16 +47,27 @@ __device__ __forceinline__ GemmOperands gemm_operands(const MegakernelParams& p,
   const ModelDims& d = p.dims;
   const int32_t l = in.layer;
   const int32_t col = in.col_begin;
+  const int32_t boxes = is_wide_gemm(in) ? 2 : 1;
+  const int32_t rows = 128 * boxes;
   switch (in.opcode) {
-    case Opcode::kQkv: return {kMapAttnNorm, kMapWqkv, kMapQkv, -1, d.d_model, 128, l, col, l, 0};
-    case Opcode::kOProj: return {kMapAttn, kMapWo, kMapHiddenMid, kMapHidden, d.q_dim, 128, l, col, l, l};
-    case Opcode::kGateUp: return {kMapMlpNorm, kMapWgateUp, kMapAct, -1, d.d_model, 256, l, 2 * col, l, 0};
-    case Opcode::kDown: return {kMapAct, kMapWdown, kMapHidden, kMapHiddenMid, d.d_ff, 128, l, col, l + 1, l};
-    default: return {kMapFinalNorm, kMapLmHead, kMapLogits, -1, d.d_model, 128, 0, col, 0, 0};
+    case Opcode::kQkv: return {kMapAttnNorm, kMapWqkv, kMapQkv, -1, d.d_model, rows, boxes, l, col, l, 0};
+    case Opcode::kOProj: return {kMapAttn, kMapWo, kMapHiddenMid, kMapHidden, d.q_dim, rows, boxes, l, col, l, l};
+    case Opcode::kGateUp: return {kMapMlpNorm, kMapWgateUp, kMapAct, -1, d.d_model, 256, 1, l, 2 * col, l, 0};
+    case Opcode::kDown: return {kMapAct, kMapWdown, kMapHidden, kMapHiddenMid, d.d_ff, rows, boxes, l, col, l + 1, l};
+    default: return {kMapFinalNorm, kMapLmHead, kMapLogits, -1, d.d_model, rows, boxes, 0, col, 0, 0};
   }
 }
 
 // ---- producer ----
+
+// Requests the B slice of k-step k into `stage`, box by box (a wide tile's two 128-row boxes land stacked, the layout
+// of one 256-row box).
+__device__ __forceinline__ void load_b_slice(const MegakernelParams& p, const GemmOperands& g, uint8_t* stage,
+                                             uint64_t* full, int32_t k) {
+  for (int32_t box = 0; box < g.b_boxes; ++box)
+    ptx::tma_load_3d(stage + KernelConfig::kATileBytes + box * 128 * 128, &p.maps[g.b_map], full, k, g.b_row + 128 * box,
+                     g.layer);
+}
 
 // Requests the A slices of the claimed stages [first, upto): the counters are met.
 __device__ __forceinline__ void load_a_slices(const MegakernelParams& p, const SharedState& s, const Instruction& in,
@@ -81,8 +104,7 @@ __device__ __forceinline__ bool produce_gemm(const MegakernelParams& p, const Sh
   for (int32_t kb = 0; kb < prefetched; ++kb) {
     if (!wait_barrier(p, &s.empty[state.stage], state.phase ^ 1, site)) return false;
     ptx::mbarrier_arrive_expect_tx(&s.full[state.stage], bytes);
-    ptx::tma_load_3d(s.stage(state.stage) + KernelConfig::kATileBytes, &p.maps[g.b_map], &s.full[state.stage],
-                     kb * KernelConfig::kBlockK, g.b_row, g.layer);
+    load_b_slice(p, g, s.stage(state.stage), &s.full[state.stage], kb * KernelConfig::kBlockK);
     state.advance();
     if (!met && take_ready(s, ready)) counters_now_met();
     if (met) load_a_slices(p, s, in, g, first, a_issued, kb + 1);
@@ -98,17 +120,19 @@ __device__ __forceinline__ bool produce_gemm(const MegakernelParams& p, const Sh
     const int32_t k = kb * KernelConfig::kBlockK;
     ptx::mbarrier_arrive_expect_tx(&s.full[state.stage], bytes);
     ptx::tma_load_3d(stage, &p.maps[g.a_map], &s.full[state.stage], k, in.row_begin, g.layer);
-    ptx::tma_load_3d(stage + KernelConfig::kATileBytes, &p.maps[g.b_map], &s.full[state.stage], k, g.b_row, g.layer);
+    load_b_slice(p, g, stage, &s.full[state.stage], k);
     state.advance();
   }
+  const uint32_t uses = gemm_output_uses(in);
   if (g.residual_map >= 0) {
-    // The residual lands in the output tile, where the consumers add the product to it in place.
+    // The residual lands in the output tile, where the consumers add the product to it in place. A wide tile's
+    // second half is loaded by the storer once the first half's store has read the tile (store_gemm).
     if (!load_output_tile(p, s, output, &p.maps[g.residual_map], KernelConfig::kOutputBoxes, in.col_begin,
                           in.row_begin, g.residual_plane, site))
       return false;
-    ++output.loads;
+    output.loads += uses;
   }
-  ++output.uses;
+  output.uses += uses;
   return true;
 }
 
