@@ -68,9 +68,10 @@ struct GemmShape {
 
 // Output columns per tile: kWideBlockN for a plain GEMM with enough such tiles, else kBlockN (tiles.h).
 inline int64_t gemm_block_n(int64_t tokens, const GemmShape& g) {
-  const bool plain = g.weight_rows_per_col == 1 && g.n % tiles::kWideBlockN == 0;
-  const bool enough = blocks(tokens, tiles::kBlockM) * (g.n / tiles::kWideBlockN) >= tiles::kWideGemmMinTiles;
-  return plain && enough ? tiles::kWideBlockN : tiles::kBlockN;
+  if (g.weight_rows_per_col != 1 || g.n % tiles::kWideBlockN != 0) return tiles::kBlockN;
+  const int64_t wide_tiles = blocks(tokens, tiles::kBlockM) * (g.n / tiles::kWideBlockN);
+  const int64_t rounds_needed = g.k >= tiles::kWideGemmLongK ? 1 : 2;
+  return wide_tiles >= rounds_needed * tiles::kWideGemmRoundTiles ? tiles::kWideBlockN : tiles::kBlockN;
 }
 
 inline void gemm_tiles(const OpContext& ctx, Opcode opcode, uint16_t layer, const GemmShape& g, std::vector<Task>& tasks) {

@@ -110,9 +110,13 @@ TEST(Ops, PlainGemmsTakeWideTilesWhenThereAreEnoughOfThem) {
   };
   using Widths = std::map<std::string, std::set<int32_t>>;
   const int32_t narrow = tiles::kBlockN, wide = tiles::kWideBlockN;
-  // 16 row blocks: qkv makes 16 x 12 wide tiles, o_proj and down 16 x 4 (too few), gate_up is always 128 columns.
+  // 16 row blocks: qkv makes 16 x 12 wide tiles (K 1024: fewer than two rounds of 132), o_proj and down 16 x 4;
+  // gate_up is always 128 columns.
   EXPECT_EQ(widths({8, 256}),
-            (Widths{{"qkv", {wide}}, {"o_proj", {narrow}}, {"gate_up", {narrow}}, {"down", {narrow}}}));
+            (Widths{{"qkv", {narrow}}, {"o_proj", {narrow}}, {"gate_up", {narrow}}, {"down", {narrow}}}));
+  // 36 row blocks: qkv 432 wide tiles (two rounds), o_proj 144 at K 1024 (one round: narrow), down 144 at K 4096.
+  EXPECT_EQ(widths({18, 256}),
+            (Widths{{"qkv", {wide}}, {"o_proj", {narrow}}, {"gate_up", {narrow}}, {"down", {wide}}}));
   EXPECT_EQ(widths({8, 4096}), (Widths{{"qkv", {wide}}, {"o_proj", {wide}}, {"gate_up", {narrow}}, {"down", {wide}}}));
   EXPECT_EQ(widths({1, 128}),
             (Widths{{"qkv", {narrow}}, {"o_proj", {narrow}}, {"gate_up", {narrow}}, {"down", {narrow}}}));

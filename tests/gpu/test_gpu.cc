@@ -59,9 +59,9 @@ TEST_F(Gpu, EachOpAloneOverASweepOfShapes) {
       {small_config(4096, 512, 32, 8, 128, true, true, 1), {1, 64}},    // rows too long for registers in RMSNorm
       {small_config(320, 640, 5, 1, 64, true, true), {2, 96}},          // last o_proj/down tile 64 columns wide
       {small_config(256, 512, 2, 2, 128, false, false, 1), {1, 4096}},  // the benchmark's longest sequence
-      // 256-column qkv, o_proj and down tiles (>= 132 of each: 9 row blocks x 16), the last row block partial: RoPE
-      // over a wide tile and a residual loaded in two halves
-      {small_config(4096, 512, 32, 8, 128, true, true, 1), {1, 1100}},
+      // 256-column qkv, o_proj and down tiles (9 row blocks x 16 or 24, K >= 2048), the last row block partial:
+      // RoPE over a wide tile and residuals loaded in two halves
+      {small_config(4096, 2048, 32, 8, 128, true, true, 1), {1, 1100}},
   };
   for (size_t i = 0; i < cases.size(); ++i) check_against_reference(info_, cases[i].config, cases[i].shape, 10 + i);
 }

@@ -32,7 +32,7 @@ struct OutputState {
 // parity waits are exact: each waits once per GEMM for the use before it, and reaches a use only after its loads.
 __device__ __forceinline__ bool wait_output_freed(const MegakernelParams& p, const SharedState& s, uint32_t uses,
                                                   Site site) {
-  return wait_in_shared(p, site, [&] { return ptx::load_acquire_shared(s.freed) >= uses; });
+  return wait_in_shared(p, site, [&] { return ptx::atomic_load_acquire_shared(s.freed) >= uses; });
 }
 
 // TMA-loads `boxes` boxes of 64 columns x 128 rows into the tile, which is free; `loaded` completes when they land.
@@ -106,7 +106,7 @@ __device__ __forceinline__ bool store_output_tile(const MegakernelParams& p, con
   ptx::bulk_commit_group();
   ptx::bulk_wait_group_read_all();
   ptx::mbarrier_arrive(s.output_free);
-  ptx::store_release_shared(s.freed, output.uses + 1);
+  ptx::atomic_add_release_shared(s.freed, 1);
   ++output.uses;
   return true;
 }
