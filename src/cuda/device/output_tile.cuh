@@ -1,7 +1,8 @@
 // The output tile: one shared-memory tile of 128 rows x 128 bf16 columns through which GEMM and attention results
 // leave the SM. Consumers write it in the TMA box layout; the storer thread stores it with TMA and publishes it while
 // the consumers go on with the next instruction. The producer may first load into it (a GEMM's residual, attention's
-// queries). Each GEMM or attention instruction is one use: free -> (loaded) -> staged -> stored -> free.
+// queries). Each GEMM or attention instruction is one use (a wide GEMM tile two, one per 128 columns):
+// free -> (loaded) -> staged -> stored -> free.
 #pragma once
 
 #include <cuda_bf16.h>

@@ -72,7 +72,8 @@ __device__ __forceinline__ bool wait_counter(const MegakernelParams& p, const Wa
   // NOTE: a decode step is a chain of short dependent phases, each wait ending a phase's critical path, so decode
   // polls more often. The forward's waits are the counter poller's (a warp that has nothing else to do) and the
   // consumers' before row-wise ops (idle while they wait), so they poll every 128 ns at most: at 512 ns the seed's
-  // hops from publication to a wait's end were 0.7-1.1 us (seventh session, run 6).
+  // hops from publication to a wait's end were 0.7-1.1 us (seventh session, run 6). Measured against 512: neutral on
+  // the seed and S=4096 (eighth session, run 1).
   const uint32_t max_sleep_ns = p.dims.decode ? 64 : 128;
   uint32_t sleep_ns = 32;
   while (true) {
