@@ -68,9 +68,10 @@ static_assert(KernelConfig::kBlockKv * 128 * 2 <= KernelConfig::kStageBytes, "a 
 static_assert(KernelConfig::kBlockKv == 128 && KernelConfig::kBlockKv % KernelConfig::kBlockQ == 0,
               "attention's S tile is m64n128 per warpgroup, and only the last key block meets the diagonal");
 // NOTE: setmaxnreg moves registers within what the CTA got at launch (one CTA of kThreads per SM: 65536 / kThreads,
-// rounded down to a multiple of 8 = 168 each): 64 for the producer warpgroup leave 216 for each consumer thread,
-// enough for the 128 accumulators of a gate_up or wide tile without spills (ptxas -v: none). NOTE: the storer of a
-// wide tile's two halves spilled at 56.
+// rounded down to a multiple of 8 = 168 each): 56 for the producer warpgroup leaves 224 for each consumer thread,
+// enough for the 128 accumulators of a gate_up or wide tile without spills (ptxas -v: none). NOTE: 64 / 216 ran 1B
+// decode at batch 1 3% slower (docs/perf.md, eighth session, run 7); the producer's walk spilled at 56 until a wide
+// tile's second B box was requested outside a loop (load_b_slice).
 static_assert(128 * KernelConfig::kProducerRegisters + KernelConfig::kConsumerThreads * KernelConfig::kConsumerRegisters <=
                   (65536 / KernelConfig::kThreads) / 8 * 8 * KernelConfig::kThreads,
               "register split within the CTA's launch allocation");

@@ -61,7 +61,7 @@ __device__ __forceinline__ GemmOperands gemm_operands(const MegakernelParams& p,
 // ---- producer ----
 
 // Requests the B slice of k-step k into `stage`, box by box (a wide tile's two 128-row boxes land stacked, the layout
-// of one 256-row box).
+// of one 256-row box). NOTE: no loop over the boxes: with one, the producer's walk spilled at 56 registers.
 __device__ __forceinline__ void load_b_slice(const MegakernelParams& p, const GemmOperands& g, uint8_t* stage,
                                              uint64_t* full, int32_t k) {
   for (int32_t box = 0; box < g.b_boxes; ++box)
