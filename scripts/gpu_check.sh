@@ -2,7 +2,7 @@
 # One call on the GPU machine: configure, build with all cores, then run the requested steps, logging into a folder.
 # Usage: scripts/gpu_check.sh OUT_DIR [steps...]
 #        steps: smoke tests decode bench_decode hf_generate text sanitize_decode trace traces ab hf bench bench_ops
-#               sanitize sass
+#               sanitize ablation sass
 # (run scripts/prepare_gpu_deps.sh here first and carry .gpu-deps: the GPU machine cannot install PCRE2)
 #        (default: smoke tests trace hf bench sass)
 # NOTE: a GPU machine keeps at most 8 files of OUT_DIR: pack it (tar) before the call ends.
@@ -190,6 +190,21 @@ for s in $steps; do
             }
             echo "$tree ($shape): $time_line" | tee -a "$out/ab.log"
           done
+        done
+      done
+      ;;
+    ablation)
+      # One launch per op and layer against the single launch, same build (ABLATION_ARGS: ;-separated shape flags
+      # for `mk run --preset seed`, default the seed and S=4096).
+      IFS=';' read -ra shapes <<<"${ABLATION_ARGS:---seq 256 --iterations 100;--seq 4096 --iterations 20}"
+      for shape in "${shapes[@]}"; do
+        for mode in "" "--launch-per-op"; do
+          # shellcheck disable=SC2086  # the shape is flags, split on purpose
+          time_line=$(timeout 300 "$build/mk" run --preset seed $shape $mode --engine gpu 2>&1 | grep -E '^time') || {
+            time_line=failed
+            status=1
+          }
+          echo "${mode:-single launch} ($shape): $time_line" | tee -a "$out/ablation.log"
         done
       done
       ;;

@@ -30,6 +30,7 @@ struct RunCommand {
   mk::CpuVmOptions vm;
   std::string engine = "auto", input_path, output_path, json_path;
   int iterations = 20;
+  bool launch_per_op = false;
   CLI::App* command = nullptr;
   CLI::App* add(CLI::App& app) {
     command = app.add_subcommand("run", "run one forward pass and print its time and an output checksum");
@@ -55,6 +56,9 @@ struct RunCommand {
         ->check(CLI::Range(1, 1000000));
     command->add_option("--json", json_path, "write the timing and shape as one JSON object to this file")
         ->check(kNonEmpty);
+    command->add_flag("--launch-per-op", launch_per_op,
+                      "gpu: time the pass as one kernel launch per op and layer instead of one launch (an ablation: "
+                      "what the single launch buys)");
     return command;
   }
 };

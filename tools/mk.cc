@@ -112,7 +112,8 @@ void check_run(const CLI::App& command, const ModelOptions& options, const Sched
                                {"--policy", {"cpu-vm", "gpu"}},
                                {"--max-delay-us", {"cpu-vm"}},
                                {"--no-race-check", {"cpu-vm"}},
-                               {"--iterations", {"gpu"}}});
+                               {"--iterations", {"gpu"}},
+                               {"--launch-per-op", {"gpu"}}});
   CommandFiles files;
   options.add_inputs(files);
   schedule_options.add_inputs(files);
@@ -124,7 +125,7 @@ void check_run(const CLI::App& command, const ModelOptions& options, const Sched
 
 int run_forward(const CLI::App& command, const ModelOptions& options, ScheduleOptions schedule_options,
                 const std::string& requested_engine, const mk::CpuVmOptions& vm_options, const std::string& input_path,
-                const std::string& output_path, int iterations, const std::string& json_path) {
+                const std::string& output_path, int iterations, bool launch_per_op, const std::string& json_path) {
   const mk::ModelConfig config = options.config();
   const std::string engine = resolve_engine(requested_engine);
   check_run(command, options, schedule_options, requested_engine, engine, {input_path, output_path, json_path});
@@ -161,10 +162,11 @@ int run_forward(const CLI::App& command, const ModelOptions& options, ScheduleOp
       mk::GpuEngine gpu(graph, schedule, weights, {.verify = false});  // ScheduleOptions::make verified it
       gpu.set_input(input);
       gpu.run();  // warm-up: module load and first-touch costs stay out of the time
-      std::vector<float> times = gpu.time_runs(iterations);
+      std::vector<float> times = launch_per_op ? gpu.time_runs_per_step(iterations) : gpu.time_runs(iterations);
       std::sort(times.begin(), times.end());
       seconds = times[times.size() / 2] / 1e3;
-      fmt::print("gpu: median of {} launches (min {:.3f} ms, max {:.3f} ms)\n", times.size(), times.front(), times.back());
+      fmt::print("gpu: median of {} {} (min {:.3f} ms, max {:.3f} ms)\n", times.size(),
+                 launch_per_op ? "passes of one launch per op and layer" : "launches", times.front(), times.back());
       output = gpu.output();
     }
   }
@@ -188,6 +190,7 @@ int run_forward(const CLI::App& command, const ModelOptions& options, ScheduleOp
                                    {"n_layers", config.n_layers},
                                    {"d_ff", config.d_ff},
                                    {"n_heads", config.n_heads},
+                                   {"launch_per_op", launch_per_op},
                                    {"ms", seconds * 1e3},
                                    {"flops", cost.flops},
                                    {"tflops", cost.flops / seconds / 1e12}};
@@ -420,7 +423,7 @@ int main(int argc, char** argv) {
       {run.add(app),
        [&] {
          return run_forward(*run.command, run.model, run.schedule, run.engine, run.vm, run.input_path, run.output_path,
-                            run.iterations, run.json_path);
+                            run.iterations, run.launch_per_op, run.json_path);
        }},
       {schedule.add(app),
        [&] {

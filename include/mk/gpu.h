@@ -58,6 +58,9 @@ class GpuEngine {
   void run();
   // Runs `launches` forward passes, each timed with CUDA events; milliseconds per launch.
   std::vector<float> time_runs(int launches);
+  // The same passes as one kernel launch per program step (an op of one layer; split_schedule_by_step), back to back
+  // on the stream: what the single launch buys. Milliseconds per pass. Not traced.
+  std::vector<float> time_runs_per_step(int launches);
   // One forward pass with per-instruction timestamps recorded (tracing costs nothing when this is not called).
   Trace run_traced();
   ref::Matrix output() const;                // the pass's output buffer (logits, hidden states), converted to fp32

@@ -56,6 +56,11 @@ std::string explain_schedule(const Graph& graph, const Schedule& schedule, const
 // - running every SM's list in order cannot deadlock (this also rules out cycles).
 void verify_schedule(const Graph& graph, const Schedule& schedule);
 
+// The per-op-launch ablation: one schedule per program step (an op of one layer), holding each SM's instructions of
+// that step in their order, to be launched one after another (`mk run --launch-per-op`). Waits and counters stay the
+// whole schedule's: a step waits only on earlier steps, which the launches before it completed.
+std::vector<Schedule> split_schedule_by_step(const Graph& graph, const Schedule& schedule);
+
 // Binary schedule file: a magic, the model, shape and tile sizes it was built for (JSON), then the arrays.
 void save_schedule(const std::filesystem::path& path, const Graph& graph, const Schedule& schedule);
 struct LoadedSchedule {

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <functional>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -23,6 +24,10 @@ using gpu::check_cuda;
 using gpu::KernelConfig;
 using gpu::MegakernelParams;
 
+namespace {
+void check_kernel(bool& broken, cudaError_t status, const char* what);
+}  // namespace
+
 struct GpuEngine::Impl {
   const Graph& graph;
   GpuOptions options;
@@ -39,11 +44,25 @@ struct GpuEngine::Impl {
   uint64_t* trace_records = nullptr;          // (num_instructions, kTraceSlots), allocated on the first trace
   uint64_t* trace_sms = nullptr;              // (num_sms, 4)
 
+  Schedule schedule;                          // the host copy, cut into steps on the first per-step run
+  struct StepLists {
+    const Instruction* instructions;
+    const uint32_t* sm_begin;
+  };
+  std::vector<StepLists> steps;  // (program steps): device lists of time_runs_per_step, uploaded on its first call
+
   Impl(const Graph& g, const GpuOptions& o) : graph(g), options(o) {}
   ~Impl() {
     if (stream != nullptr) cudaStreamDestroy(stream);
   }
   void upload_schedule(const Schedule& schedule);
+  void upload_steps();
+  // One timed pass: `enqueue` puts its launches on the stream between two events; then the watchdog waits for them
+  // and the error slot is read. Milliseconds.
+  float timed_pass(const std::function<void()>& enqueue);
+  void launch(const MegakernelParams& launch_params) {
+    check_kernel(broken, gpu::launch_megakernel(launch_params, num_sms, stream), "launching the megakernel");
+  }
   // After a device error (a stall report or a sticky CUDA error) the engine refuses all further work.
   void check_usable() const { MK_CHECK(!broken, "gpu engine: unusable after an earlier device error"); }
 };
@@ -145,6 +164,17 @@ void GpuEngine::Impl::upload_schedule(const Schedule& schedule) {
   for (uint32_t count : signals) max_signals = std::max(max_signals, count);
   sm_begin = schedule.sm_begin;
   for (const Instruction& in : schedule.instructions) task_of_instruction.push_back(in.task);
+  this->schedule = schedule;
+}
+
+void GpuEngine::Impl::upload_steps() {
+  for (const Schedule& step : split_schedule_by_step(graph, schedule)) {
+    // A step without instructions still uploads one, unread (the SMs' lists are empty): uploads must not be empty.
+    const std::vector<Instruction> instructions =
+        step.instructions.empty() ? std::vector<Instruction>(1) : step.instructions;
+    steps.push_back({arena.upload(instructions, "uploading a step's instructions"),
+                     arena.upload(step.sm_begin, "uploading a step's schedule")});
+  }
 }
 
 GpuEngine::~GpuEngine() = default;
@@ -190,69 +220,89 @@ void GpuEngine::set_input_device(const void* data) {
 
 void GpuEngine::run() { time_runs(1); }
 
+float GpuEngine::Impl::timed_pass(const std::function<void()>& enqueue) {
+  gpu::Event start_event, stop_event;
+  cudaEvent_t start = start_event.get(), stop = stop_event.get();
+  // Counters grow by one target per launch; start over before epoch * target could overflow 32 bits.
+  if (uint64_t(params.epoch + 1) * max_signals >= (uint64_t(1) << 32)) {
+    check_cuda(cudaMemset(params.counters, 0, num_counters * sizeof(uint32_t)), "resetting counters");
+    params.epoch = 0;
+  }
+  params.epoch += 1;
+  check_cuda(cudaEventRecord(start, stream), "recording an event");
+  enqueue();
+  check_cuda(cudaEventRecord(stop, stream), "recording an event");
+  // Watchdog: the kernel bounds every wait itself; if it still does not finish, no recovery is possible.
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration<double>(2 * options.stall_timeout_s + 30.0);
+  // NOTE: polled without sleeping for the first 10 ms: a decode step takes about a millisecond, and a sleep of
+  // the scheduler's granularity (~50 us) would add to every token's latency.
+  const auto spin_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(10);
+  cudaError_t status;
+  while ((status = cudaEventQuery(stop)) == cudaErrorNotReady) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now > deadline) {
+      std::fprintf(stderr, "mk: fatal: the megakernel did not finish within %.0f s; exiting\n",
+                   2 * options.stall_timeout_s + 30.0);
+      std::_Exit(3);
+    }
+    if (now < spin_until) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+  check_kernel(broken, status, "running the megakernel");
+  gpu::DeviceError error{};
+  check_kernel(broken, cudaMemcpy(&error, params.error, sizeof(error), cudaMemcpyDeviceToHost),
+               "reading the error slot");
+  if (error.kind != gpu::kErrorNone) {
+    broken = true;
+    const std::string task =
+        error.task < graph.tasks().size() ? graph.describe(graph.tasks()[error.task]) : std::string("?");
+    if (error.kind == gpu::kErrorCounterStall) {
+      throw Error(fmt::format("megakernel stall: SM {} instruction {} (task {}: {}) waited {:.1f} s on counter {}, "
+                              "which reached {} of {}",
+                              error.sm, error.instruction, error.task, task, options.stall_timeout_s, error.counter,
+                              error.value, error.target));
+    }
+    if (error.kind == gpu::kErrorPipelineStall) {
+      throw Error(fmt::format("megakernel pipeline stall: SM {} instruction {} (task {}: {}) waited {:.1f} s on a "
+                              "shared-memory stage",
+                              error.sm, error.instruction, error.task, task,
+                              double(params.pipeline_stall_timeout_ns) * 1e-9));
+    }
+    throw Error(fmt::format("megakernel error {} at SM {} instruction {} (task {}: {})", error.kind, error.sm,
+                            error.instruction, error.task, task));
+  }
+  float ms = 0;
+  check_cuda(cudaEventElapsedTime(&ms, start, stop), "reading event times");
+  return ms;
+}
+
 std::vector<float> GpuEngine::time_runs(int launches) {
   Impl& impl = *impl_;
   impl.check_usable();
   std::vector<float> times;
-  gpu::Event start_event, stop_event;
-  cudaEvent_t start = start_event.get(), stop = stop_event.get();
+  for (int i = 0; i < launches; ++i) times.push_back(impl.timed_pass([&] { impl.launch(impl.params); }));
+  return times;
+}
+
+std::vector<float> GpuEngine::time_runs_per_step(int launches) {
+  Impl& impl = *impl_;
+  impl.check_usable();
+  MK_CHECK(impl.params.trace_records == nullptr, "internal error: per-step launches are not traced");
+  if (impl.steps.empty()) impl.upload_steps();
+  std::vector<float> times;
   for (int i = 0; i < launches; ++i) {
-    // Counters grow by one target per launch; start over before epoch * target could overflow 32 bits.
-    if (uint64_t(impl.params.epoch + 1) * impl.max_signals >= (uint64_t(1) << 32)) {
-      check_cuda(cudaMemset(impl.params.counters, 0, impl.num_counters * sizeof(uint32_t)), "resetting counters");
-      impl.params.epoch = 0;
-    }
-    impl.params.epoch += 1;
-    check_cuda(cudaEventRecord(start, impl.stream), "recording an event");
-    check_kernel(impl.broken, gpu::launch_megakernel(impl.params, impl.num_sms, impl.stream),
-                 "launching the megakernel");
-    check_cuda(cudaEventRecord(stop, impl.stream), "recording an event");
-    // Watchdog: the kernel bounds every wait itself; if it still does not finish, no recovery is possible.
-    const auto deadline = std::chrono::steady_clock::now() +
-                          std::chrono::duration<double>(2 * impl.options.stall_timeout_s + 30.0);
-    // NOTE: polled without sleeping for the first 10 ms: a decode step takes about a millisecond, and a sleep of
-    // the scheduler's granularity (~50 us) would add to every token's latency.
-    const auto spin_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(10);
-    cudaError_t status;
-    while ((status = cudaEventQuery(stop)) == cudaErrorNotReady) {
-      const auto now = std::chrono::steady_clock::now();
-      if (now > deadline) {
-        std::fprintf(stderr, "mk: fatal: the megakernel did not finish within %.0f s; exiting\n",
-                     2 * impl.options.stall_timeout_s + 30.0);
-        std::_Exit(3);
+    times.push_back(impl.timed_pass([&] {
+      MegakernelParams step_params = impl.params;  // the pass's epoch, set by timed_pass
+      for (const Impl::StepLists& step : impl.steps) {
+        step_params.instructions = step.instructions;
+        step_params.sm_begin = step.sm_begin;
+        impl.launch(step_params);
       }
-      if (now < spin_until) {
-        std::this_thread::yield();
-      } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(20));
-      }
-    }
-    check_kernel(impl.broken, status, "running the megakernel");
-    gpu::DeviceError error{};
-    check_kernel(impl.broken, cudaMemcpy(&error, impl.params.error, sizeof(error), cudaMemcpyDeviceToHost),
-                 "reading the error slot");
-    if (error.kind != gpu::kErrorNone) {
-      impl.broken = true;
-      const std::string task =
-          error.task < impl.graph.tasks().size() ? impl.graph.describe(impl.graph.tasks()[error.task]) : std::string("?");
-      if (error.kind == gpu::kErrorCounterStall) {
-        throw Error(fmt::format("megakernel stall: SM {} instruction {} (task {}: {}) waited {:.1f} s on counter {}, "
-                                "which reached {} of {}",
-                                error.sm, error.instruction, error.task, task, impl.options.stall_timeout_s, error.counter,
-                                error.value, error.target));
-      }
-      if (error.kind == gpu::kErrorPipelineStall) {
-        throw Error(fmt::format("megakernel pipeline stall: SM {} instruction {} (task {}: {}) waited {:.1f} s on a "
-                                "shared-memory stage",
-                                error.sm, error.instruction, error.task, task,
-                                double(impl.params.pipeline_stall_timeout_ns) * 1e-9));
-      }
-      throw Error(fmt::format("megakernel error {} at SM {} instruction {} (task {}: {})", error.kind, error.sm,
-                              error.instruction, error.task, task));
-    }
-    float ms = 0;
-    check_cuda(cudaEventElapsedTime(&ms, start, stop), "reading event times");
-    times.push_back(ms);
+    }));
   }
   return times;
 }

@@ -295,7 +295,7 @@ constexpr char kScheduleMagic[8] = {'M', 'K', 'S', 'C', 'H', 'E', 'D', '2'};
 nlohmann::json tiles_json() {
   return {{"block_m", tiles::kBlockM},       {"block_n", tiles::kBlockN},   {"block_k", tiles::kBlockK},
           {"wide_block_n", tiles::kWideBlockN}, {"wide_gemm_round_tiles", tiles::kWideGemmRoundTiles},
-          {"wide_gemm_long_k", tiles::kWideGemmLongK},
+          {"wide_gemm_long_k", tiles::kWideGemmLongK}, {"wide_gemm_long_k_tiles", tiles::kWideGemmLongKTiles},
           {"block_q", tiles::kBlockQ},       {"block_kv", tiles::kBlockKv}, {"block_rows", tiles::kBlockRows},
           {"group_m", tiles::kGroupM},       {"l2_resident_weight_bytes", tiles::kL2ResidentWeightBytes},
           {"decode_spread_tasks", tiles::kDecodeSpreadTasks}, {"decode_min_block_n", tiles::kDecodeMinBlockN},

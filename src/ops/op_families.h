@@ -70,8 +70,8 @@ struct GemmShape {
 inline int64_t gemm_block_n(int64_t tokens, const GemmShape& g) {
   if (g.weight_rows_per_col != 1 || g.n % tiles::kWideBlockN != 0) return tiles::kBlockN;
   const int64_t wide_tiles = blocks(tokens, tiles::kBlockM) * (g.n / tiles::kWideBlockN);
-  const int64_t rounds_needed = g.k >= tiles::kWideGemmLongK ? 1 : 2;
-  return wide_tiles >= rounds_needed * tiles::kWideGemmRoundTiles ? tiles::kWideBlockN : tiles::kBlockN;
+  const int64_t needed = g.k >= tiles::kWideGemmLongK ? tiles::kWideGemmLongKTiles : 2 * tiles::kWideGemmRoundTiles;
+  return wide_tiles >= needed ? tiles::kWideBlockN : tiles::kBlockN;
 }
 
 inline void gemm_tiles(const OpContext& ctx, Opcode opcode, uint16_t layer, const GemmShape& g, std::vector<Task>& tasks) {

@@ -135,6 +135,7 @@ TEST_F(Hostile, FlagsThatCannotApplyAreUsageErrors) {
        "--schedule applies to --engine cpu-vm or gpu only, and the engine is reference"},
       {reference + "--max-delay-us 5", "--max-delay-us applies to --engine cpu-vm only"},
       {vm + "--iterations 3", "--iterations applies to --engine gpu"},
+      {reference + "--launch-per-op", "--launch-per-op applies to --engine gpu"},
       {run_model("--seed 3"), "--seed has nothing to seed"},
       {fmt::format("run --model {} --layers 3", quoted(model())), "--model excludes --layers"},
       {"trace --preset tiny --engine cpu-vm --overhead 3", "--overhead applies to --engine gpu"},

@@ -120,6 +120,13 @@ TEST(Ops, PlainGemmsTakeWideTilesWhenThereAreEnoughOfThem) {
   EXPECT_EQ(widths({8, 4096}), (Widths{{"qkv", {wide}}, {"o_proj", {wide}}, {"gate_up", {narrow}}, {"down", {wide}}}));
   EXPECT_EQ(widths({1, 128}),
             (Widths{{"qkv", {narrow}}, {"o_proj", {narrow}}, {"gate_up", {narrow}}, {"down", {narrow}}}));
+  // One layer of d_model 2048 (the benchmark's embed sweep): 16 row blocks x 8 o_proj and down tiles, K >= 2048.
+  const ModelConfig d2048 = preset_config("seed", {1, 2048, 16, 16, 8192});
+  std::map<std::string, std::set<int32_t>> d2048_widths;
+  for (const Task& t : Graph(d2048, {8, 256}).tasks())
+    d2048_widths[op_descriptor(t.opcode).name].insert(t.col_end - t.col_begin);
+  EXPECT_EQ(d2048_widths["o_proj"], std::set<int32_t>{wide});
+  EXPECT_EQ(d2048_widths["down"], std::set<int32_t>{wide});
 }
 
 TEST(Buffers, KindsAreNumberedKindByKindWithStackedOffsets) {

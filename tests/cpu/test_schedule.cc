@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -301,6 +302,50 @@ TEST(Scheduler, CostModelBeatsRoundRobin) {
   const std::string text = explain_schedule(graph, schedule, estimate_schedule(graph, schedule));
   EXPECT_THAT(text, HasSubstr("SM 131:"));
   EXPECT_THAT(text, HasSubstr("critical path:"));
+}
+
+TEST(ScheduleSteps, EachStepHoldsOneOpOfOneLayerWaitingOnlyOnEarlierSteps) {
+  for (const char* preset : {"tiny", "seed"}) {
+    SCOPED_TRACE(preset);
+    const ModelConfig config = find_preset(preset).config;
+    const Graph graph(config, {2, 200});
+    const Schedule whole = build(graph, SchedulePolicy::kCostModel, 7);
+    const std::vector<Schedule> steps = split_schedule_by_step(graph, whole);
+    // The program's steps in order: the graph's runs of tasks of one (opcode, layer).
+    std::vector<std::pair<Opcode, uint16_t>> program;
+    for (const Task& t : graph.tasks())
+      if (program.empty() || program.back() != std::make_pair(t.opcode, t.layer)) program.emplace_back(t.opcode, t.layer);
+    ASSERT_EQ(steps.size(), program.size());
+    // The counter each task signals, by step: a step may wait only on counters of the steps before it.
+    std::vector<size_t> step_of_counter(whole.num_counters, steps.size());
+    for (size_t k = 0; k < steps.size(); ++k)
+      for (const Instruction& in : steps[k].instructions) step_of_counter[in.signal_counter] = k;
+    for (int32_t sm = 0; sm < whole.num_sms; ++sm) {
+      std::vector<uint32_t> rejoined;  // the SM's tasks, step after step
+      for (size_t k = 0; k < steps.size(); ++k) {
+        ASSERT_EQ(steps[k].sm_begin.size(), size_t(whole.num_sms) + 1);
+        for (uint32_t i = steps[k].sm_begin[size_t(sm)]; i < steps[k].sm_begin[size_t(sm) + 1]; ++i) {
+          const Instruction& in = steps[k].instructions[i];
+          EXPECT_EQ(std::make_pair(in.opcode, in.layer), program[k]) << "SM " << sm << " step " << k;
+          for (uint32_t w = in.wait_begin; w < in.wait_begin + in.num_waits; ++w)
+            EXPECT_LT(step_of_counter[whole.waits[w].counter], k) << "SM " << sm << " step " << k;
+          rejoined.push_back(in.task);
+        }
+      }
+      // Each SM keeps its own tasks; within a step, in its order (steps come in program order on every SM).
+      std::vector<uint32_t> own;
+      for (uint32_t i = whole.sm_begin[size_t(sm)]; i < whole.sm_begin[size_t(sm) + 1]; ++i)
+        own.push_back(whole.instructions[i].task);
+      std::vector<uint32_t> own_by_step = own;
+      std::stable_sort(own_by_step.begin(), own_by_step.end(), [&](uint32_t a, uint32_t b) {
+        const Task& ta = graph.tasks()[a];
+        const Task& tb = graph.tasks()[b];
+        return std::find(program.begin(), program.end(), std::make_pair(ta.opcode, ta.layer)) <
+               std::find(program.begin(), program.end(), std::make_pair(tb.opcode, tb.layer));
+      });
+      EXPECT_EQ(rejoined, own_by_step) << "SM " << sm;
+    }
+  }
 }
 
 }  // namespace
