@@ -123,7 +123,8 @@ TEST(Ops, PlainGemmsTakeWideTilesWhenThereAreEnoughOfThem) {
   // One layer of d_model 2048 (the benchmark's embed sweep): 16 row blocks x 8 o_proj and down tiles, K >= 2048.
   const ModelConfig d2048 = preset_config("seed", {1, 2048, 16, 16, 8192});
   std::map<std::string, std::set<int32_t>> d2048_widths;
-  for (const Task& t : Graph(d2048, {8, 256}).tasks())
+  const Graph d2048_graph(d2048, {8, 256});
+  for (const Task& t : d2048_graph.tasks())
     d2048_widths[op_descriptor(t.opcode).name].insert(t.col_end - t.col_begin);
   EXPECT_EQ(d2048_widths["o_proj"], std::set<int32_t>{wide});
   EXPECT_EQ(d2048_widths["down"], std::set<int32_t>{wide});
