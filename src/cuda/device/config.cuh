@@ -37,8 +37,8 @@ struct KernelConfig {
   static constexpr int kProducerThread = 0;
   static constexpr int kStorerThread = 32;
   static constexpr int kCounterPollerWarp = 2;  // all 32 lanes: checks the producer's counters ahead of it
-  static constexpr int kProducerRegisters = 64;
-  static constexpr int kConsumerRegisters = 216;
+  static constexpr int kProducerRegisters = 56;
+  static constexpr int kConsumerRegisters = 224;
 
   // ---- decode GEMMs (ops/decode_gemm.cuh): the idle stage ring holds the tile's input rows, then each consumer
   // warp's ring of weight steps ----

@@ -64,9 +64,9 @@ __device__ __forceinline__ GemmOperands gemm_operands(const MegakernelParams& p,
 // of one 256-row box). NOTE: no loop over the boxes: with one, the producer's walk spilled at 56 registers.
 __device__ __forceinline__ void load_b_slice(const MegakernelParams& p, const GemmOperands& g, uint8_t* stage,
                                              uint64_t* full, int32_t k) {
-  for (int32_t box = 0; box < g.b_boxes; ++box)
-    ptx::tma_load_3d(stage + KernelConfig::kATileBytes + box * 128 * 128, &p.maps[g.b_map], full, k, g.b_row + 128 * box,
-                     g.layer);
+  ptx::tma_load_3d(stage + KernelConfig::kATileBytes, &p.maps[g.b_map], full, k, g.b_row, g.layer);
+  if (g.b_boxes > 1)
+    ptx::tma_load_3d(stage + KernelConfig::kATileBytes + 128 * 128, &p.maps[g.b_map], full, k, g.b_row + 128, g.layer);
 }
 
 // Requests the A slices of the claimed stages [first, upto): the counters are met.
