@@ -2,7 +2,7 @@
 # One call on the GPU machine: configure, build with all cores, then run the requested steps, logging into a folder.
 # Usage: scripts/gpu_check.sh OUT_DIR [steps...]
 #        steps: smoke tests decode bench_decode hf_generate text sanitize_decode trace traces ab hf bench bench_ops
-#               sanitize ablation sass
+#               sanitize ablation ab_decode sass
 # (run scripts/prepare_gpu_deps.sh here first and carry .gpu-deps: the GPU machine cannot install PCRE2)
 #        (default: smoke tests trace hf bench sass)
 # NOTE: a GPU machine keeps at most 8 files of OUT_DIR: pack it (tar) before the call ends.
@@ -54,6 +54,19 @@ clock_summary() {
       printf "clocks: %d samples under load, SM clock median %d MHz (min %d, max %d), software power cap %d%%\n",
         n, mhz[int((n + 1) / 2)], mhz[1], mhz[n], 100 * capped / n
     }'
+}
+
+# build_old: builds mk from the tree under old/ (scripts/gpu_snapshot.sh REF OLD_REF) once; false if there is none.
+build_old() {
+  if [ ! -d "$root/old" ]; then
+    echo "!!! no old/ tree here (scripts/gpu_snapshot.sh REF OLD_REF)"
+    status=1
+    return 1
+  fi
+  [ -x "$root/build-old/mk" ] && return 0
+  step build-old bash -c "cmake -S '$root/old' -B '$root/build-old' -G Ninja -DCMAKE_BUILD_TYPE=Release &&
+                          cmake --build '$root/build-old' -j $(nproc) --target mk"
+  [ -x "$root/build-old/mk" ]
 }
 
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --format=csv >"$out/gpu.txt" 2>&1
@@ -169,14 +182,7 @@ for s in $steps; do
     ab)
       # The tree under old/ (scripts/gpu_snapshot.sh REF OLD_REF) against this one, alternating in this call, twice:
       # `mk run --preset seed` with each of AB_ARGS' ;-separated shape flags (default: the seed and S=4096).
-      if [ ! -d "$root/old" ]; then
-        echo "!!! ab: no old/ tree here (scripts/gpu_snapshot.sh REF OLD_REF)"
-        status=1
-        continue
-      fi
-      step build-old bash -c "cmake -S '$root/old' -B '$root/build-old' -G Ninja -DCMAKE_BUILD_TYPE=Release &&
-                              cmake --build '$root/build-old' -j $(nproc) --target mk"
-      [ -x "$root/build-old/mk" ] || continue
+      build_old || continue
       IFS=';' read -ra shapes <<<"${AB_ARGS:---seq 256 --iterations 200;--seq 4096 --iterations 30}"
       for _ in 1 2; do
         for shape in "${shapes[@]}"; do
@@ -205,6 +211,26 @@ for s in $steps; do
             status=1
           }
           echo "${mode:-single launch} ($shape): $time_line" | tee -a "$out/ablation.log"
+        done
+      done
+      ;;
+    ab_decode)
+      # Decode against old/'s tree, alternating, twice: `mk generate`'s p50 per token on the Llama-3.2-1B shape
+      # (random weights, 896-token prompt, 128 new tokens, context 1024) at each of AB_DECODE_BATCHES (default 1 8).
+      build_old || continue
+      prompt=$(seq -s, 1 896)
+      for _ in 1 2; do
+        for batch in ${AB_DECODE_BATCHES:-1 8}; do
+          for tree in new old; do
+            binary=$build/mk
+            [ "$tree" = old ] && binary=$root/build-old/mk
+            p50_line=$(timeout 300 "$binary" generate --preset llama-3.2-1b --engine gpu --prompt-ids "$prompt" \
+              --batch "$batch" --max-new-tokens 128 --max-context 1024 --stream none 2>&1 | grep -E 'p50') || {
+              p50_line=failed
+              status=1
+            }
+            echo "$tree (batch $batch): $p50_line" | tee -a "$out/ab-decode.log"
+          done
         done
       done
       ;;
