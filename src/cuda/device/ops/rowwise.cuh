@@ -55,9 +55,8 @@ __device__ __forceinline__ float warp_sum(float value) {
 
 // RMSNorm of one warp's rows (row_begin, then every kConsumerWarps-th row before row_end), whole rows held in
 // registers: kChunks 16-byte pieces per lane cover d_model <= 256 kChunks, and kRows rows are loaded at once.
-// NOTE: a row's loads are one round trip to L2; a warp used to make its rows' trips one after another (and rows
-// longer than 2048 two trips each, the second one load at a time), so a 32-row task of d_model 3072 took 27 us
-// (docs/perf.md, eighth session). The norm weight is loaded once for all the warp's rows.
+// NOTE: a row's loads are one round trip to L2 (~2 us beside the GEMMs' traffic), and a warp used to make its rows'
+// trips one after another. The norm weight is loaded once for all the warp's rows.
 template <int kChunks, int kRows>
 __device__ __forceinline__ void rmsnorm_rows(const __nv_bfloat16* x, const __nv_bfloat16* weight, __nv_bfloat16* out,
                                              int32_t row_begin, int32_t row_end, int32_t d_model, float eps,
@@ -102,6 +101,8 @@ __device__ __forceinline__ void rmsnorm_rows(const __nv_bfloat16* x, const __nv_
 }
 
 // One row too long for registers (d_model > 2048): two passes, each over batches of 2048 elements, loaded at once.
+// NOTE: the second pass loaded one chunk at a time (a 32-row task of d_model 3072 took 27 us); batched, 19 us
+// (docs/perf.md, eighth session). Holding a 4096-wide row besides its weight spilled.
 __device__ __forceinline__ void rmsnorm_long_row(const __nv_bfloat16* x, const __nv_bfloat16* weight,
                                                  __nv_bfloat16* out, int32_t d_model, float eps, int lane) {
   constexpr int kBatch = 8;
