@@ -53,6 +53,19 @@ __device__ __forceinline__ float warp_sum(float value) {
   return value;
 }
 
+// This lane's 16-byte chunks first + lane + 32 c (c < kCount) of a row of `chunks`, zero past its end or when the
+// row is not `valid`: from L2 (kFromL2: rows other SMs wrote) or through L1 (the norm weight). All loads go out before
+// any is used: one trip to L2.
+template <bool kFromL2, int kCount>
+__device__ __forceinline__ void load_chunks(const uint4* row, int32_t first, int32_t chunks, int lane, bool valid,
+                                            uint4 (&out)[kCount]) {
+#pragma unroll
+  for (int c = 0; c < kCount; ++c) {
+    const int32_t chunk = first + lane + 32 * c;
+    out[c] = valid && chunk < chunks ? (kFromL2 ? __ldcg(row + chunk) : row[chunk]) : make_uint4(0, 0, 0, 0);
+  }
+}
+
 // RMSNorm of one warp's rows (row_begin, then every kConsumerWarps-th row before row_end), whole rows held in
 // registers: kChunks 16-byte pieces per lane cover d_model <= 256 kChunks, and kRows rows are loaded at once.
 // NOTE: a row's loads are one round trip to L2 (~2 us beside the GEMMs' traffic), and a warp used to make its rows'
@@ -65,22 +78,14 @@ __device__ __forceinline__ void rmsnorm_rows(const __nv_bfloat16* x, const __nv_
   const int32_t chunks = d_model / 8;
   const uint4* weight_row = reinterpret_cast<const uint4*>(weight);
   uint4 packed_weight[kChunks];  // (kChunks) 8 weights each, chunk lane + 32 c
-#pragma unroll
-  for (int c = 0; c < kChunks; ++c) {
-    const int32_t chunk = lane + 32 * c;
-    packed_weight[c] = chunk < chunks ? weight_row[chunk] : make_uint4(0, 0, 0, 0);
-  }
+  load_chunks<false>(weight_row, 0, chunks, lane, true, packed_weight);
   for (int32_t first = row_begin; first < row_end; first += kRows * kStride) {
     uint4 packed[kRows][kChunks];  // (kRows, kChunks) 8 bf16 of row first + kStride r each, chunk lane + 32 c
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       const int32_t row = first + kStride * r;
-      const uint4* x_row = reinterpret_cast<const uint4*>(x + int64_t(row) * d_model);
-#pragma unroll
-      for (int c = 0; c < kChunks; ++c) {
-        const int32_t chunk = lane + 32 * c;
-        packed[r][c] = row < row_end && chunk < chunks ? __ldcg(x_row + chunk) : make_uint4(0, 0, 0, 0);
-      }
+      load_chunks<true>(reinterpret_cast<const uint4*>(x + int64_t(row) * d_model), 0, chunks, lane, row < row_end,
+                        packed[r]);
     }
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
@@ -110,12 +115,8 @@ __device__ __forceinline__ void rmsnorm_long_row(const __nv_bfloat16* x, const _
   const uint4* x_row = reinterpret_cast<const uint4*>(x);
   float sum_of_squares = 0.0f;
   for (int32_t first = 0; first < chunks; first += 32 * kBatch) {
-    uint4 packed[kBatch];
-#pragma unroll
-    for (int c = 0; c < kBatch; ++c) {
-      const int32_t chunk = first + lane + 32 * c;
-      packed[c] = chunk < chunks ? __ldcg(x_row + chunk) : make_uint4(0, 0, 0, 0);
-    }
+    uint4 packed[kBatch];  // (kBatch) 8 bf16 each, chunk first + lane + 32 c
+    load_chunks<true>(x_row, first, chunks, lane, true, packed);
 #pragma unroll
     for (int c = 0; c < kBatch; ++c) sum_of_squares += sum_of_squares_of_chunk(packed[c]);
   }
@@ -125,12 +126,8 @@ __device__ __forceinline__ void rmsnorm_long_row(const __nv_bfloat16* x, const _
   for (int32_t first = 0; first < chunks; first += 32 * kBatch) {
     uint4 packed[kBatch];  // (kBatch) 8 bf16 each, chunk first + lane + 32 c
     uint4 packed_weight[kBatch];
-#pragma unroll
-    for (int c = 0; c < kBatch; ++c) {
-      const int32_t chunk = first + lane + 32 * c;
-      packed[c] = chunk < chunks ? __ldcg(x_row + chunk) : make_uint4(0, 0, 0, 0);
-      packed_weight[c] = chunk < chunks ? weight_row[chunk] : make_uint4(0, 0, 0, 0);
-    }
+    load_chunks<true>(x_row, first, chunks, lane, true, packed);
+    load_chunks<false>(weight_row, first, chunks, lane, true, packed_weight);
 #pragma unroll
     for (int c = 0; c < kBatch; ++c) {
       const int32_t chunk = first + lane + 32 * c;
