@@ -56,6 +56,9 @@ class GpuEngine {
   // One forward pass (one launch). Throws mk::Error naming SM, instruction, task and counter if the kernel reports a
   // stall; the engine is unusable after that.
   void run();
+  // One pass, then the int32 buffer `ref` (the sampled ids), read back in the same wait for the GPU: a decode
+  // step's launch without synchronous copies around it.
+  std::vector<int32_t> run_and_read_ids(BufferRef ref);
   // Runs `launches` forward passes, each timed with CUDA events; milliseconds per launch.
   std::vector<float> time_runs(int launches);
   // The same passes as one kernel launch per program step (an op of one layer; split_schedule_by_step), back to back

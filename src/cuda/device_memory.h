@@ -53,6 +53,31 @@ class Event {
   cudaEvent_t event_ = nullptr;
 };
 
+// Page-locked host memory for copies that ride a stream without a synchronous round trip each.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  ~PinnedBuffer() {
+    if (data_ != nullptr) cudaFreeHost(data_);
+  }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  // At least `bytes`, reallocated (contents lost) when smaller.
+  void* reserve(size_t bytes, const char* what) {
+    if (bytes <= bytes_) return data_;
+    if (data_ != nullptr) cudaFreeHost(data_);
+    data_ = nullptr;
+    bytes_ = 0;
+    check_cuda(cudaMallocHost(&data_, bytes), what);
+    bytes_ = bytes;
+    return data_;
+  }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
 // Throws mk::Error naming `what` unless `pointer` is device (or managed) memory of the current device: a caller's
 // buffer handed to the engine, which would otherwise fail as an illegal address inside a copy or the kernel.
 void check_device_pointer(const void* pointer, const char* what);

@@ -52,9 +52,9 @@ class GpuDecoder final : public DecodeEngine {
   std::vector<int32_t> step(const std::vector<int32_t>& tokens, const std::vector<int32_t>& positions) override {
     const ref::ModelInput input = step_input(setup_, tokens, positions);
     decode_.set_input(input);
-    decode_.run();
     logits_stale_ = true;
-    if (setup_.sampling.temperature == 0.0f) return token_ids(decode_.buffer({BufferKind::kSampled}));
+    if (setup_.sampling.temperature == 0.0f) return decode_.run_and_read_ids({BufferKind::kSampled});
+    decode_.run();
     // With a temperature: drawn on the host from the step's logits, exactly as the cpu engines draw.
     const ref::Matrix& all = logits();
     std::vector<int32_t> ids;

@@ -51,15 +51,34 @@ struct GpuEngine::Impl {
   };
   std::vector<StepLists> steps;  // (program steps): device lists of time_runs_per_step, uploaded on its first call
 
+  // NOTE: a decode step is about a millisecond, and each synchronous copy of a few bytes (the step's positions and
+  // tokens, the error slot, the sampled ids) cost it ~10 us of host round trip: 41 us a step beyond the kernel
+  // (eighth session's trace against mk generate's p50). So they ride the stream from pinned memory, with one wait.
+  struct PassEvents {
+    gpu::Event start, stop, done, input_copied;
+  };
+  std::unique_ptr<PassEvents> events;  // created on first use: the constructor checks for a GPU first
+  bool input_in_flight = false;        // input_staging may still be read by a copy (input_copied says when not)
+  gpu::PinnedBuffer input_staging;     // positions, then tokens
+  gpu::PinnedBuffer error_staging;     // (1) gpu::DeviceError
+  gpu::PinnedBuffer readback_staging;  // run_and_read's ids
+
   Impl(const Graph& g, const GpuOptions& o) : graph(g), options(o) {}
   ~Impl() {
     if (stream != nullptr) cudaStreamDestroy(stream);
   }
   void upload_schedule(const Schedule& schedule);
   void upload_steps();
-  // One timed pass: `enqueue` puts its launches on the stream between two events; then the watchdog waits for them
-  // and the error slot is read. Milliseconds.
-  float timed_pass(const std::function<void()>& enqueue);
+  // One timed pass: `enqueue` puts its launches on the stream between two events, `read_back` (if any) its copies
+  // after them, beside the error slot's; then the watchdog waits for all of it and the error slot is checked.
+  // Milliseconds between the events.
+  float timed_pass(const std::function<void()>& enqueue, const std::function<void()>& read_back = nullptr);
+  // Positions and token ids to their device buffers, on the stream (the next launch follows them there).
+  void upload_ids(const std::vector<int32_t>& positions, const std::vector<int32_t>& tokens);
+  PassEvents& pass_events() {
+    if (!events) events = std::make_unique<PassEvents>();
+    return *events;
+  }
   void launch(const MegakernelParams& launch_params) {
     check_kernel(broken, gpu::launch_megakernel(launch_params, num_sms, stream), "launching the megakernel");
   }
@@ -187,20 +206,34 @@ void GpuEngine::set_input(const ref::ModelInput& input) {
            "gpu engine: input of batch {} x seq {} for an engine built for batch {} x seq {}", input.shape.batch,
            input.shape.seq_len, impl.graph.shape().batch, impl.graph.shape().seq_len);
   ref::validate_input(c, input);
-  if (impl.graph.buffer_table().has(BufferKind::kPositions)) {
-    check_cuda(cudaMemcpy(const_cast<int32_t*>(impl.params.positions), input.positions.data(),
-                          input.positions.size() * 4, cudaMemcpyHostToDevice),
-               "uploading positions");
-  }
-  if (c.has_embedding) {
-    check_cuda(cudaMemcpy(const_cast<int32_t*>(impl.params.tokens), input.tokens.data(), input.tokens.size() * 4,
-                          cudaMemcpyHostToDevice),
-               "uploading tokens");
-  } else {
+  const bool positions = impl.graph.buffer_table().has(BufferKind::kPositions);
+  if (positions || c.has_embedding) impl.upload_ids(positions ? input.positions : std::vector<int32_t>{},
+                                                    c.has_embedding ? input.tokens : std::vector<int32_t>{});
+  if (!c.has_embedding) {
     std::vector<uint16_t> hidden(input.hidden.data.size());
     for (size_t i = 0; i < hidden.size(); ++i) hidden[i] = to_bf16(input.hidden.data[i]).bits;
     check_cuda(cudaMemcpy(impl.params.hidden, hidden.data(), hidden.size() * 2, cudaMemcpyHostToDevice), "uploading hidden states");
   }
+}
+
+void GpuEngine::Impl::upload_ids(const std::vector<int32_t>& positions, const std::vector<int32_t>& tokens) {
+  PassEvents& e = pass_events();
+  // the previous upload's copies must have read the staging before it is rewritten
+  if (input_in_flight) check_cuda(cudaEventSynchronize(e.input_copied.get()), "uploading token ids");
+  const size_t count = positions.size() + tokens.size();
+  auto* staging = static_cast<int32_t*>(input_staging.reserve(count * 4, "allocating pinned input staging"));
+  std::copy(positions.begin(), positions.end(), staging);
+  std::copy(tokens.begin(), tokens.end(), staging + positions.size());
+  if (!positions.empty())
+    check_cuda(cudaMemcpyAsync(const_cast<int32_t*>(params.positions), staging, positions.size() * 4,
+                               cudaMemcpyHostToDevice, stream),
+               "uploading positions");
+  if (!tokens.empty())
+    check_cuda(cudaMemcpyAsync(const_cast<int32_t*>(params.tokens), staging + positions.size(), tokens.size() * 4,
+                               cudaMemcpyHostToDevice, stream),
+               "uploading tokens");
+  check_cuda(cudaEventRecord(e.input_copied.get(), stream), "recording an event");
+  input_in_flight = true;
 }
 
 void GpuEngine::set_input_device(const void* data) {
@@ -220,9 +253,11 @@ void GpuEngine::set_input_device(const void* data) {
 
 void GpuEngine::run() { time_runs(1); }
 
-float GpuEngine::Impl::timed_pass(const std::function<void()>& enqueue) {
-  gpu::Event start_event, stop_event;
-  cudaEvent_t start = start_event.get(), stop = stop_event.get();
+float GpuEngine::Impl::timed_pass(const std::function<void()>& enqueue, const std::function<void()>& read_back) {
+  PassEvents& e = pass_events();
+  cudaEvent_t start = e.start.get(), stop = e.stop.get();
+  auto* error_slot =
+      static_cast<gpu::DeviceError*>(error_staging.reserve(sizeof(gpu::DeviceError), "allocating pinned memory"));
   // Counters grow by one target per launch; start over before epoch * target could overflow 32 bits.
   if (uint64_t(params.epoch + 1) * max_signals >= (uint64_t(1) << 32)) {
     check_cuda(cudaMemset(params.counters, 0, num_counters * sizeof(uint32_t)), "resetting counters");
@@ -232,6 +267,11 @@ float GpuEngine::Impl::timed_pass(const std::function<void()>& enqueue) {
   check_cuda(cudaEventRecord(start, stream), "recording an event");
   enqueue();
   check_cuda(cudaEventRecord(stop, stream), "recording an event");
+  check_kernel(broken, cudaMemcpyAsync(error_slot, params.error, sizeof(gpu::DeviceError), cudaMemcpyDeviceToHost,
+                                       stream),
+               "reading the error slot");
+  if (read_back) read_back();
+  check_cuda(cudaEventRecord(e.done.get(), stream), "recording an event");
   // Watchdog: the kernel bounds every wait itself; if it still does not finish, no recovery is possible.
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::duration<double>(2 * options.stall_timeout_s + 30.0);
@@ -239,7 +279,7 @@ float GpuEngine::Impl::timed_pass(const std::function<void()>& enqueue) {
   // the scheduler's granularity (~50 us) would add to every token's latency.
   const auto spin_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(10);
   cudaError_t status;
-  while ((status = cudaEventQuery(stop)) == cudaErrorNotReady) {
+  while ((status = cudaEventQuery(e.done.get())) == cudaErrorNotReady) {
     const auto now = std::chrono::steady_clock::now();
     if (now > deadline) {
       std::fprintf(stderr, "mk: fatal: the megakernel did not finish within %.0f s; exiting\n",
@@ -253,9 +293,8 @@ float GpuEngine::Impl::timed_pass(const std::function<void()>& enqueue) {
     }
   }
   check_kernel(broken, status, "running the megakernel");
-  gpu::DeviceError error{};
-  check_kernel(broken, cudaMemcpy(&error, params.error, sizeof(error), cudaMemcpyDeviceToHost),
-               "reading the error slot");
+  input_in_flight = false;  // the stream is past the input's copies
+  const gpu::DeviceError error = *error_slot;
   if (error.kind != gpu::kErrorNone) {
     broken = true;
     const std::string task =
@@ -286,6 +325,25 @@ std::vector<float> GpuEngine::time_runs(int launches) {
   std::vector<float> times;
   for (int i = 0; i < launches; ++i) times.push_back(impl.timed_pass([&] { impl.launch(impl.params); }));
   return times;
+}
+
+std::vector<int32_t> GpuEngine::run_and_read_ids(BufferRef ref) {
+  Impl& impl = *impl_;
+  impl.check_usable();
+  const uint32_t id = impl.graph.buffer_table().id(ref);
+  const Buffer& buffer = impl.graph.buffers()[id];
+  MK_CHECK(buffer_kind_info(buffer.kind).element == ElementType::kInt32,
+           "internal error: run_and_read_ids of a buffer that does not hold int32 values");
+  const size_t count = size_t(buffer.rows * buffer.cols);
+  auto* ids = static_cast<int32_t*>(impl.readback_staging.reserve(count * 4, "allocating pinned memory"));
+  impl.timed_pass([&] { impl.launch(impl.params); },
+                  [&] {
+                    check_kernel(impl.broken,
+                                 cudaMemcpyAsync(ids, impl.buffer_address[id], count * 4, cudaMemcpyDeviceToHost,
+                                                 impl.stream),
+                                 "reading back ids");
+                  });
+  return std::vector<int32_t>(ids, ids + count);
 }
 
 std::vector<float> GpuEngine::time_runs_per_step(int launches) {
