@@ -197,8 +197,6 @@ __device__ __forceinline__ void run_consumers(const MegakernelParams& p, uint32_
     // Decode: what depends on nothing in this launch (weights, older cache rows) starts before the wait.
     const bool weights_sent = is_decode_gemm(in.opcode) && early_weight_prologue(p, s, in, thread);
     if (in.opcode == Opcode::kDecodeAttention) prestage_decode_attention(p, s, in, thread);
-    if (in.opcode == Opcode::kDecodeOProj && i + 1 < end && thread < 32)
-      prefetch_next_decode_weights(p, p.instructions[i + 1], thread);
     if (rowwise && !consumers_wait(p, s, in, site, thread, healthy)) {
       ptx::cp_async_wait<0>();  // the early copies land before the CTA leaves
       return;

@@ -47,9 +47,6 @@ struct KernelConfig {
   // The output tile, idle in decode, holds each staged row's 1 / rms in its first kDecodeInvRmsBytes, then the fused
   // norm's weight (stage_decode_rows).
   static constexpr int kDecodeInvRmsBytes = 256;
-  // How much of the next decode GEMM tile's weights an o_proj tile asks L2 for while it waits
-  // (prefetch_next_decode_weights): 128 SMs x 192 KB, half the 50 MB L2.
-  static constexpr int kDecodeL2LookaheadBytes = 192 * 1024;
 
   // full/empty per stage, then staged (consumers -> storer), output_free (storer -> consumers), loaded (TMA ->
   // consumers), then ready/ready_free per slot of the counter poller's ring (poller -> producer, of kNumStages slots)

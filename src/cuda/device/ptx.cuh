@@ -53,11 +53,6 @@ __device__ __forceinline__ bool mbarrier_test_wait(uint64_t* barrier, uint32_t p
 
 // ---- TMA (bulk tensor copies) ----
 
-// Asks L2 for `bytes` (a multiple of 16) of global memory at `address` (16-byte aligned); nothing waits for it.
-__device__ __forceinline__ void prefetch_l2_bulk(const void* address, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(address), "r"(bytes) : "memory");
-}
-
 // Global -> shared, completing `bytes` on the barrier. Coordinates innermost first.
 __device__ __forceinline__ void tma_load_3d(void* destination, const CUtensorMap* map, uint64_t* barrier, int32_t c0,
                                             int32_t c1, int32_t c2) {

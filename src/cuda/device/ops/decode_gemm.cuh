@@ -16,7 +16,9 @@ namespace mk::gpu {
 // against the tile's input rows held there too (normalized once per tile). A tile's first weight steps are sent
 // before it waits for its inputs. NOTE: asking L2 for weights further ahead (the next tile's, or up to 1 MB of an
 // SM's upcoming tiles from the idle producer thread) made steps slower, 1.35 -> 1.43-1.50 ms (docs/perf.md):
-// the prefetches delay the latency-bound tiles' own loads. Passes of 3 or more rows go to the tensor cores instead
+// the prefetches delay the latency-bound tiles' own loads. Asking only while o_proj waits at the attention chain's end,
+// for the first 192 KB of the SM's next (gate_up) tile, made the step 4.6% longer too (ninth session, run 4): o_proj's
+// wait grew 8.9 -> 10.9 us, and gate_up's tiles did not get faster. Passes of 3 or more rows go to the tensor cores instead
 // (decode_gemm_mma.cuh), with the same staging and epilogues.
 // Batch rows one pass holds: the M of the tensor-core path's mma; more rows take more passes over the same weights.
 constexpr int kDecodeMaxRows = 16;
@@ -323,37 +325,6 @@ __device__ __forceinline__ void decode_gemm_rows(const MegakernelParams& p, cons
     }
   }
   ptx::cp_async_wait<0>();  // the trailing empty groups
-}
-
-// The head of the SM's next decode GEMM tile, asked of L2 while an o_proj tile waits: the weight rows of its first
-// output pairs, up to KernelConfig::kDecodeL2LookaheadBytes. NOTE: o_proj waits longest of a layer's tiles (9.6 us at
-// batch 1, the attention chain's end) while HBM idles (the trace's HBM-idle gaps), and the gate_up tile after it
-// streams 512 KB at the SM's share of bandwidth. Only contiguous runs of weight rows are asked for: gate_up's gate and
-// up rows of one kBlockN block, the rows of o_proj, down and the LM head; q and kv (pair order) are not.
-// Called by one warp.
-__device__ __forceinline__ void prefetch_next_decode_weights(const MegakernelParams& p, const Instruction& next,
-                                                             int lane) {
-  const bool gate_up = next.opcode == Opcode::kDecodeGateUp;
-  if (!gate_up && next.opcode != Opcode::kDecodeOProj && next.opcode != Opcode::kDecodeDown &&
-      next.opcode != Opcode::kDecodeLmHead)
-    return;
-  const DecodeGemmTask t = decode_gemm_task(p, next);
-  const int64_t row_bytes = int64_t(t.row_stride) * 2;
-  const int32_t budget_pairs = int32_t(KernelConfig::kDecodeL2LookaheadBytes / (2 * row_bytes));
-  // gate_up's pairs run in one kBlockN block of gate rows and the matching up rows; the others' are adjacent rows
-  const int32_t in_block = KernelConfig::kBlockN - next.col_begin % KernelConfig::kBlockN;
-  const int32_t pairs = min(budget_pairs, gate_up ? min(t.pairs, in_block) : t.pairs);
-  const int2 first = decode_weight_rows(p, next, 0);
-  const int32_t runs = gate_up ? 2 : 1;
-  const int64_t run_bytes = gate_up ? int64_t(pairs) * row_bytes : int64_t(2 * pairs) * row_bytes;
-  constexpr int64_t kChunk = 8 * 1024;  // one lane's request
-  const int64_t chunks_per_run = (run_bytes + kChunk - 1) / kChunk;
-  for (int64_t c = lane; c < runs * chunks_per_run; c += 32) {
-    const int32_t row = c / chunks_per_run == 0 ? first.x : first.y;
-    const int64_t offset = c % chunks_per_run * kChunk;
-    const uint8_t* base = reinterpret_cast<const uint8_t*>(t.w) + int64_t(row) * row_bytes + offset;
-    ptx::prefetch_l2_bulk(base, uint32_t(min(kChunk, run_bytes - offset)));
-  }
 }
 
 __device__ __forceinline__ bool is_decode_gemm(Opcode opcode) {
