@@ -96,7 +96,7 @@ struct MmaStream {
   }
   __device__ __forceinline__ void issue_prologue(const MegakernelParams& p, const Instruction& in,
                                                  const DecodeGemmTask& t) const {
-    for (int32_t step = 0; step < kStepBuffers - 1; ++step) issue(p, in, t, step);
+    for (int32_t step = 0; step < kStepBuffers; ++step) issue(p, in, t, step);
   }
 };
 
@@ -194,7 +194,7 @@ __device__ __forceinline__ void mma_steps(const MegakernelParams& p, const Instr
   if (!prologue_issued) stream.issue_prologue(p, in, t);
   for (int32_t step = 0; step < stream.steps; ++step) {
     __syncwarp();  // every lane's reads of the buffer refilled next (the previous step's) are done
-    stream.issue(p, in, t, step + kStepBuffers - 1);
+    issue_next_step(stream, p, in, t, step);
     ptx::cp_async_wait<kStepBuffers - 1>();
     __syncwarp();  // and the other lanes' copies of this step have landed
     mma_step<kGroups>(fragment_addresses, stream.own + step % kStepBuffers * kStepUint4s, stream.first_chunk(step),
