@@ -107,7 +107,9 @@ CLI::App* GenerateCommand::add(CLI::App& app) {
       ->capture_default_str();
   command->add_option("--top-p", sampling.top_p, "then from the fewest whose probability reaches p")
       ->capture_default_str();
-  command->add_option("--seed", sampling.seed, "seed of the sampling's random numbers")->capture_default_str();
+  command->add_option("--seed", sampling.seed, "seed of the sampling's random numbers")
+      ->capture_default_str()
+      ->check(kSeed);
   command
       ->add_option("--max-context", max_context,
                    "KV cache positions per sequence (default: longest prompt + new tokens, rounded up to 128)")
@@ -139,7 +141,9 @@ CLI::App* GenerateCommand::add(CLI::App& app) {
   command->add_option("--policy", policy, "cpu-vm: round-robin | cost-model")
       ->capture_default_str()
       ->check(CLI::IsMember({"round-robin", "cost-model"}));
-  command->add_option("--weights-seed", weights_seed, "seed of a preset's random weights")->capture_default_str();
+  command->add_option("--weights-seed", weights_seed, "seed of a preset's random weights")
+      ->capture_default_str()
+      ->check(kSeed);
   command
       ->add_option("--bandwidth", bandwidth_gbs, "GB/s of the bandwidth floor (default: the H200's measured 4.2 TB/s)")
       ->capture_default_str()

@@ -54,6 +54,19 @@ inline const CLI::Validator kPositiveFinite(
     },
     "POSITIVE");
 
+// A seed: a whole number in [0, 2^64). CLI11 alone takes both -1 and 99999999999999999999 as 2^64 - 1, so that
+// different seeds given would silently be one.
+inline const CLI::Validator kSeed(
+    [](std::string& text) {
+      uint64_t value = 0;
+      const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+      if (error == std::errc::result_out_of_range) return fmt::format("must be below 2^64, got {}", text);
+      if (error != std::errc() || end != text.data() + text.size())
+        return fmt::format("must be a whole number from 0, got {}", text);
+      return std::string();
+    },
+    "SEED");
+
 // A size flag: a whole number in [1, max]. 0 stands for "not given" internally, so a given size must be positive.
 inline CLI::Validator size_in_range(int64_t max) {
   return CLI::Validator(
@@ -92,7 +105,7 @@ struct ModelOptions {
     const CLI::Validator tokens = size_in_range(mk::kMaxTokens), columns = size_in_range(mk::kMaxColumns);
     command.add_option("--batch", batch, "sequences per forward pass (default: the preset's)")->check(tokens);
     command.add_option("--seq", seq_len, "tokens per sequence (default: the preset's)")->check(tokens);
-    command.add_option("--seed", seed, "seed of random weights and inputs")->capture_default_str();
+    command.add_option("--seed", seed, "seed of random weights and inputs")->capture_default_str()->check(kSeed);
     // Shape overrides change a preset: with --model they would be ignored.
     model_option->excludes(command.add_option("--layers", overrides.layers, "override the preset's layer count")
                                ->check(size_in_range(mk::kMaxLayers)));

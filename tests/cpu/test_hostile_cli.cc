@@ -66,6 +66,16 @@ TEST_F(Hostile, RunsTooLargeForThisHostAreRefusedBeforeAllocating) {
                  "of host memory, more than the");
 }
 
+TEST_F(Hostile, SeedsOutsideUint64AreRefusedNotSaturated) {
+  // Both ran with seed 2^64 - 1, as `--seed 18446744073709551615` does.
+  const std::string run = "run --preset tiny --engine reference --batch 1 --seq 4 --seed ";
+  expect_failure(run_mk(run + "99999999999999999999"), 2, "--seed: must be below 2^64, got 99999999999999999999");
+  expect_failure(run_mk(run + "-1"), 2, "--seed: must be a whole number from 0, got -1");
+  expect_failure(run_mk("generate --preset tiny --prompt-ids 1 --weights-seed -1"), 2, "--weights-seed: must be a");
+  expect_failure(run_mk("generate --preset tiny --prompt-ids 1 --temperature 1 --seed 18446744073709551616"), 2,
+                 "--seed: must be below 2^64");
+}
+
 // ---- data loss: outputs never land on inputs, and a failed write is a failure ----
 
 TEST_F(Hostile, OutputOntoTheInputIsRefused) {
