@@ -47,6 +47,12 @@ def _generate(model: Model, prompts: list[list[int]], max_new_tokens: int, optio
     sampling.seed = int(options["seed"])
     eos = options["eos_ids"]
     eos_ids = model.eos_ids if eos is None else [int(i) for i in eos]
+    if eos is not None:  # the caller's ids, not the model's: one outside the vocabulary is a mistake, never matched
+        vocab = int(model._config["vocab_size"])
+        for i in eos_ids:
+            if not 0 <= i < vocab:
+                raise _core.MkError(f"EOS id {i} (from eos_ids) is outside the vocabulary [0, {vocab}): "
+                                    "no token could end a sequence with it")
     return model._core.generate(options["engine"], prompts, int(max_new_tokens), sampling, eos_ids,
                                 int(options["max_context"] or 0), on_step)
 

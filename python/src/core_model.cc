@@ -191,15 +191,10 @@ GenerationResult CoreModel::generate(const GenerateRequest& request, const StepC
   MK_CHECK(c.has_embedding && c.has_lm_head, "model '{}' cannot generate: it has no {}", c.name,
            c.has_embedding ? "LM head" : "embedding");
   MK_CHECK(!request.prompts.empty(), "generate: no prompts");
+  check_prompt_ids(c, request.prompts);
   int64_t longest = 0;
-  for (size_t b = 0; b < request.prompts.size(); ++b) {
-    for (size_t i = 0; i < request.prompts[b].size(); ++i) {
-      const int32_t id = request.prompts[b][i];
-      MK_CHECK(id >= 0 && id < c.vocab_size, "prompt {}: token id {} at position {} is outside the vocabulary [0, {})",
-               b, id, i, c.vocab_size);
-    }
-    longest = std::max<int64_t>(longest, int64_t(request.prompts[b].size()));
-  }
+  for (const std::vector<int32_t>& prompt : request.prompts)
+    longest = std::max<int64_t>(longest, int64_t(prompt.size()));
   DecodeSetup setup;
   setup.batch = int64_t(request.prompts.size());
   setup.max_context =

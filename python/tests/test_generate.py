@@ -89,3 +89,17 @@ def test_errors(tiny):
         megakernel.Model.preset("seed", layers=1, d_model=256).generate([1], 2)
     with pytest.raises(MkError, match=r"stream\(\) takes one prompt|outside"):
         list(tiny.stream([1, 500], 2))
+
+
+def test_eos_ids_outside_the_vocabulary_are_refused(tiny):
+    # They were accepted, and generation ran on as if there were no EOS.
+    for eos in ([7, 384], [-1]):
+        with pytest.raises(MkError, match=rf"EOS id {eos[-1]} \(from eos_ids\) is outside the vocabulary \[0, 384\)"):
+            tiny.generate([1, 2], 2, engine="reference", eos_ids=eos)
+
+
+def test_negative_new_tokens_are_named_not_blamed_on_the_cache(tiny):
+    # With a prompt longer than -max_new_tokens, the default cache came to 1 position and the prompt was blamed.
+    for generation in (lambda: tiny.generate([1, 2, 3], -5), lambda: list(tiny.stream([1, 2, 3], -5))):
+        with pytest.raises(MkError, match=r"max new tokens must not be negative, got -5"):
+            generation()
