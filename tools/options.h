@@ -163,8 +163,11 @@ struct ModelOptions {
   }
 
   mk::ModelWeights weights(const mk::ModelConfig& config) const {
-    if (!model_dir.empty()) return mk::load_weights(model_dir, config);
-    return mk::random_weights(config, seed);
+    if (model_dir.empty()) return mk::random_weights(config, seed);
+    mk::ModelWeights weights = mk::load_weights(model_dir, config);
+    if (const std::string warning = mk::unused_tensors_warning(model_dir, weights); !warning.empty())
+      fmt::print(stderr, "{}\n", warning);
+    return weights;
   }
 };
 

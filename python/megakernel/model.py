@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any, Union
 
@@ -47,7 +48,10 @@ class Model:
         """Loads a model directory: config.json (Hugging Face LlamaForCausalLM) or mk_config.json (mk's own form, for
         models Hugging Face cannot describe), model.safetensors or sharded safetensors, and tokenizer.json (with its
         config files) when present."""
-        return cls(_core.Model.from_dir(os.fspath(directory)))
+        core = _core.Model.from_dir(os.fspath(directory))
+        if core.load_warning:  # transformers loads such a checkpoint with a warning too
+            warnings.warn(core.load_warning.removeprefix("warning: "), stacklevel=2)
+        return cls(core)
 
     @classmethod
     def preset(

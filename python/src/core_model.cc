@@ -91,6 +91,7 @@ std::unique_ptr<CoreModel> CoreModel::from_dir(const std::filesystem::path& dir)
   if (std::filesystem::is_regular_file(dir / "tokenizer.json")) model->tokenizer_.emplace(Tokenizer::load(dir));
   model->eos_ids_ = model_eos_ids(dir);
   if (model->eos_ids_.empty() && model->tokenizer_) model->eos_ids_ = model->tokenizer_->eos_ids();
+  model->load_warning_ = unused_tensors_warning(dir, model->weights_);
   return model;
 }
 
