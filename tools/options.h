@@ -48,7 +48,10 @@ inline const CLI::Validator kPositiveFinite(
     [](std::string& text) {
       double value = 0;
       const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-      if (error != std::errc() || end != text.data() + text.size()) return fmt::format("not a number: {}", text);
+      const bool whole_text = end == text.data() + text.size();
+      if (error == std::errc::result_out_of_range && whole_text)
+        return fmt::format("out of range (a double holds about 1e-308 to 1e308), got {}", text);
+      if (error != std::errc() || !whole_text) return fmt::format("not a number: {}", text);
       if (!std::isfinite(value) || value <= 0) return fmt::format("must be a positive finite number, got {}", text);
       return std::string();
     },
@@ -144,7 +147,13 @@ struct ModelOptions {
       MK_CHECK(!overrides.any(), "shape overrides apply to presets only, not to --model");
       return mk::load_model_dir_config(model_dir);
     }
-    return mk::preset_config(preset.empty() ? "seed" : preset, overrides);
+    const std::string name = preset.empty() ? "seed" : preset;
+    const int64_t head_dim = mk::find_preset(name).config.head_dim;
+    if (overrides.d_model != 0 && overrides.heads == 0 && overrides.d_model % head_dim != 0)
+      throw UsageError(fmt::format("--d-model {} is not a multiple of the {} preset's head_dim {}, so heads = "
+                                   "d_model / head_dim is not whole: give a multiple of {}, or --heads too",
+                                   overrides.d_model, name, head_dim, head_dim));
+    return mk::preset_config(name, overrides);
   }
 
   mk::RunShape shape() const {

@@ -12,6 +12,7 @@ from typing import Any, Union
 import numpy as np
 
 from . import _core
+from ._arguments import INT64, UINT64, checked_int
 from ._generation import Prompt, generate_ids, run_stream
 from .tokenizer import Tokenizer
 
@@ -69,8 +70,9 @@ class Model:
         weights of `seed`: the weights `mk run --preset NAME --seed SEED` runs. The shape overrides are mk's
         --layers, --d-model (which also sets heads = d_model / head_dim and d_ff = 4 d_model), --heads, --kv-heads
         and --d-ff."""
-        sizes = [layers, d_model, heads, kv_heads, d_ff]
-        return cls(_core.Model.from_preset(name, seed, *[0 if s is None else s for s in sizes]))
+        sizes = {"layers": layers, "d_model": d_model, "heads": heads, "kv_heads": kv_heads, "d_ff": d_ff}
+        checked = [0 if size is None else checked_int(size, key, INT64) for key, size in sizes.items()]
+        return cls(_core.Model.from_preset(name, checked_int(seed, "seed", UINT64), *checked))
 
     # ---- what the model is ----
 

@@ -103,3 +103,25 @@ def test_negative_new_tokens_are_named_not_blamed_on_the_cache(tiny):
     for generation in (lambda: tiny.generate([1, 2, 3], -5), lambda: list(tiny.stream([1, 2, 3], -5))):
         with pytest.raises(MkError, match=r"max new tokens must not be negative, got -5"):
             generation()
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (dict(prompt=[1, 2**31]), r"prompt 0: token id 2147483648 at position 1 is outside the vocabulary \[0, 384\)"),
+        (dict(prompt=[[3], [1, -(2**40)]]), r"prompt 1: token id -1099511627776 at position 1 is outside the vocab"),
+        (dict(eos_ids=[2**31]), r"EOS id 2147483648 \(from eos_ids\) is outside the vocabulary \[0, 384\)"),
+        (dict(seed=-1), r"seed must be in \[0, 2\^64\), got -1"),
+        (dict(seed=2**64), r"seed must be in \[0, 2\^64\), got 18446744073709551616"),
+        (dict(top_k=2**40), r"top_k must be in \[0, 2\^31\), got 1099511627776"),
+        (dict(max_new_tokens=2**70), r"max_new_tokens must be in \[-2\^63, 2\^63\), got 1180591620717411303424"),
+    ],
+)
+def test_integers_beyond_the_cores_types_raise_mk_error(tiny, arguments, message):
+    # They raised nanobind's TypeError with a dump of the binding's overloads, naming no argument.
+    arguments = {"prompt": [1, 2], "max_new_tokens": 2, **arguments}
+    with pytest.raises(MkError, match=message):
+        tiny.generate(engine="reference", **arguments)
+    if not isinstance(arguments["prompt"][0], list):  # stream() takes one prompt
+        with pytest.raises(MkError, match=message):
+            list(tiny.stream(engine="reference", **arguments))

@@ -76,6 +76,20 @@ TEST_F(Hostile, SeedsOutsideUint64AreRefusedNotSaturated) {
                  "--seed: must be below 2^64");
 }
 
+TEST_F(Hostile, DModelNotAMultipleOfHeadDimIsAUsageError) {
+  // 200 ran with one head of 128 columns; 32 blamed num_attention_heads, which was never given.
+  for (const char* command : {"run", "info", "schedule"}) {
+    expect_failure(run_mk(fmt::format("{} --preset seed --d-model 200", command)), 2,
+                   "--d-model 200 is not a multiple of the seed preset's head_dim 128");
+    expect_failure(run_mk(fmt::format("{} --preset tiny --d-model 32", command)), 2,
+                   "--d-model 32 is not a multiple of the tiny preset's head_dim 64");
+  }
+  // --heads derives nothing from d_model, and the kv heads follow it rather than d_model / head_dim.
+  const MkResult heads = run_mk("info --preset seed --d-model 200 --heads 3");
+  EXPECT_EQ(heads.status, 0) << heads.output;
+  EXPECT_THAT(heads.output, HasSubstr("d_model 200, d_ff 800, layers 8, heads 3 (kv 3, head_dim 128)"));
+}
+
 // ---- data loss: outputs never land on inputs, and a failed write is a failure ----
 
 TEST_F(Hostile, OutputOntoTheInputIsRefused) {

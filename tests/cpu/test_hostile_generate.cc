@@ -104,6 +104,15 @@ TEST_F(HostileGenerate, RealFlagsMustBePositiveAndFinite) {
   }
 }
 
+TEST_F(HostileGenerate, RealFlagsBeyondADoubleAreOutOfRangeNotNaN) {
+  // from_chars' out-of-range error read as "not a number: 1e999".
+  for (const char* args : {"--memory-budget 1e999", "--bandwidth 1e999", "--memory-budget 1e-999"}) {
+    const MkResult result = run_mk(generate(fmt::format("--prompt-ids 1 {}", args)));
+    expect_failure(result, 2, "out of range (a double holds about 1e-308 to 1e308), got 1e");
+    EXPECT_THAT(result.output, Not(HasSubstr("not a number")));
+  }
+}
+
 TEST(HostileGenerateApi, NegativeNewTokensAreNamedNotBlamedOnTheCache) {
   // A cache of (2 - 3) positions rounded up was 1, and generate() then blamed the prompt for not fitting it.
   EXPECT_THAT(error_of([] { mk::default_max_context(mk::find_preset("tiny").config, 2, -3); }),
