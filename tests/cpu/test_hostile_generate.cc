@@ -96,9 +96,9 @@ TEST_F(HostileGenerate, FlagsTheRunWouldIgnoreAreUsageErrors) {
 TEST_F(HostileGenerate, RealFlagsMustBePositiveAndFinite) {
   // nan passed CLI::PositiveNumber (a budget of nan meant the default; a floor of nan was printed), and its range
   // was printed as 0.000000 to DBL_MAX in 309 digits.
-  for (const std::string& args : {"--bandwidth nan", "--bandwidth inf", "--bandwidth -5", "--memory-budget nan",
-                                  "--memory-budget 0"}) {
-    const MkResult result = run_mk(generate("--prompt-ids 1 " + args));
+  for (const char* args : {"--bandwidth nan", "--bandwidth inf", "--bandwidth -5", "--memory-budget nan",
+                          "--memory-budget 0"}) {
+    const MkResult result = run_mk(generate(std::string("--prompt-ids 1 ") + args));
     expect_failure(result, 2, "must be a positive finite number, got");
     EXPECT_THAT(result.output, Not(HasSubstr("1797693134862315")));
   }
