@@ -33,9 +33,14 @@ def _prompts(model: Model, prompt: Prompt) -> tuple[list[list[int]], bool, bool]
     items = list(prompt)
     if items and all(isinstance(p, str) for p in items):
         return [model.encode(p) for p in items], True, True
-    if all(isinstance(p, (int, np.integer)) for p in items):
-        return [[int(i) for i in items]], False, False
-    return [[int(i) for i in p] for p in items], False, True
+    if all(np.ndim(p) == 0 for p in items):  # scalars: one prompt
+        return [_whole_ids(items, "prompt")], False, False
+    return [_whole_ids(p, f"prompt {index}") for index, p in enumerate(items)], False, True
+
+
+def _whole_ids(values: Any, name: str) -> list[int]:
+    """Token ids as ints; a float id (say from a float array) is refused rather than truncated to another id."""
+    return [checked_int(value, f"{name}'s token id", INT64) for value in values]
 
 
 def _generate(model: Model, prompts: list[list[int]], max_new_tokens: int, options: dict[str, Any],
@@ -48,7 +53,7 @@ def _generate(model: Model, prompts: list[list[int]], max_new_tokens: int, optio
     sampling.top_p = float(options["top_p"])
     sampling.seed = checked_int(options["seed"], "seed", UINT64)
     eos = options["eos_ids"]
-    eos_ids = model.eos_ids if eos is None else [int(i) for i in eos]
+    eos_ids = model.eos_ids if eos is None else _whole_ids(eos, "eos_ids")
     if eos is not None:  # the caller's ids, not the model's: one outside the vocabulary is a mistake, never matched
         vocab = int(model._config["vocab_size"])
         for i in eos_ids:

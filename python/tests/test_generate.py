@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
 import pytest
 
 import megakernel
@@ -96,6 +97,14 @@ def test_eos_ids_outside_the_vocabulary_are_refused(tiny):
     for eos in ([7, 384], [-1]):
         with pytest.raises(MkError, match=rf"EOS id {eos[-1]} \(from eos_ids\) is outside the vocabulary \[0, 384\)"):
             tiny.generate([1, 2], 2, engine="reference", eos_ids=eos)
+
+
+def test_float_ids_are_refused_not_truncated(tiny):
+    # int() made 1.9 the id 1, and a float array's ids pass through tolist() as floats.
+    for arguments in (dict(prompt=[1, 2.9]), dict(prompt=np.array([[1.0, 2.0]])), dict(eos_ids=[3.5])):
+        arguments = {"prompt": [1, 2], **arguments}
+        with pytest.raises(MkError, match=r"token id must be a whole number, got"):
+            tiny.generate(max_new_tokens=2, engine="reference", **arguments)
 
 
 def test_negative_new_tokens_are_named_not_blamed_on_the_cache(tiny):
