@@ -249,9 +249,8 @@ void GenerateCommand::check_flags_apply(const std::string& engine_name) const {
 std::vector<int32_t> GenerateCommand::eos_ids(const ModelConfig& config,
                                               const std::optional<Tokenizer>& tokenizer) const {
   if (!eos.empty()) {
-    std::vector<int32_t> ids = parse_token_ids(eos, "--eos");
-    check_eos_ids(config, ids, "--eos");
-    return ids;
+    const std::vector<int32_t> ids = parse_token_ids(eos, "--eos");
+    return checked_eos_ids(config, {ids.begin(), ids.end()}, "--eos");
   }
   std::vector<int32_t> ids = model_dir.empty() ? std::vector<int32_t>{} : model_eos_ids(model_dir);
   if (ids.empty() && tokenizer) ids = tokenizer->eos_ids();

@@ -175,7 +175,7 @@ struct ModelOptions {
     if (model_dir.empty()) return mk::random_weights(config, seed);
     mk::ModelWeights weights = mk::load_weights(model_dir, config);
     if (const std::string warning = mk::unused_tensors_warning(model_dir, weights); !warning.empty())
-      fmt::print(stderr, "{}\n", warning);
+      fmt::print(stderr, "warning: {}\n", warning);
     return weights;
   }
 };

@@ -52,6 +52,9 @@ std::optional<int64_t> json_to_int64(const nlohmann::json& value);
 std::optional<double> json_to_double(const nlohmann::json& value);
 // value.dump(), cut to about 80 characters and escaped: a value quoted in an error message.
 std::string json_excerpt(const nlohmann::json& value);
+// eos_token_id / bos_token_id as the config files write them: an id or a list of ids, each a whole number in
+// [0, 2^31) (bounded before the cast: 2^32 would become id 0); empty for null. `what` names the field in the error.
+std::vector<int32_t> json_token_ids(const nlohmann::json& value, const std::string& what);
 
 // ---- outputs ----
 

@@ -109,9 +109,13 @@ std::vector<int32_t> model_eos_ids(const std::filesystem::path& model_dir);
 
 // Throw mk::Error naming the first id outside the model's vocabulary, before any engine runs: a prompt's (by prompt
 // and position, which the engines, seeing a padded batch, cannot name), or a user's EOS id's (which no token could
-// match, so that generation would silently never stop at it). `eos_source` says where the EOS ids came from.
+// match, so that generation would silently never stop at it). `eos_source` says where the EOS ids came from. The
+// ids come as int64 from APIs whose integers are wider than a token id (Python's); checked, they fit int32.
 void check_prompt_ids(const ModelConfig& config, const std::vector<std::vector<int32_t>>& prompts);
-void check_eos_ids(const ModelConfig& config, const std::vector<int32_t>& eos_ids, const std::string& eos_source);
+std::vector<std::vector<int32_t>> checked_prompt_ids(const ModelConfig& config,
+                                                     const std::vector<std::vector<int64_t>>& prompts);
+std::vector<int32_t> checked_eos_ids(const ModelConfig& config, const std::vector<int64_t>& eos_ids,
+                                     const std::string& eos_source);
 
 // The cache positions a generation needs: the longest prompt plus the new tokens, rounded up to whole KV blocks,
 // capped at the model's max_position_embeddings (RoPE models).

@@ -53,7 +53,7 @@ ModelWeights random_weights(const ModelConfig& config, uint64_t seed);
 
 // Loads `dir`/model.safetensors, or the shards listed in `dir`/model.safetensors.index.json.
 ModelWeights load_weights(const std::filesystem::path& dir, const ModelConfig& config);
-// A warning naming load_weights' unused tensors (the first few), or "" when every tensor is used.
+// The warning (without a "warning:" prefix) naming load_weights' unused tensors, the first few; "" when all are used.
 std::string unused_tensors_warning(const std::filesystem::path& dir, const ModelWeights& weights);
 // The files load_weights reads (the index included): what no output may overwrite.
 std::vector<std::filesystem::path> weight_files(const std::filesystem::path& dir);

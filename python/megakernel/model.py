@@ -51,7 +51,7 @@ class Model:
         config files) when present."""
         core = _core.Model.from_dir(os.fspath(directory))
         if core.load_warning:  # transformers loads such a checkpoint with a warning too
-            warnings.warn(core.load_warning.removeprefix("warning: "), stacklevel=2)
+            warnings.warn(core.load_warning, stacklevel=2)
         return cls(core)
 
     @classmethod

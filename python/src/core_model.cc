@@ -192,10 +192,11 @@ GenerationResult CoreModel::generate(const GenerateRequest& request, const StepC
   MK_CHECK(c.has_embedding && c.has_lm_head, "model '{}' cannot generate: it has no {}", c.name,
            c.has_embedding ? "LM head" : "embedding");
   MK_CHECK(!request.prompts.empty(), "generate: no prompts");
-  check_prompt_ids(c, request.prompts);
+  const std::vector<std::vector<int32_t>> prompts = checked_prompt_ids(c, request.prompts);
+  GenerationOptions options = request.options;
+  options.eos_ids = request.eos_ids ? checked_eos_ids(c, *request.eos_ids, "eos_ids") : eos_ids_;
   int64_t longest = 0;
-  for (const std::vector<int32_t>& prompt : request.prompts)
-    longest = std::max<int64_t>(longest, int64_t(prompt.size()));
+  for (const std::vector<int32_t>& prompt : prompts) longest = std::max<int64_t>(longest, int64_t(prompt.size()));
   DecodeSetup setup;
   setup.batch = int64_t(request.prompts.size());
   setup.max_context =
@@ -212,7 +213,7 @@ GenerationResult CoreModel::generate(const GenerateRequest& request, const StepC
     decoder_ = make_decoder(engine, weights_, setup);
     decoder_key_ = key;
   }
-  return mk::generate(*decoder_, request.prompts, request.options, on_step);
+  return mk::generate(*decoder_, prompts, options, on_step);
 }
 
 void CoreModel::clear_engines() {

@@ -43,8 +43,9 @@ int64_t output_cols(const ModelConfig& config);  // vocab_size with an LM head, 
 // One generation as megakernel.Model.generate asks for it.
 struct GenerateRequest {
   std::string engine = "auto";  // auto: the cpu-vm until the gpu engine can generate (as `mk generate`)
-  std::vector<std::vector<int32_t>> prompts;
-  GenerationOptions options;
+  std::vector<std::vector<int64_t>> prompts;  // Python's ids, checked against the vocabulary by generate()
+  std::optional<std::vector<int64_t>> eos_ids;  // the caller's, checked likewise; none: the model's (eos_ids())
+  GenerationOptions options;  // its eos_ids are set by generate()
   ref::SamplingParams sampling;
   int64_t max_context = 0;  // 0: the longest prompt plus max_new_tokens, in whole KV blocks
 };

@@ -200,20 +200,20 @@ void bind_model(nb::module_& m) {
       .def_prop_ro("load_warning", &CoreModel::load_warning)
       .def(
           "generate",
-          [](CoreModel& model, const std::string& engine, std::vector<std::vector<int32_t>> prompts,
-             int64_t max_new_tokens, const ref::SamplingParams& sampling, std::vector<int32_t> eos_ids,
-             int64_t max_context, nb::object on_step) {
+          [](CoreModel& model, const std::string& engine, std::vector<std::vector<int64_t>> prompts,
+             int64_t max_new_tokens, const ref::SamplingParams& sampling,
+             std::optional<std::vector<int64_t>> eos_ids, int64_t max_context, nb::object on_step) {
             GenerationOptions options;
             options.max_new_tokens = max_new_tokens;
-            options.eos_ids = std::move(eos_ids);
             GenerateRequest request{.engine = engine,
                                     .prompts = std::move(prompts),
+                                    .eos_ids = std::move(eos_ids),
                                     .options = std::move(options),
                                     .sampling = sampling,
                                     .max_context = max_context};
             return generate(model, std::move(request), std::move(on_step));
           },
-          nb::arg("engine"), nb::arg("prompts"), nb::arg("max_new_tokens"), nb::arg("sampling"), nb::arg("eos_ids"),
+          nb::arg("engine"), nb::arg("prompts"), nb::arg("max_new_tokens"), nb::arg("sampling"), nb::arg("eos_ids").none(),
           nb::arg("max_context"), nb::arg("on_step").none())
       // Without the GIL: it waits for the model's mutex, which a generation holds while its callback takes the GIL.
       .def("clear_engines", &CoreModel::clear_engines, nb::call_guard<nb::gil_scoped_release>());

@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
-#include <optional>
 
 #include "mk/buffers.h"
 #include "mk/check.h"
@@ -118,35 +117,46 @@ std::vector<int32_t> model_eos_ids(const std::filesystem::path& model_dir) {
     MK_CHECK(json.is_object(), "{}: expected a JSON object, got {}", path.string(), json_excerpt(json));
     const auto eos = json.find("eos_token_id");
     if (eos == json.end() || eos->is_null()) continue;
-    std::vector<int32_t> ids;
-    for (const nlohmann::json& id : eos->is_array() ? *eos : nlohmann::json::array({*eos})) {
-      const std::optional<int64_t> value = id.is_number_integer() ? json_to_int64(id) : std::nullopt;
-      MK_CHECK(value && *value >= 0 && *value <= INT32_MAX,
-               "{}: eos_token_id must be a token id (a whole number in [0, 2^31)) or a list of them, got {}",
-               path.string(), json_excerpt(*eos));
-      ids.push_back(int32_t(*value));
-    }
-    return ids;
+    return json_token_ids(*eos, path.string() + ": eos_token_id");
   }
   return {};
 }
 
-void check_prompt_ids(const ModelConfig& config, const std::vector<std::vector<int32_t>>& prompts) {
+namespace {
+
+template <typename Id>
+void check_prompt_ids_of(const ModelConfig& config, const std::vector<std::vector<Id>>& prompts) {
   for (size_t b = 0; b < prompts.size(); ++b) {
     for (size_t i = 0; i < prompts[b].size(); ++i) {
-      const int32_t id = prompts[b][i];
+      const Id id = prompts[b][i];
       MK_CHECK(id >= 0 && id < config.vocab_size,
                "prompt {}: token id {} at position {} is outside the vocabulary [0, {})", b, id, i, config.vocab_size);
     }
   }
 }
 
-void check_eos_ids(const ModelConfig& config, const std::vector<int32_t>& eos_ids, const std::string& eos_source) {
-  for (const int32_t id : eos_ids) {
+}  // namespace
+
+void check_prompt_ids(const ModelConfig& config, const std::vector<std::vector<int32_t>>& prompts) {
+  check_prompt_ids_of(config, prompts);
+}
+
+std::vector<std::vector<int32_t>> checked_prompt_ids(const ModelConfig& config,
+                                                     const std::vector<std::vector<int64_t>>& prompts) {
+  check_prompt_ids_of(config, prompts);
+  std::vector<std::vector<int32_t>> narrow;
+  for (const std::vector<int64_t>& prompt : prompts) narrow.emplace_back(prompt.begin(), prompt.end());
+  return narrow;
+}
+
+std::vector<int32_t> checked_eos_ids(const ModelConfig& config, const std::vector<int64_t>& eos_ids,
+                                     const std::string& eos_source) {
+  for (const int64_t id : eos_ids) {
     MK_CHECK(id >= 0 && id < config.vocab_size,
              "EOS id {} (from {}) is outside the vocabulary [0, {}): no token could end a sequence with it", id,
              eos_source, config.vocab_size);
   }
+  return {eos_ids.begin(), eos_ids.end()};
 }
 
 int64_t default_max_context(const ModelConfig& config, int64_t longest_prompt, int64_t max_new_tokens) {

@@ -121,7 +121,7 @@ WeightLayout weight_layout(const std::filesystem::path& dir) {
 // Every tensor name of the layout's files but those used and the rotary tables some checkpoints carry (mk computes
 // RoPE itself, as transformers does). Shards only the index names are not opened.
 std::vector<std::string> unused_tensors(const WeightLayout& layout,
-                                        std::map<std::string, std::unique_ptr<SafetensorsFile>>& open_files,
+                                        const std::map<std::string, std::unique_ptr<SafetensorsFile>>& open_files,
                                         const std::set<std::string>& used) {
   std::vector<std::string> names;
   if (layout.index_path.empty()) {
@@ -181,7 +181,7 @@ std::string unused_tensors_warning(const std::filesystem::path& dir, const Model
   if (unused.empty()) return "";
   constexpr size_t kNamesShown = 4;
   const std::vector<std::string> shown(unused.begin(), unused.begin() + std::min(unused.size(), kNamesShown));
-  return fmt::format("warning: {} holds {} tensor(s) the model's config leaves unused ({}{}): does its "
+  return fmt::format("{} holds {} tensor(s) the model's config leaves unused ({}{}): does its "
                      "num_hidden_layers ({}) or tie_word_embeddings match the weights?",
                      dir.string(), unused.size(), fmt::join(shown, ", "), unused.size() > kNamesShown ? ", ..." : "",
                      weights.config.n_layers);

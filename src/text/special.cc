@@ -2,9 +2,10 @@
 // add_eos_token), and the BOS/EOS ids that the model directory's config files declare.
 #include "special.h"
 
-#include <cstdint>
+#include <fmt/format.h>
 
 #include "json_fields.h"
+#include "mk/files.h"
 
 namespace mk::text {
 
@@ -60,16 +61,8 @@ std::string config_token(const json& config, const char* key) {
 
 // An id or a list of ids (generation_config.json and config.json allow both); empty when absent or null.
 std::vector<int32_t> config_ids(const json& config, const char* key, std::string_view file) {
-  std::vector<int32_t> ids;
-  if (!config.is_object() || !config.contains(key) || config[key].is_null()) return ids;
-  const json& value = config[key];
-  for (const json& id : value.is_array() ? value : json::array({value})) {
-    // Bounded before the cast: 2^32 would become id 0.
-    MK_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() <= INT32_MAX,
-             "{}: \"{}\" must be an id or a list of ids, got {}", file, key, brief(value));
-    ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
-  }
-  return ids;
+  if (!config.is_object() || !config.contains(key)) return {};
+  return json_token_ids(config[key], fmt::format("{}: \"{}\"", file, key));
 }
 
 }  // namespace

@@ -182,7 +182,8 @@ TEST(TokenizerSpecial, ConfigIdsBeyondInt32AreRefusedNotWrapped) {
   // 2^32 was cast to int32 and became id 0, which the vocabulary holds: EOS <unk>, with no word said.
   for (const char* config : {R"({"eos_token_id": 4294967296})", R"({"bos_token_id": [4294967297]})"}) {
     write(dir.path() / "generation_config.json", config);
-    EXPECT_THAT(error_of([&] { mk::Tokenizer::load(dir.path()); }), HasSubstr("must be an id or a list of ids"))
+    EXPECT_THAT(error_of([&] { mk::Tokenizer::load(dir.path()); }),
+                HasSubstr("must be a token id (a whole number in [0, 2^31))"))
         << config;
   }
 }
