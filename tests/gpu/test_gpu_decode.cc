@@ -146,38 +146,19 @@ TEST_F(Gpu, DecodeMissingSignalIsReportedNamingTheWait) {
   const RunShape shape{2, 1, PassKind::kDecode, 128};
   const Graph graph(config, shape);
   Schedule schedule = schedule_for(graph);
-  // Plant a wait for one signal more than its counter ever gets, on the sample task: nothing waits for it, so the
-  // planted wait is the only one that can stall.
-  uint32_t planted_counter = 0;
-  uint32_t planted_task = 0;
-  bool planted = false;
-  for (Instruction& in : schedule.instructions) {
-    if (in.opcode != Opcode::kSample || in.num_waits == 0) continue;
-    const Wait original = schedule.waits[in.wait_begin];
-    planted_counter = original.counter;
-    planted_task = in.task;
-    schedule.waits.push_back({original.counter, original.target + 1});
-    in.wait_begin = uint32_t(schedule.waits.size() - 1);
-    in.num_waits = 1;
-    planted = true;
-    break;
-  }
-  ASSERT_TRUE(planted) << "the decode schedule has no sample task with a wait";
+  // The planted wait is on the sample task: nothing waits for it, so it is the only wait that can stall.
+  const PlantedWait planted = plant_missing_signal(schedule, Opcode::kSample);
+  ASSERT_TRUE(planted.planted) << "the decode schedule has no sample task with a wait";
   GpuEngine gpu(graph, schedule, random_weights(config, 1), {.stall_timeout_s = 0.5, .verify = false});
   ref::ModelInput input;
   input.shape = shape;
   input.tokens = {1, 2};
   input.positions = {3, 7};
   gpu.set_input(input);
-  std::string message;
-  try {
-    gpu.run();
-  } catch (const Error& error) {
-    message = error.what();
-  }
+  const std::string message = error_of_run(gpu);
   EXPECT_THAT(message, HasSubstr("megakernel stall: SM"));
-  EXPECT_THAT(message, HasSubstr(fmt::format("(task {}: sample", planted_task)));
-  EXPECT_THAT(message, HasSubstr(fmt::format("counter {},", planted_counter)));
+  EXPECT_THAT(message, HasSubstr(fmt::format("(task {}: sample", planted.task)));
+  EXPECT_THAT(message, HasSubstr(fmt::format("counter {},", planted.counter)));
 }
 
 TEST_F(Gpu, DecodeRefusesWhatItCannotServe) {
