@@ -56,17 +56,29 @@ clock_summary() {
     }'
 }
 
-# build_old: builds mk from the tree under old/ (scripts/gpu_snapshot.sh REF OLD_REF) once; false if there is none.
+# build_old: builds mk from each tree under old/ and old2/ (scripts/gpu_snapshot.sh REF OLD_REF [OLD2_REF]) once,
+# into build-old/ and build-old2/; false if there is no old/. Sets ab_trees: new, old, and old2 when there is one.
 build_old() {
   if [ ! -d "$root/old" ]; then
     echo "!!! no old/ tree here (scripts/gpu_snapshot.sh REF OLD_REF)"
     status=1
     return 1
   fi
-  [ -x "$root/build-old/mk" ] && return 0
-  step build-old bash -c "cmake -S '$root/old' -B '$root/build-old' -G Ninja -DCMAKE_BUILD_TYPE=Release &&
-                          cmake --build '$root/build-old' -j $(nproc) --target mk"
-  [ -x "$root/build-old/mk" ]
+  ab_trees="new"
+  for tree in old old2; do
+    [ -d "$root/$tree" ] || continue
+    if [ ! -x "$root/build-$tree/mk" ]; then
+      step "build-$tree" bash -c "cmake -S '$root/$tree' -B '$root/build-$tree' -G Ninja -DCMAKE_BUILD_TYPE=Release &&
+                                  cmake --build '$root/build-$tree' -j $(nproc) --target mk"
+    fi
+    [ -x "$root/build-$tree/mk" ] || return 1
+    ab_trees="$ab_trees $tree"
+  done
+}
+
+# The mk binary of an A/B tree: new is this tree's build.
+tree_binary() {
+  if [ "$1" = new ]; then echo "$build/mk"; else echo "$root/build-$1/mk"; fi
 }
 
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --format=csv >"$out/gpu.txt" 2>&1
@@ -180,15 +192,15 @@ for s in $steps; do
       grep -E "^=== trace|^trace \(gpu\)" "$out/traces.log"
       ;;
     ab)
-      # The tree under old/ (scripts/gpu_snapshot.sh REF OLD_REF) against this one, alternating in this call, twice:
+      # The trees under old/ and old2/ (scripts/gpu_snapshot.sh REF OLD_REF [OLD2_REF]) against this one, alternating
+      # in this call, twice:
       # `mk run --preset seed` with each of AB_ARGS' ;-separated shape flags (default: the seed and S=4096).
       build_old || continue
       IFS=';' read -ra shapes <<<"${AB_ARGS:---seq 256 --iterations 200;--seq 4096 --iterations 30}"
       for _ in 1 2; do
         for shape in "${shapes[@]}"; do
-          for tree in new old; do
-            binary=$build/mk
-            [ "$tree" = old ] && binary=$root/build-old/mk
+          for tree in $ab_trees; do
+            binary=$(tree_binary "$tree")
             # shellcheck disable=SC2086  # the shape is flags, split on purpose
             time_line=$(timeout 300 "$binary" run --preset seed $shape --engine gpu 2>&1 | grep -E '^time') || {
               time_line=failed
@@ -215,15 +227,15 @@ for s in $steps; do
       done
       ;;
     ab_decode)
-      # Decode against old/'s tree, alternating, twice: `mk generate`'s p50 per token on the Llama-3.2-1B shape
-      # (random weights, 896-token prompt, 128 new tokens, context 1024) at each of AB_DECODE_BATCHES (default 1 8).
+      # Decode against old/'s tree (and old2/'s), alternating, twice: `mk generate`'s p50 per token on the
+      # Llama-3.2-1B shape (random weights, 896-token prompt, 128 new tokens, context 1024) at each of
+      # AB_DECODE_BATCHES (default 1 8).
       build_old || continue
       prompt=$(seq -s, 1 896)
       for _ in 1 2; do
         for batch in ${AB_DECODE_BATCHES:-1 8}; do
-          for tree in new old; do
-            binary=$build/mk
-            [ "$tree" = old ] && binary=$root/build-old/mk
+          for tree in $ab_trees; do
+            binary=$(tree_binary "$tree")
             p50_line=$(timeout 300 "$binary" generate --preset llama-3.2-1b --engine gpu --prompt-ids "$prompt" \
               --batch "$batch" --max-new-tokens 128 --max-context 1024 --stream none 2>&1 | grep -E 'p50') || {
               p50_line=failed

@@ -122,6 +122,15 @@ TEST_F(Gpu, TensorCoreDecodePassesOverKRanges) {
   check_generation(small_config(4352, 8256, 68, 17, 64, true, true, 1), {5, 9, 3, 7}, 4, 128, 30);
 }
 
+TEST_F(Gpu, DecodeKRangesHoldForTheLastShorterPass) {
+  // d_ff 4160 = 65 blocks of 64 at batch 31: down's passes are 16 and 15 rows. 16 rows take 5 K ranges; 15 rows
+  // alone would take none (2-4 do not divide 65 blocks) and overran the staging space before the ranges were the
+  // full pass's.
+  std::vector<int64_t> prompt_lengths;
+  for (int64_t b = 0; b < 31; ++b) prompt_lengths.push_back(1 + b % 7);
+  check_generation(small_config(256, 4160, 4, 2, 64, true, true, 1), prompt_lengths, 3, 64, 31);
+}
+
 TEST_F(Gpu, GenerationOnTheTinyPresetMatchesTheForwardPass) {
   check_generation(find_preset("tiny").config, {8, 5}, 16, 64, 24);
 }

@@ -275,6 +275,14 @@ __device__ __forceinline__ int32_t decode_pass_rows(const Instruction& in, const
   return decode_k_ranges(in, t, in_ranges) > 0 ? in_ranges : balanced(decode_rows_at_full_k(t));
 }
 
+// K ranges every pass of task t takes: a full pass's (decode_pass_rows), the last, shorter pass's too. NOTE: not each
+// pass's own count: at k = 4160 (65 blocks of 64) a pass of 16 rows takes 5 ranges, but one of 15 rows would take none
+// (2-4 ranges do not divide 65 blocks), and was staged at full K over the weight ring (review, ninth session). Ranges
+// that fit a full pass fit a shorter one.
+__device__ __forceinline__ int32_t decode_pass_ranges(const Instruction& in, const DecodeGemmTask& t) {
+  return decode_k_ranges(in, t, decode_pass_rows(in, t));
+}
+
 // A pass of staged rows [b0, b0 + rows) over `ranges` K ranges (decode_k_ranges > 1), the first range's weight
 // prologue already issued: each later range's goes out before its rows are staged, so the two land in one round
 // trip. Ends with the consumers synchronized.
@@ -309,7 +317,7 @@ __device__ __forceinline__ void decode_gemm_mma_ranges(const MegakernelParams& p
 __device__ __forceinline__ void issue_pass_prologue(const MegakernelParams& p, const Instruction& in,
                                                     const DecodeGemmTask& t, int32_t rows, uint4* ring,
                                                     int consumer_thread) {
-  const int32_t ranges = decode_k_ranges(in, t, rows);
+  const int32_t ranges = decode_pass_ranges(in, t);
   if (ranges > 1) {
     const DecodeGemmTask first = decode_k_range(t, 0, t.k / ranges);
     MmaStream<1>(first, ring, consumer_thread).issue_prologue(p, in, first);
@@ -343,9 +351,9 @@ __device__ __forceinline__ void run_decode_gemm(const MegakernelParams& p, const
   uint4* ring = reinterpret_cast<uint4*>(s.stages + kStagedRowBytes);
   float* scratch = reinterpret_cast<float*>(s.output);
   const int32_t per_pass = decode_pass_rows(in, t);
+  const int32_t ranges = decode_pass_ranges(in, t);
   for (int32_t b0 = t.batch_begin; b0 < t.batch_end; b0 += per_pass) {
     const int32_t rows = min(per_pass, t.batch_end - b0);
-    const int32_t ranges = decode_k_ranges(in, t, rows);
     bool issued = prologue_issued && b0 == t.batch_begin;  // later passes stream the weights again
     if (!issued && in.opcode != Opcode::kDecodeOProjCombine) {
       issue_pass_prologue(p, in, t, rows, ring, consumer_thread);  // the previous pass ended synchronized
