@@ -95,6 +95,18 @@ struct TraceSummary {
   double hbm_idle_ns = 0;
   size_t hbm_gaps = 0;
   std::vector<HbmGap> longest_hbm_gaps;  // the 8 longest
+  // Each op's phase in a layer, from its tiles' first start (past their counter waits) to their median end (body)
+  // and on to the last end (tail), means over the layers the op runs in; and the SM that ended the op's phase last
+  // in the most layers: a straggler the schedule repeats holds back everything after the phase. In program order.
+  struct LayerPhase {
+    std::string op;
+    size_t layers = 0;
+    double body_ns = 0;
+    double tail_ns = 0;
+    uint32_t last_sm = 0;
+    size_t last_sm_layers = 0;  // of `layers`
+  };
+  std::vector<LayerPhase> layer_phases;
 };
 TraceSummary summarize_trace(const Graph& graph, const Schedule& schedule, const Trace& trace);
 std::string format_trace_summary(const Graph& graph, const TraceSummary& summary, const Trace& trace);

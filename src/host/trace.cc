@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <limits>
 #include <map>
 
 #include "mk/check.h"
@@ -130,6 +131,49 @@ std::vector<std::string> ops_during(const Graph& graph, const Trace& trace, doub
   std::vector<std::string> names;
   for (size_t i = 0; i < by_time.size() && i < 2; ++i) names.push_back(by_time[i].second);
   return names;
+}
+
+// Fills the summary's per-layer phases (TraceSummary::LayerPhase).
+void summarize_layer_phases(const Graph& graph, const Trace& trace, TraceSummary& summary) {
+  struct Phase {
+    double first_start = std::numeric_limits<double>::infinity();
+    std::vector<double> ends;
+    double last_end = -std::numeric_limits<double>::infinity();
+    uint32_t last_sm = 0;
+  };
+  std::map<std::pair<Opcode, uint16_t>, Phase> phases;  // (op, layer)
+  for (const TraceRecord& r : trace.records) {
+    const Task& task = graph.tasks()[r.task];
+    Phase& phase = phases[{task.opcode, task.layer}];
+    phase.first_start = std::min(phase.first_start, r.waits_done >= 0 ? r.waits_done : r.start);
+    phase.ends.push_back(r.end);
+    if (r.end > phase.last_end) {
+      phase.last_end = r.end;
+      phase.last_sm = r.sm;
+    }
+  }
+  std::map<Opcode, std::pair<TraceSummary::LayerPhase, std::map<uint32_t, size_t>>> by_op;  // and last-SM counts
+  for (auto& [key, phase] : phases) {
+    auto& [out, last_sms] = by_op[key.first];
+    auto median = phase.ends.begin() + phase.ends.size() / 2;
+    std::nth_element(phase.ends.begin(), median, phase.ends.end());
+    out.op = opcode_name(key.first);
+    out.layers += 1;
+    out.body_ns += *median - phase.first_start;
+    out.tail_ns += phase.last_end - *median;
+    last_sms[phase.last_sm] += 1;
+  }
+  for (auto& [opcode, entry] : by_op) {
+    auto& [out, last_sms] = entry;
+    out.body_ns /= double(out.layers);
+    out.tail_ns /= double(out.layers);
+    for (const auto& [sm, layers] : last_sms) {
+      if (layers <= out.last_sm_layers) continue;
+      out.last_sm = sm;
+      out.last_sm_layers = layers;
+    }
+    summary.layer_phases.push_back(out);
+  }
 }
 
 // Fills the summary's HBM-idle gaps: the complement, within the span, of the union of streaming tiles' run times.
@@ -264,6 +308,7 @@ TraceSummary summarize_trace(const Graph& graph, const Schedule& schedule, const
   std::reverse(summary.critical_path.begin(), summary.critical_path.end());
   summary.waited_on = summarize_waited_on(graph, schedule, trace, signals);
   summarize_hbm_gaps(graph, trace, first, last, summary);
+  summarize_layer_phases(graph, trace, summary);
   return summary;
 }
 
@@ -329,6 +374,12 @@ std::string format_trace_summary(const Graph& graph, const TraceSummary& s, cons
       out += fmt::format("  {:>8.2f} us at {:.1f} us: {}\n", (gap.end_ns - gap.begin_ns) / 1e3, gap.begin_ns / 1e3,
                          gap.during.empty() ? std::string("nothing") : fmt::format("{}", fmt::join(gap.during, ", ")));
   }
+  out += "per layer (means over the layers an op runs in, us): its tiles' first start past their waits to their\n"
+         "median end, on to the last end, and the SM that ended it last in the most layers\n";
+  out += fmt::format("  {:<17} {:>7} {:>9} {:>8}   {}\n", "op", "layers", "to median", "tail", "last SM");
+  for (const auto& phase : s.layer_phases)
+    out += fmt::format("  {:<17} {:>7} {:>9.2f} {:>8.2f}   SM {} ({} of {})\n", phase.op, phase.layers,
+                       phase.body_ns / 1e3, phase.tail_ns / 1e3, phase.last_sm, phase.last_sm_layers, phase.layers);
   out += fmt::format("observed critical path ({} tasks):", s.critical_path.size());
   std::string previous;
   size_t run = 0;

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <map>
 #include <set>
 
 #include "mk/cpu_vm.h"
@@ -262,6 +263,60 @@ Trace back_to_back(const Schedule& schedule) {
   }
   trace.launch_ns = trace.records.back().end;
   return trace;
+}
+
+// The per-layer phases on a hand-timed trace: every tile of an (op, layer) starts at one time and takes 1 us, but
+// those on SM 2 take 3 us. An op whose tiles in every layer are at least 3 with fewer than half on SM 2 then has a
+// body of 1 us (first start to median end), a tail of 2 us, and SM 2 last in every layer.
+TEST(TraceSummary, FindsEachLayersStragglerSm) {
+  const ModelConfig config = find_preset("tiny").config;
+  const Graph graph(config, {2, 1, PassKind::kDecode, 256});
+  const Schedule schedule = make_schedule(graph, derive_dependencies(graph), SchedulePolicy::kRoundRobin, 3);
+  std::map<std::pair<Opcode, uint16_t>, double> base;  // (op, layer) -> its tiles' start
+  std::map<std::pair<Opcode, uint16_t>, std::pair<int, int>> tiles;  // (op, layer) -> (tiles, on SM 2)
+  Trace trace;
+  trace.engine = "gpu";
+  trace.num_sms = schedule.num_sms;
+  for (int32_t sm = 0; sm < schedule.num_sms; ++sm) {
+    for (uint32_t i = schedule.sm_begin[sm]; i < schedule.sm_begin[sm + 1]; ++i) {
+      const Task& task = graph.tasks()[schedule.instructions[i].task];
+      const auto key = std::make_pair(task.opcode, task.layer);
+      if (!base.count(key)) base[key] = 10000.0 * double(base.size());
+      tiles[key].first += 1;
+      tiles[key].second += sm == 2;
+      TraceRecord r;
+      r.sm = uint32_t(sm);
+      r.index = i - schedule.sm_begin[sm];
+      r.task = schedule.instructions[i].task;
+      r.start = r.waits_done = base[key];
+      r.math_done = r.start + 500;
+      r.end = r.start + (sm == 2 ? 3000 : 1000);
+      trace.records.push_back(r);
+    }
+  }
+  trace.launch_ns = 10000.0 * double(base.size());
+  std::map<Opcode, bool> straggled;  // every layer: at least 3 tiles, fewer than half (and some) on SM 2
+  for (const auto& [key, count] : tiles) {
+    const bool ok = count.first >= 3 && count.second > 0 && 2 * count.second < count.first;
+    straggled[key.first] = straggled.count(key.first) ? straggled[key.first] && ok : ok;
+  }
+  const TraceSummary summary = summarize_trace(graph, schedule, trace);
+  size_t checked = 0;
+  for (const TraceSummary::LayerPhase& phase : summary.layer_phases) {
+    ASSERT_GT(phase.layers, 0u);
+    EXPECT_LE(phase.last_sm_layers, phase.layers);
+    for (const auto& [opcode, ok] : straggled) {
+      if (!ok || opcode_name(opcode) != phase.op) continue;
+      EXPECT_DOUBLE_EQ(phase.body_ns, 1000) << phase.op;
+      EXPECT_DOUBLE_EQ(phase.tail_ns, 2000) << phase.op;
+      EXPECT_EQ(phase.last_sm, 2u) << phase.op;
+      EXPECT_EQ(phase.last_sm_layers, phase.layers) << phase.op;
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 0u) << "no op with a straggler to check: change the schedule";
+  EXPECT_EQ(summary.layer_phases.size(), straggled.size());
+  EXPECT_NE(format_trace_summary(graph, summary, trace).find("per layer"), std::string::npos);
 }
 
 // A decode step's HBM-idle gaps on a hand-timed trace: with every tile 1 us back to back, the gaps are exactly the
