@@ -229,7 +229,7 @@ for s in $steps; do
     ab_decode)
       # Decode against old/'s tree (and old2/'s), alternating, twice: `mk generate`'s p50 per token on the
       # Llama-3.2-1B shape (random weights, 896-token prompt, 128 new tokens, context 1024) at each of
-      # AB_DECODE_BATCHES (default 1 8).
+      # AB_DECODE_BATCHES (default 1 8); then a traced batch-1 step of each tree.
       build_old || continue
       prompt=$(seq -s, 1 896)
       for _ in 1 2; do
@@ -244,6 +244,18 @@ for s in $steps; do
             echo "$tree (batch $batch): $p50_line" | tee -a "$out/ab-decode.log"
           done
         done
+      done
+      # Then one traced batch-1 step a tree: its summary (the waits table, the per-layer phases and their stragglers,
+      # the HBM-idle gaps) says where each tree's time went.
+      for tree in $ab_trees; do
+        binary=$(tree_binary "$tree")
+        if ! timeout 300 "$binary" generate --preset llama-3.2-1b --engine gpu --prompt-ids "$prompt" \
+          --max-new-tokens 128 --max-context 1024 --stream none --trace "$out/trace-decode-$tree.json" \
+          >"$out/decode-trace-$tree.log" 2>&1; then
+          echo "!!! traced decode step ($tree) failed"
+          status=1
+        fi
+        grep -E "^trace \(gpu\)|p50" "$out/decode-trace-$tree.log" | sed "s/^/$tree: /"
       done
       ;;
     sass)
