@@ -11,15 +11,22 @@ phase. Actors advance in random interleavings (seeded, so a result repeats); a r
 deadlock, reported with what the blocked actors wait on, and a load or write into the output tile before the store
 of its previous use has read it is a failure too (silent corruption on the GPU).
 
+Decode passes (--decode) have no GEMM or attention tiles, so producer and storer idle; the poller walks every
+instruction of the SM and reports it to the consumers through the same ring: consumer thread 0 waits on the slot, both
+warpgroups pass the named barrier, then thread 0 frees the slot. A reader that takes another instruction's report, or
+a report of counters not met (its inputs not yet published), fails.
+
 The model mirrors the kernel's waits by hand (produce_gemm, produce_attention, gemm_mainloop, attention_mainloop,
-stage_output, store_output_tile, run_counter_poller, take_ready): change it with them. It found the fifth session's
+stage_output, store_output_tile, run_counter_poller, poll_and_report, take_ready, and run_consumers' row-wise path
+through consumers_wait in src/cuda/device/sync.cuh): change it with them. It found the fifth session's
 stall, where the producer waited for the output tile by parity (`--producer-waits parity` brings that rule back);
 `--poller laps` lets the poller report without waiting for a free slot of its ring and `--poller early` report
-before the counters are met, which must fail too. Attention's consumers take turns issuing their MMAs (IssueTurns,
-named barriers 2 and 3) among their stage waits and releases, as the kernel does.
+before the counters are met, which must fail too, in forward and decode passes. Attention's consumers take turns
+issuing their MMAs (IssueTurns, named barriers 2 and 3) among their stage waits and releases, as the kernel does.
 
 Usage: pipeline_model.py --mk build/mk --preset tiny --batch 18 --seq 384 [--sms 132] [--interleavings 16]
            [--producer-waits count|parity] [--poller kernel|laps|early] [--expect clean|failure]
+       pipeline_model.py --decode --preset llama-3.2-1b --batch 1 --max-context 1024 [...]
 """
 import argparse
 import json
@@ -56,8 +63,9 @@ def load_schedule(path):
         raise SystemExit(f"{path}: not a schedule of the version this model reads (src/host/schedule.cc)")
     length = struct.unpack("<Q", data[8:16])[0]
     header = json.loads(data[16:16 + length])
-    if header["pass"] != "forward" or header["num_instructions"] == 0:
-        raise SystemExit(f"{path}: the model covers forward passes, got a {header['pass']} schedule")
+    if header["pass"] not in ("forward", "decode") or header["num_instructions"] == 0:
+        raise SystemExit(f"{path}: the model covers forward and decode passes, got an empty or {header['pass']} "
+                         f"schedule")
     at = 16 + length
     sms = header["num_sms"]
     sm_begin = struct.unpack(f"<{sms + 1}I", data[at:at + 4 * (sms + 1)])
@@ -151,6 +159,7 @@ class Model:
         self.block_k = header["tiles"]["block_k"]
         self.block_kv = header["tiles"]["block_kv"]
         self.counters = {}
+        self.decode = header["pass"] == "decode"
 
     def met(self, x):
         begin, count = x["waits"]
@@ -167,7 +176,7 @@ class Model:
         ready = Ring(self.stages)  # the poller's cursor over the ready ring
         for i in order:
             x = self.ins[i]
-            if x["op"] not in TILE_OPS:
+            if x["op"] not in TILE_OPS and not self.decode:  # decode: every instruction, reported to the consumers
                 continue
             if self.poller_mode != "early":
                 yield ("poller: counters", i), lambda x=x: self.met(x)
@@ -178,12 +187,18 @@ class Model:
             sm.ready[stage].arrive(32)  # every lane
             ready.advance()
 
+    def check_report(self, sm, stage, x, i, reader):  # what the reader acquired: this instruction's counters met
+        if sm.reported[stage] != i:
+            raise ProtocolViolation(f"schedule instruction {i}: {reader} took the report of instruction "
+                                    f"{sm.reported[stage]} in its slot")
+        if not self.met(x):
+            raise ProtocolViolation(f"schedule instruction {i}: {reader} took its report before its counters were "
+                                    f"met, and would read inputs not yet published")
+
     def take_ready(self, sm, ready, x, i):  # a look: whether the poller's report came; if so taken, its slot freed
         if not sm.ready[ready.stage].passed(ready.phase):
             return False
-        if sm.reported[ready.stage] != i or not self.met(x):
-            raise ProtocolViolation(f"schedule instruction {i}: the producer took a report of instruction "
-                                    f"{sm.reported[ready.stage]} (counters met: {self.met(x)})")
+        self.check_report(sm, ready.stage, x, i, "the producer")
         sm.ready_free[ready.stage].arrive()
         ready.advance()
         return True
@@ -256,7 +271,7 @@ class Model:
         return lambda: sm.free.phase >= uses  # the storer's count (wait_output_freed)
 
     def consumer(self, sm, order, warpgroup):
-        ring, uses, loads = Ring(self.stages), 0, 0
+        ring, uses, loads, reported = Ring(self.stages), 0, 0, Ring(self.stages)
 
         def release(stage):
             sm.empty[stage].arrive(4)  # one arrival per warp
@@ -268,16 +283,7 @@ class Model:
         for i in order:
             x = self.ins[i]
             if x["op"] not in TILE_OPS:  # row-wise and decode ops
-                if warpgroup == 0:
-                    yield ("consumers 0: counters", i), lambda x=x: self.met(x)
-                sm.arrived[warpgroup] += 1
-                yield (f"consumers {warpgroup}: named barrier", i), \
-                    (lambda n=sm.arrived[warpgroup]: min(sm.arrived) >= n)
-                sm.published[warpgroup] += 1
-                yield (f"consumers {warpgroup}: publish barrier", i), \
-                    (lambda n=sm.published[warpgroup]: min(sm.published) >= n)
-                if warpgroup == 0:
-                    self.publish(x)
+                yield from self.rowwise(sm, warpgroup, x, i, reported)
                 continue
             if x["op"] == "kAttention":
                 blocks = self.kv_blocks(x)
@@ -324,6 +330,28 @@ class Model:
                 self.check_freed(sm, uses, i, f"consumers {warpgroup} write")
             sm.staged.arrive(4)
             uses += 1
+
+    def rowwise(self, sm, warpgroup, x, i, reported):
+        """consumers_wait, the op, publish. Consumer thread 0 (in warpgroup 0) waits: on the counters in a forward
+        pass, on the poller's report in a decode pass, whose slot it frees only after the named barrier, which hands
+        every consumer thread the wait's outcome (and so tells thread 0 whether all are healthy)."""
+        stage, parity = reported.stage, reported.phase
+        if warpgroup == 0 and self.decode:
+            yield ("consumers 0: the poller's report", i), lambda: sm.ready[stage].passed(parity)
+            self.check_report(sm, stage, x, i, "the consumers")
+        elif warpgroup == 0:
+            yield ("consumers 0: counters", i), lambda: self.met(x)
+        sm.arrived[warpgroup] += 1
+        yield (f"consumers {warpgroup}: named barrier", i), (lambda n=sm.arrived[warpgroup]: min(sm.arrived) >= n)
+        if self.decode:
+            if warpgroup == 0:
+                sm.ready_free[stage].arrive()
+            reported.advance()
+        sm.published[warpgroup] += 1
+        yield (f"consumers {warpgroup}: publish barrier", i), \
+            (lambda n=sm.published[warpgroup]: min(sm.published) >= n)
+        if warpgroup == 0:
+            self.publish(x)
 
     def issue_turn(self, sm, warpgroup, i, last):
         """IssueTurns: wait for this warpgroup's turn (bar.sync on its barrier), issue, pass the turn (bar.arrive on the
@@ -410,6 +438,8 @@ def main():
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--batch", type=int, default=18)
     parser.add_argument("--seq", type=int, default=384)
+    parser.add_argument("--decode", action="store_true", help="a decode step of --batch sequences instead")
+    parser.add_argument("--max-context", type=int, default=128, help="--decode: KV cache positions")
     parser.add_argument("--sms", type=int, default=132)
     parser.add_argument("--interleavings", type=int, default=16)
     parser.add_argument("--producer-waits", choices=("count", "parity"), default="count",
@@ -422,9 +452,9 @@ def main():
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as work:
         path = pathlib.Path(work) / "schedule.bin"
-        subprocess.run([args.mk, "schedule", "--preset", args.preset, "--batch", str(args.batch), "--seq",
-                        str(args.seq), "--sms", str(args.sms), "--out", str(path)], check=True,
-                       stdout=subprocess.DEVNULL)
+        shape = ["--decode", "--max-context", str(args.max_context)] if args.decode else ["--seq", str(args.seq)]
+        subprocess.run([args.mk, "schedule", "--preset", args.preset, "--batch", str(args.batch), *shape, "--sms",
+                        str(args.sms), "--out", str(path)], check=True, stdout=subprocess.DEVNULL)
         schedule = load_schedule(path)
     failures = 0
     for seed in range(args.interleavings):
@@ -436,8 +466,10 @@ def main():
                 for line in blocked[:6]:
                     print("  " + line)
     poller = "" if args.poller == "kernel" else f", poller mutation '{args.poller}'"
-    print(f"{args.preset} batch {args.batch} seq {args.seq} on {args.sms} SMs, producer waits by "
-          f"{args.producer_waits}{poller}: {args.interleavings - failures} of {args.interleavings} interleavings clean")
+    shape = f"decode batch {args.batch} max context {args.max_context}" if args.decode else \
+        f"batch {args.batch} seq {args.seq}, producer waits by {args.producer_waits}"  # decode: the producer idles
+    print(f"{args.preset} {shape} on {args.sms} SMs{poller}: {args.interleavings - failures} of "
+          f"{args.interleavings} interleavings clean")
     return exit_status(args.expect, failures)
 
 

@@ -86,18 +86,38 @@ __device__ void run_producer(const MegakernelParams& p, const SharedState& s, ui
 // NOTE: an attention tile at S=4096 waits on up to 32 counters (one per qkv row block of its sequence). The producer
 // checked them one acquire load after another, ~9 us a tile and mostly after the previous tile's last loads, so the
 // consumers waited for it (trace, seventh session).
+// One instruction of the counter poller's walk: waits until its counters are met, then reports it in the ready ring's
+// next slot once the reader took that slot's last report. False when a wait gave up.
+__device__ __forceinline__ bool poll_and_report(const MegakernelParams& p, const SharedState& s,
+                                                const Instruction& in, Site site, uint32_t lane,
+                                                PipelineState& ready) {
+  if (!warp_wait_all_counters(p, in, site, lane)) return false;
+  bool slot_free = true;
+  if (lane == 0) slot_free = wait_barrier(p, &s.ready_free[ready.stage], ready.phase ^ 1, site);
+  if (!__shfl_sync(0xffffffffu, slot_free, 0)) return false;
+  // NOTE: every lane arrives (the barrier counts 32), so that each lane's acquires precede its own release in
+  // program order, with no warp barrier in the chain to the reader.
+  ptx::mbarrier_arrive(&s.ready[ready.stage]);
+  ready.advance();
+  return true;
+}
+
 __device__ void run_counter_poller(const MegakernelParams& p, const SharedState& s, uint32_t sm, uint32_t lane) {
   PipelineState ready;  // the next slot of the ready ring
+  if (p.dims.decode) {
+    // Decode passes have no tile instructions; the poller serves the consumers instead (consumers_wait).
+    // NOTE: the consumer thread that polled its counters itself is in a warp whose weight copies are in flight,
+    // and its acquire loads took longer the more were: one more 4 KB step a warp before the wait made batch 1's hops
+    // 1.1 -> 2.2 us (docs/perf.md, ninth session, run 5). This warp has no copies of its own.
+    const uint32_t begin = p.sm_begin[sm];
+    for (uint32_t i = begin; i < p.sm_begin[sm + 1]; ++i) {
+      const Instruction in = p.instructions[i];
+      if (!poll_and_report(p, s, in, Site{sm, i - begin, in.task}, lane, ready)) return;
+    }
+    return;
+  }
   for_each_tile_instruction(p, sm, [&](const Instruction& in, uint32_t, Site site) {
-    if (!warp_wait_all_counters(p, in, site, lane)) return false;
-    bool slot_free = true;
-    if (lane == 0) slot_free = wait_barrier(p, &s.ready_free[ready.stage], ready.phase ^ 1, site);
-    if (!__shfl_sync(0xffffffffu, slot_free, 0)) return false;
-    // NOTE: every lane arrives (the barrier counts 32), so that each lane's acquires precede its own release in
-    // program order, with no warp barrier in the chain to the producer.
-    ptx::mbarrier_arrive(&s.ready[ready.stage]);
-    ready.advance();
-    return true;
+    return poll_and_report(p, s, in, site, lane, ready);
   });
 }
 
@@ -179,6 +199,7 @@ __device__ __forceinline__ void run_consumers(const MegakernelParams& p, uint32_
   // stall report), and one skipping a wgmma would break its warpgroup's. So failed threads go on (every later wait
   // fails at once; the tiles are garbage) to the next row-wise instruction, whose first barrier tells all to leave.
   bool healthy = true;
+  PipelineState reported;  // decode: the counter poller's next report (consumers_wait)
   for (uint32_t i = begin; i < end; ++i) {
     const Instruction in = p.instructions[i];
     const SharedState s = shared_state();
@@ -197,7 +218,7 @@ __device__ __forceinline__ void run_consumers(const MegakernelParams& p, uint32_
     // Decode: what depends on nothing in this launch (weights, older cache rows) starts before the wait.
     const bool weights_sent = is_decode_gemm(in.opcode) && early_weight_prologue(p, s, in, thread);
     if (in.opcode == Opcode::kDecodeAttention) prestage_decode_attention(p, s, in, thread);
-    if (rowwise && !consumers_wait(p, s, in, site, thread, healthy)) {
+    if (rowwise && !consumers_wait(p, s, in, site, thread, healthy, reported)) {
       ptx::cp_async_wait<0>();  // the early copies land before the CTA leaves
       return;
     }

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "mk/check.h"
 #include "mk/gpu.h"
 #include "mk/model_config.h"
 #include "mk/schedule.h"
@@ -40,6 +41,36 @@ inline ModelConfig small_config(int64_t d_model, int64_t d_ff, int64_t n_heads, 
   c.has_lm_head = embedding_and_head;
   c.validate();
   return c;
+}
+
+// A wait that can never be met, planted on the first instruction of `opcode` that waits: one signal more than its
+// first counter ever gets. The task and counter a stall report must then name.
+struct PlantedWait {
+  bool planted = false;
+  uint32_t task = 0;
+  uint32_t counter = 0;
+};
+
+inline PlantedWait plant_missing_signal(Schedule& schedule, Opcode opcode) {
+  for (Instruction& in : schedule.instructions) {
+    if (in.opcode != opcode || in.num_waits == 0) continue;
+    const Wait original = schedule.waits[in.wait_begin];
+    schedule.waits.push_back({original.counter, original.target + 1});
+    in.wait_begin = uint32_t(schedule.waits.size() - 1);
+    in.num_waits = 1;
+    return {true, in.task, original.counter};
+  }
+  return {};
+}
+
+// What one run of `gpu` throws ("" when it succeeds).
+inline std::string error_of_run(GpuEngine& gpu) {
+  try {
+    gpu.run();
+  } catch (const Error& error) {
+    return error.what();
+  }
+  return "";
 }
 
 }  // namespace mk

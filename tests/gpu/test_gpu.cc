@@ -150,31 +150,16 @@ TEST_F(Gpu, MissingSignalIsReportedNamingTheWait) {
   const RunShape shape{2, 64};
   const Graph graph(config, shape);
   Schedule schedule = schedule_for(graph);
-  // Plant a wait for one signal more than its counter ever gets, on an lm_head tile: nothing waits for lm_head
-  // tiles, so the planted wait is the only one that can stall and the report must name it.
-  uint32_t planted_counter = 0;
-  uint32_t planted_task = 0;
-  for (Instruction& in : schedule.instructions) {
-    if (in.opcode != Opcode::kLmHead || in.num_waits == 0) continue;
-    const Wait original = schedule.waits[in.wait_begin];
-    planted_counter = original.counter;
-    planted_task = in.task;
-    schedule.waits.push_back({original.counter, original.target + 1});
-    in.wait_begin = uint32_t(schedule.waits.size() - 1);
-    in.num_waits = 1;
-    break;
-  }
+  // The planted wait is on an lm_head tile: nothing waits for lm_head tiles, so it is the only wait that can stall
+  // and the report must name it.
+  const PlantedWait planted = plant_missing_signal(schedule, Opcode::kLmHead);
+  ASSERT_TRUE(planted.planted);
   GpuEngine gpu(graph, schedule, random_weights(config, 1), {.stall_timeout_s = 0.5, .verify = false});
   gpu.set_input(ref::random_input(config, shape, 2));
-  std::string message;
-  try {
-    gpu.run();
-  } catch (const Error& error) {
-    message = error.what();
-  }
+  const std::string message = error_of_run(gpu);
   EXPECT_THAT(message, HasSubstr("megakernel stall: SM"));
-  EXPECT_THAT(message, HasSubstr(fmt::format("(task {}: lm_head", planted_task)));
-  EXPECT_THAT(message, HasSubstr(fmt::format("counter {},", planted_counter)));
+  EXPECT_THAT(message, HasSubstr(fmt::format("(task {}: lm_head", planted.task)));
+  EXPECT_THAT(message, HasSubstr(fmt::format("counter {},", planted.counter)));
   EXPECT_THAT([&] { gpu.run(); }, testing::ThrowsMessage<Error>(HasSubstr("unusable")));
 }
 

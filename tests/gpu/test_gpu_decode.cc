@@ -148,6 +148,28 @@ TEST_F(Gpu, GenerationOfALlama1bShapedModel) {
   check_generation(config, {9, 3, 7, 5, 12, 1, 8, 6, 4, 11, 6, 10, 2, 7, 3, 10, 5, 3, 8, 4}, 3, 1024, 33);
 }
 
+// In decode passes the counter poller warp checks the consumers' counters; a wait that is never met must still be
+// reported naming its task and counter (the poller's stall report), not as a hang or a shared-memory stall.
+TEST_F(Gpu, DecodeMissingSignalIsReportedNamingTheWait) {
+  const ModelConfig config = find_preset("tiny").config;
+  const RunShape shape{2, 1, PassKind::kDecode, 128};
+  const Graph graph(config, shape);
+  Schedule schedule = schedule_for(graph);
+  // The planted wait is on the sample task: nothing waits for it, so it is the only wait that can stall.
+  const PlantedWait planted = plant_missing_signal(schedule, Opcode::kSample);
+  ASSERT_TRUE(planted.planted) << "the decode schedule has no sample task with a wait";
+  GpuEngine gpu(graph, schedule, random_weights(config, 1), {.stall_timeout_s = 0.5, .verify = false});
+  ref::ModelInput input;
+  input.shape = shape;
+  input.tokens = {1, 2};
+  input.positions = {3, 7};
+  gpu.set_input(input);
+  const std::string message = error_of_run(gpu);
+  EXPECT_THAT(message, HasSubstr("megakernel stall: SM"));
+  EXPECT_THAT(message, HasSubstr(fmt::format("(task {}: sample", planted.task)));
+  EXPECT_THAT(message, HasSubstr(fmt::format("counter {},", planted.counter)));
+}
+
 TEST_F(Gpu, DecodeRefusesWhatItCannotServe) {
   ModelConfig config = small_config(256, 512, 16, 1, 64, true, true);  // 16 query heads per kv head
   DecodeSetup setup;

@@ -141,23 +141,42 @@ __device__ __forceinline__ bool take_ready(const SharedState& s, PipelineState& 
   return true;
 }
 
-// The producer: waits for that report. False when the kernel is aborting.
-// NOTE: no timeout of its own: the poller stops only at the end of its list or on an abort, and its counter wait
-// times out first, naming the counter.
-__device__ __forceinline__ bool wait_ready(const MegakernelParams& p, const SharedState& s, PipelineState& ready) {
+// Waits for the counter poller's report in the ready ring's slot `ready` (not taking it). False when the kernel is
+// aborting. NOTE: no timeout of its own: the poller stops only at the end of its list or on an abort, and its counter
+// wait times out first, naming the counter.
+__device__ __forceinline__ bool wait_ready_slot(const MegakernelParams& p, const SharedState& s,
+                                                const PipelineState& ready) {
   while (!ptx::mbarrier_try_wait(&s.ready[ready.stage], ready.phase))
     if (aborting(p)) return false;
-  return take_ready(s, ready);
+  return true;
+}
+
+// The producer: waits for that report, then takes it. False when the kernel is aborting.
+__device__ __forceinline__ bool wait_ready(const MegakernelParams& p, const SharedState& s, PipelineState& ready) {
+  return wait_ready_slot(p, s, ready) && take_ready(s, ready);
 }
 
 // All consumer threads: thread 0 waits on the instruction's counters (bounded) and tells the others, so that all
 // consumers go on, or leave on an abort, together. `healthy`: this thread's warpgroup has seen no failed wait since
-// the last row-wise instruction; the barrier ANDs it over both warpgroups at no extra cost.
+// the last row-wise instruction; the barrier ANDs it over both warpgroups at no extra cost. In decode passes thread 0
+// waits instead for the counter poller's report on the instruction, the next slot of the ready ring (`reported`): the
+// poller's acquire loads, released by its arrive, are acquired by this wait and passed on by the barrier.
 __device__ __forceinline__ bool consumers_wait(const MegakernelParams& p, const SharedState& s, const Instruction& in,
-                                               Site site, int consumer_thread, bool healthy) {
-  if (consumer_thread == 0) *s.flag = wait_all_counters(p, in, site) ? 1u : 0u;
+                                               Site site, int consumer_thread, bool healthy, PipelineState& reported) {
+  const bool decode = p.dims.decode != 0;
+  if (consumer_thread == 0) {
+    // NOTE: the report's wait has no timeout of its own, as the producer's (wait_ready): the poller's counter waits
+    // time out first and name the counter, and a timeout here could fire first when a lane waits on two counters.
+    const bool met = decode ? wait_ready_slot(p, s, reported) : wait_all_counters(p, in, site);
+    *s.flag = met ? 1u : 0u;
+  }
   const bool all_healthy = ptx::named_barrier_and(1, KernelConfig::kConsumerThreads, healthy);
   const bool ok = all_healthy && *s.flag != 0;
+  if (decode) {
+    // every consumer thread has passed the wait: the poller may refill the slot
+    if (consumer_thread == 0 && ok) ptx::mbarrier_arrive(&s.ready_free[reported.stage]);
+    reported.advance();
+  }
   // The flag is rewritten at the next instruction only after publish's barrier, which every thread passes after
   // reading it here.
   return ok;
