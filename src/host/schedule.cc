@@ -21,11 +21,14 @@ namespace mk {
 
 namespace {
 
-// NOTE: rough per-SM rates of an H200 (132 SMs): ~660 TFLOP/s of bf16 wgmma in good GEMMs, ~8 TB/s of L2, where most
-// tile reads land, and a fixed cost per instruction for fetch, waits and pipeline fill. Estimates to balance SMs
-// with, to be calibrated from traces.
-constexpr double kSmFlopsPerNs = 5000.0;
-constexpr double kSmBytesPerNs = 60.0;
+// NOTE: per-SM rates of an H200 (132 SMs) for a GEMM tile, with a fixed cost per instruction for fetch, waits and
+// pipeline fill; ops whose tiles run otherwise say so in their TaskWork. Calibrated on the traced per-tile math and
+// epilogue times of the sixth to eighth sessions (docs/perf.md, ninth session): GEMM tiles 5.2-6.6 TFLOP/s a SM and
+// ~85 B/ns of operands; at 5000 FLOP/ns and 60 B/ns the model had them 1.4-1.5x too long, attention 1.5-2x too short
+// and norms 2-3x too short, and packed one layer's 160 attention tiles at d_model 1280 onto 48 SMs, up to 5 each,
+// so that o_proj tiles waited up to 28 us (eighth session, run 1's trace).
+constexpr double kSmFlopsPerNs = 5500.0;
+constexpr double kSmBytesPerNs = 90.0;
 constexpr double kInstructionOverheadNs = 500.0;
 // NOTE: bytes that no other task reads (decode's weights and KV cache) come from HBM, where every SM gets its share
 // of the measured 4.2 TB/s when all stream at once: a decode GEMM runs at the bandwidth floor only when its tiles
@@ -84,7 +87,10 @@ const char* schedule_policy_name(SchedulePolicy policy) {
 
 double estimated_task_ns(const TaskWork& work) {
   const double streamed_ns = work.streamed_bytes / (kHbmBytesPerNs / kHbmSms);
-  return std::max({work.flops / kSmFlopsPerNs, work.bytes / kSmBytesPerNs, streamed_ns}) + kInstructionOverheadNs;
+  const double flops_per_ns = work.flops_per_ns > 0 ? work.flops_per_ns : kSmFlopsPerNs;
+  const double bytes_per_ns = work.bytes_per_ns > 0 ? work.bytes_per_ns : kSmBytesPerNs;
+  return std::max({work.flops / flops_per_ns, work.bytes / bytes_per_ns, streamed_ns}) + kInstructionOverheadNs +
+         work.fixed_ns;
 }
 
 Schedule make_schedule(const Graph& graph, const Dependencies& deps, SchedulePolicy policy, int32_t num_sms) {
