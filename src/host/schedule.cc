@@ -9,7 +9,9 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <limits>
 #include <queue>
+#include <set>
 
 #include "in_order.h"
 #include "mk/check.h"
@@ -129,18 +131,23 @@ Schedule make_schedule(const Graph& graph, const Dependencies& deps, SchedulePol
     for (size_t t = 0; t < num_tasks; ++t)
       if (pending_counters[t] == 0) eligible.push({bottom_level[t], -int64_t(t)});
     using SmSlot = std::pair<double, int32_t>;  // (free at, sm)
-    std::priority_queue<SmSlot, std::vector<SmSlot>, std::greater<>> sms;
-    for (int32_t s = 0; s < num_sms; ++s) sms.push({0.0, s});
+    std::set<SmSlot> sms;
+    for (int32_t s = 0; s < num_sms; ++s) sms.insert({0.0, s});
     while (!eligible.empty()) {
       const uint32_t t = uint32_t(-eligible.top().second);
       eligible.pop();
       double ready = 0.0;
       for (uint32_t k = 0; k < deps.num_waits[t]; ++k)
         ready = std::max(ready, counter_finish[deps.waits[deps.wait_begin[t] + k].counter]);
-      auto [free_at, sm] = sms.top();
-      sms.pop();
+      // The SM: of those free by the time the task is ready, the one freed last, so that SMs freed earlier stay for
+      // tasks ready sooner (best fit); else the one freed first. NOTE: taking the SM freed first even when the task
+      // was not ready left it idle until then, while a task ready at once waited for another SM.
+      auto slot = sms.upper_bound({ready, std::numeric_limits<int32_t>::max()});
+      slot = slot == sms.begin() ? sms.begin() : std::prev(slot);
+      const auto [free_at, sm] = *slot;
+      sms.erase(slot);
       const double finish = std::max(free_at, ready) + cost[t];
-      sms.push({finish, sm});
+      sms.insert({finish, sm});
       lists[size_t(sm)].push_back(t);
       const uint32_t counter = deps.counter_of_task[t];
       counter_finish[counter] = std::max(counter_finish[counter], finish);
