@@ -51,9 +51,10 @@ struct GpuEngine::Impl {
   };
   std::vector<StepLists> steps;  // (program steps): device lists of time_runs_per_step, uploaded on its first call
 
-  // NOTE: a decode step is about a millisecond, and each synchronous copy of a few bytes (the step's positions and
-  // tokens, the error slot, the sampled ids) cost it ~10 us of host round trip: 41 us a step beyond the kernel
-  // (eighth session's trace against mk generate's p50). So they ride the stream from pinned memory, with one wait.
+  // NOTE: a decode step is about a millisecond, and it made four synchronous copies of a few bytes (the step's
+  // positions and tokens, the error slot, the sampled ids), each a host round trip. They ride the stream from pinned
+  // memory now, with one wait. What it saves is not settled: p50 minus one traced step's span read 36.5 us before
+  // and 13 us after, but another traced step of the earlier build read 35 us (docs/perf.md, ninth session, run 4).
   struct PassEvents {
     gpu::Event start, stop, done, input_copied;
   };
@@ -73,6 +74,8 @@ struct GpuEngine::Impl {
   // after them, beside the error slot's; then the watchdog waits for all of it and the error slot is checked.
   // Milliseconds between the events.
   float timed_pass(const std::function<void()>& enqueue, const std::function<void()>& read_back = nullptr);
+  // The error the kernel recorded in its slot, as an mk::Error naming SM, instruction, task and counter.
+  [[noreturn]] void throw_device_error(const gpu::DeviceError& error) const;
   // Positions and token ids to their device buffers, on the stream (the next launch follows them there).
   void upload_ids(const std::vector<int32_t>& positions, const std::vector<int32_t>& tokens);
   PassEvents& pass_events() {
@@ -206,9 +209,10 @@ void GpuEngine::set_input(const ref::ModelInput& input) {
            "gpu engine: input of batch {} x seq {} for an engine built for batch {} x seq {}", input.shape.batch,
            input.shape.seq_len, impl.graph.shape().batch, impl.graph.shape().seq_len);
   ref::validate_input(c, input);
+  const std::vector<int32_t> none;
   const bool positions = impl.graph.buffer_table().has(BufferKind::kPositions);
-  if (positions || c.has_embedding) impl.upload_ids(positions ? input.positions : std::vector<int32_t>{},
-                                                    c.has_embedding ? input.tokens : std::vector<int32_t>{});
+  if (positions || c.has_embedding)
+    impl.upload_ids(positions ? input.positions : none, c.has_embedding ? input.tokens : none);
   if (!c.has_embedding) {
     std::vector<uint16_t> hidden(input.hidden.data.size());
     for (size_t i = 0; i < hidden.size(); ++i) hidden[i] = to_bf16(input.hidden.data[i]).bits;
@@ -253,6 +257,25 @@ void GpuEngine::set_input_device(const void* data) {
 
 void GpuEngine::run() { time_runs(1); }
 
+void GpuEngine::Impl::throw_device_error(const gpu::DeviceError& error) const {
+  const std::string task =
+      error.task < graph.tasks().size() ? graph.describe(graph.tasks()[error.task]) : std::string("?");
+  if (error.kind == gpu::kErrorCounterStall) {
+    throw Error(fmt::format("megakernel stall: SM {} instruction {} (task {}: {}) waited {:.1f} s on counter {}, "
+                            "which reached {} of {}",
+                            error.sm, error.instruction, error.task, task, options.stall_timeout_s, error.counter,
+                            error.value, error.target));
+  }
+  if (error.kind == gpu::kErrorPipelineStall) {
+    throw Error(fmt::format("megakernel pipeline stall: SM {} instruction {} (task {}: {}) waited {:.1f} s on a "
+                            "shared-memory stage",
+                            error.sm, error.instruction, error.task, task,
+                            double(params.pipeline_stall_timeout_ns) * 1e-9));
+  }
+  throw Error(fmt::format("megakernel error {} at SM {} instruction {} (task {}: {})", error.kind, error.sm,
+                          error.instruction, error.task, task));
+}
+
 float GpuEngine::Impl::timed_pass(const std::function<void()>& enqueue, const std::function<void()>& read_back) {
   PassEvents& e = pass_events();
   cudaEvent_t start = e.start.get(), stop = e.stop.get();
@@ -294,25 +317,9 @@ float GpuEngine::Impl::timed_pass(const std::function<void()>& enqueue, const st
   }
   check_kernel(broken, status, "running the megakernel");
   input_in_flight = false;  // the stream is past the input's copies
-  const gpu::DeviceError error = *error_slot;
-  if (error.kind != gpu::kErrorNone) {
+  if (error_slot->kind != gpu::kErrorNone) {
     broken = true;
-    const std::string task =
-        error.task < graph.tasks().size() ? graph.describe(graph.tasks()[error.task]) : std::string("?");
-    if (error.kind == gpu::kErrorCounterStall) {
-      throw Error(fmt::format("megakernel stall: SM {} instruction {} (task {}: {}) waited {:.1f} s on counter {}, "
-                              "which reached {} of {}",
-                              error.sm, error.instruction, error.task, task, options.stall_timeout_s, error.counter,
-                              error.value, error.target));
-    }
-    if (error.kind == gpu::kErrorPipelineStall) {
-      throw Error(fmt::format("megakernel pipeline stall: SM {} instruction {} (task {}: {}) waited {:.1f} s on a "
-                              "shared-memory stage",
-                              error.sm, error.instruction, error.task, task,
-                              double(params.pipeline_stall_timeout_ns) * 1e-9));
-    }
-    throw Error(fmt::format("megakernel error {} at SM {} instruction {} (task {}: {})", error.kind, error.sm,
-                            error.instruction, error.task, task));
+    throw_device_error(*error_slot);
   }
   float ms = 0;
   check_cuda(cudaEventElapsedTime(&ms, start, stop), "reading event times");

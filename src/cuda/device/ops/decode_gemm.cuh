@@ -16,10 +16,10 @@ namespace mk::gpu {
 // against the tile's input rows held there too (normalized once per tile). A tile's first weight steps are sent
 // before it waits for its inputs. NOTE: asking L2 for weights further ahead (the next tile's, or up to 1 MB of an
 // SM's upcoming tiles from the idle producer thread) made steps slower, 1.35 -> 1.43-1.50 ms (docs/perf.md):
-// the prefetches delay the latency-bound tiles' own loads. Asking only while o_proj waits at the attention chain's end,
-// for the first 192 KB of the SM's next (gate_up) tile, made the step 4.6% longer too (ninth session, run 4): o_proj's
-// wait grew 8.9 -> 10.9 us, and gate_up's tiles did not get faster. Passes of 3 or more rows go to the tensor cores instead
-// (decode_gemm_mma.cuh), with the same staging and epilogues.
+// the prefetches delay the latency-bound tiles' own loads. Asking only while o_proj waits at the attention chain's
+// end, for the first 192 KB of the SM's next (gate_up) tile, made the step 4.6% longer too (ninth session, run 4):
+// o_proj's wait grew 8.9 -> 10.9 us, and gate_up's tiles did not get faster. Passes of 3 or more rows go to the tensor
+// cores instead (decode_gemm_mma.cuh), with the same staging and epilogues.
 // Batch rows one pass holds: the M of the tensor-core path's mma; more rows take more passes over the same weights.
 constexpr int kDecodeMaxRows = 16;
 static_assert(kDecodeMaxRows * 4 <= KernelConfig::kDecodeInvRmsBytes,
