@@ -117,44 +117,58 @@ Schedule make_schedule(const Graph& graph, const Dependencies& deps, SchedulePol
         level = std::max(level, bottom_level[t]);
       }
     }
-    // List scheduling: take the eligible task (all its counters' tasks placed) with the highest priority and append
-    // it to the SM that frees up first. Every SM's list is then ordered by estimated start time and each task starts
-    // after its dependencies finish, so running the lists in order cannot deadlock.
+    // List scheduling, earliest start first: of the tasks whose counters' tasks are all placed, those ready by the
+    // time an SM frees up go by priority onto the SM freed first; when none is, the task ready soonest goes onto the
+    // SM freed last among those free by then (best fit). NOTE: placing the highest-priority placed-dependency task
+    // whatever its ready time left SMs idle while ready tasks waited, and lost to round-robin on uneven shapes once
+    // the model was calibrated. Every SM's list is ordered by estimated start time and each task starts after its
+    // dependencies finish, so running the lists in order cannot deadlock.
     const Waiters waiters = waiters_of_counters(deps);
     std::vector<uint32_t> pending_counters(deps.num_waits.begin(), deps.num_waits.end());
     std::vector<uint32_t> placed_in_counter(deps.num_counters, 0);
     std::vector<double> counter_finish(deps.num_counters, 0.0);
-    // NOTE: the heap holds (priority, task) by value: comparing through an index into bottom_level cost a cache
-    // miss per comparison on large graphs. Ties go to the earlier task, keeping graph order among equals.
-    using Entry = std::pair<double, int64_t>;  // (bottom level, -task)
-    std::priority_queue<Entry> eligible;
-    for (size_t t = 0; t < num_tasks; ++t)
-      if (pending_counters[t] == 0) eligible.push({bottom_level[t], -int64_t(t)});
+    // NOTE: the heaps hold their keys by value: comparing through an index into bottom_level cost a cache miss per
+    // comparison on large graphs. Ties go to the earlier task, keeping graph order among equals.
+    using ByPriority = std::pair<double, int64_t>;  // (bottom level, -task)
+    using ByReadyTime = std::pair<double, uint32_t>;  // (ready at, task)
+    std::priority_queue<ByPriority> ready;
+    std::priority_queue<ByReadyTime, std::vector<ByReadyTime>, std::greater<>> waiting;
+    const auto ready_at = [&](uint32_t t) {
+      double at = 0.0;
+      for (uint32_t k = 0; k < deps.num_waits[t]; ++k)
+        at = std::max(at, counter_finish[deps.waits[deps.wait_begin[t] + k].counter]);
+      return at;
+    };
+    for (uint32_t t = 0; t < num_tasks; ++t)
+      if (pending_counters[t] == 0) waiting.push({0.0, t});
     using SmSlot = std::pair<double, int32_t>;  // (free at, sm)
     std::set<SmSlot> sms;
     for (int32_t s = 0; s < num_sms; ++s) sms.insert({0.0, s});
-    while (!eligible.empty()) {
-      const uint32_t t = uint32_t(-eligible.top().second);
-      eligible.pop();
-      double ready = 0.0;
-      for (uint32_t k = 0; k < deps.num_waits[t]; ++k)
-        ready = std::max(ready, counter_finish[deps.waits[deps.wait_begin[t] + k].counter]);
-      // The SM: of those free by the time the task is ready, the one freed last, so that SMs freed earlier stay for
-      // tasks ready sooner (best fit); else the one freed first. NOTE: taking the SM freed first even when the task
-      // was not ready left it idle until then, while a task ready at once waited for another SM.
-      auto slot = sms.upper_bound({ready, std::numeric_limits<int32_t>::max()});
-      slot = slot == sms.begin() ? sms.begin() : std::prev(slot);
+    while (!ready.empty() || !waiting.empty()) {
+      const double first_free = sms.begin()->first;
+      while (!waiting.empty() && waiting.top().first <= first_free) {
+        ready.push({bottom_level[waiting.top().second], -int64_t(waiting.top().second)});
+        waiting.pop();
+      }
+      auto slot = sms.begin();
+      if (ready.empty()) {
+        const double soonest = waiting.top().first;
+        for (; !waiting.empty() && waiting.top().first == soonest; waiting.pop())
+          ready.push({bottom_level[waiting.top().second], -int64_t(waiting.top().second)});
+        slot = std::prev(sms.upper_bound({soonest, std::numeric_limits<int32_t>::max()}));
+      }
+      const uint32_t t = uint32_t(-ready.top().second);
+      ready.pop();
       const auto [free_at, sm] = *slot;
       sms.erase(slot);
-      const double finish = std::max(free_at, ready) + cost[t];
+      const double finish = std::max(free_at, ready_at(t)) + cost[t];
       sms.insert({finish, sm});
       lists[size_t(sm)].push_back(t);
       const uint32_t counter = deps.counter_of_task[t];
       counter_finish[counter] = std::max(counter_finish[counter], finish);
       if (++placed_in_counter[counter] == deps.counter_target[counter]) {
         for (uint32_t w = waiters.begin[counter]; w < waiters.begin[counter + 1]; ++w)
-          if (--pending_counters[waiters.tasks[w]] == 0)
-            eligible.push({bottom_level[waiters.tasks[w]], -int64_t(waiters.tasks[w])});
+          if (--pending_counters[waiters.tasks[w]] == 0) waiting.push({ready_at(waiters.tasks[w]), waiters.tasks[w]});
       }
     }
     size_t placed = 0;
