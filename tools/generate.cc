@@ -9,6 +9,7 @@
 #include <cmath>
 #include <optional>
 
+#include "guards.h"
 #include "mk/check.h"
 #include "mk/generate.h"
 #include "mk/model_io.h"
@@ -80,7 +81,7 @@ void report(const GenerationResult& result, const ModelConfig& config, const Dec
 }  // namespace
 
 CLI::App* GenerateCommand::add(CLI::App& app) {
-  CLI::App* command =
+  command =
       app.add_subcommand("generate", "generate tokens from prompts: prefill, then one decode step per token");
   auto* preset_option =
       command->add_option("--preset", preset, "built-in model (random weights): tiny, llama-3.2-1b, ...")
@@ -92,7 +93,8 @@ CLI::App* GenerateCommand::add(CLI::App& app) {
   CLI::Option_group* source = command->add_option_group("prompts", "where the prompts come from (one of)");
   source->add_option("--tokens", tokens_path, "safetensors with 'tokens' (batch, seq) and optionally 'lengths' (batch)")
       ->check(kNonEmpty);
-  source->add_option("--prompt-ids", prompt_ids, "token ids, '1,2,3'; sequences of a batch separated by ';'");
+  source->add_option("--prompt-ids", prompt_ids, "token ids, '1,2,3'; sequences of a batch separated by ';'")
+      ->check(kNonEmpty);
   source->add_option("--prompt", prompt_text, "text, tokenized with the model directory's tokenizer.json");
   source->require_option(1);
   command->add_option("--max-new-tokens", max_new_tokens, "new tokens per sequence at most")
@@ -105,7 +107,9 @@ CLI::App* GenerateCommand::add(CLI::App& app) {
       ->capture_default_str();
   command->add_option("--top-p", sampling.top_p, "then from the fewest whose probability reaches p")
       ->capture_default_str();
-  command->add_option("--seed", sampling.seed, "seed of the sampling's random numbers")->capture_default_str();
+  command->add_option("--seed", sampling.seed, "seed of the sampling's random numbers")
+      ->capture_default_str()
+      ->check(kSeed);
   command
       ->add_option("--max-context", max_context,
                    "KV cache positions per sequence (default: longest prompt + new tokens, rounded up to 128)")
@@ -113,7 +117,7 @@ CLI::App* GenerateCommand::add(CLI::App& app) {
   command
       ->add_option("--memory-budget", memory_budget_gib,
                    "GiB the generation may allocate (default: the machine's memory)")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositiveFinite);
   command->add_option("--eos", eos,
                       "ids that end a sequence (default: generation_config.json's or config.json's eos_token_id)");
   command->add_option("--trace", trace_path,
@@ -137,11 +141,13 @@ CLI::App* GenerateCommand::add(CLI::App& app) {
   command->add_option("--policy", policy, "cpu-vm: round-robin | cost-model")
       ->capture_default_str()
       ->check(CLI::IsMember({"round-robin", "cost-model"}));
-  command->add_option("--weights-seed", weights_seed, "seed of a preset's random weights")->capture_default_str();
+  command->add_option("--weights-seed", weights_seed, "seed of a preset's random weights")
+      ->capture_default_str()
+      ->check(kSeed);
   command
       ->add_option("--bandwidth", bandwidth_gbs, "GB/s of the bandwidth floor (default: the H200's measured 4.2 TB/s)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(kPositiveFinite);
   return command;
 }
 
@@ -162,6 +168,7 @@ std::vector<std::vector<int32_t>> GenerateCommand::read_prompts(const ModelConfi
   }
   if (batch > 0 && prompts.size() == 1) prompts.resize(size_t(batch), prompts[0]);
   MK_CHECK(batch == 0 || int64_t(prompts.size()) == batch, "--batch {} but {} prompts", batch, prompts.size());
+  check_prompt_ids(config, prompts);  // before the weights load
   return prompts;
 }
 
@@ -179,6 +186,7 @@ StreamKind GenerateCommand::stream_kind(std::optional<Tokenizer>& tokenizer) con
 int GenerateCommand::run() const {
   const std::string engine_name = resolve_decode_engine(engine);
   check_decode_engine(engine_name);  // before anything is loaded
+  check_flags_apply(engine_name);
   MK_CHECK(trace_path.empty() || engine_name == "gpu", "--trace applies to --engine gpu");
   ModelOptions model;
   model.preset = preset;
@@ -199,10 +207,7 @@ int GenerateCommand::run() const {
 
   GenerationOptions options;
   options.max_new_tokens = max_new_tokens;
-  options.eos_ids = !eos.empty()         ? parse_token_ids(eos, "--eos")
-                    : !model_dir.empty() ? model_eos_ids(model_dir)
-                                         : std::vector<int32_t>{};
-  if (options.eos_ids.empty() && tokenizer) options.eos_ids = tokenizer->eos_ids();
+  options.eos_ids = eos_ids(config, tokenizer);
   DecodeSetup setup;
   setup.batch = int64_t(prompts.size());
   setup.max_context = max_context > 0 ? max_context : default_max_context(config, longest, max_new_tokens);
@@ -228,6 +233,29 @@ int GenerateCommand::run() const {
   print_sequences(result, tokenizer);
   if (!trace_path.empty()) trace_last_step(*decoder, result, trace_path);
   return 0;
+}
+
+void GenerateCommand::check_flags_apply(const std::string& engine_name) const {
+  check_engine_flags(*command, engine_name, engine == "auto", {{"--sms", {"cpu-vm"}}, {"--policy", {"cpu-vm"}}});
+  if (command->count("--weights-seed") > 0 && !model_dir.empty())
+    throw UsageError("--weights-seed has nothing to seed: --model gives the weights");
+  if (sampling.temperature != 0) return;
+  for (const char* flag : {"--seed", "--top-k", "--top-p"}) {
+    if (command->count(flag) > 0)
+      throw UsageError(fmt::format("{} applies to sampling, and --temperature 0 is greedy: give a temperature", flag));
+  }
+}
+
+std::vector<int32_t> GenerateCommand::eos_ids(const ModelConfig& config,
+                                              const std::optional<Tokenizer>& tokenizer) const {
+  if (!eos.empty()) {
+    std::vector<int32_t> ids = parse_token_ids(eos, "--eos");
+    check_eos_ids(config, ids, "--eos");
+    return ids;
+  }
+  std::vector<int32_t> ids = model_dir.empty() ? std::vector<int32_t>{} : model_eos_ids(model_dir);
+  if (ids.empty() && tokenizer) ids = tokenizer->eos_ids();
+  return ids;
 }
 
 void GenerateCommand::print_header(const ModelConfig& config, const DecodeEngine& decoder, const DecodeSetup& setup,

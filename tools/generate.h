@@ -28,6 +28,8 @@ struct GenerateCommand {
   double memory_budget_gib = 0;  // 0: the machine's memory
   double bandwidth_gbs = 4200;
 
+  CLI::App* command = nullptr;  // add()'s, for which flags were given
+
   CLI::App* add(CLI::App& app);
   int run() const;
 
@@ -37,6 +39,12 @@ struct GenerateCommand {
   // --stream resolved: auto is text when read_prompts loaded a tokenizer (a text prompt), ids otherwise; text loads
   // the model directory's tokenizer when the prompts were ids.
   StreamKind stream_kind(std::optional<Tokenizer>& tokenizer) const;
+  // Usage errors for flags this run would ignore: the cpu-vm's schedule flags on another engine, --weights-seed with
+  // --model's weights, the sampling flags when greedy.
+  void check_flags_apply(const std::string& engine_name) const;
+  // --eos (each inside the vocabulary: a typo would never stop a sequence), else the model directory's, else the
+  // tokenizer's (as transformers, an id of theirs outside the vocabulary is let be: no token matches it).
+  std::vector<int32_t> eos_ids(const ModelConfig& config, const std::optional<Tokenizer>& tokenizer) const;
   void print_header(const ModelConfig& config, const DecodeEngine& decoder, const DecodeSetup& setup, int64_t longest,
                     const std::vector<int32_t>& eos_ids) const;
   // The `text:` lines (with a tokenizer), the --output file, then the `tokens:` lines, last for scripts.

@@ -317,6 +317,17 @@ int run_schedule(const CLI::App& command, const ModelOptions& options, const Sch
   return 0;
 }
 
+// The absolute path of `path` without a trailing separator ("m/" as "m"), whether or not it exists.
+std::filesystem::path canonical_directory(const std::filesystem::path& path) {
+  const std::filesystem::path canonical = std::filesystem::weakly_canonical(path);
+  return canonical.has_filename() ? canonical : canonical.parent_path();
+}
+
+// Whether `path` is `directory` or lies inside it, both canonical.
+bool is_within(const std::filesystem::path& path, const std::filesystem::path& directory) {
+  return std::mismatch(directory.begin(), directory.end(), path.begin(), path.end()).first == directory.end();
+}
+
 int run_export(const CLI::App& command, const ModelOptions& options, const std::string& out_dir,
                const std::string& input_path) {
   mk::cli::check_seed_used(command, options.model_dir.empty() || !input_path.empty(),
@@ -330,12 +341,13 @@ int run_export(const CLI::App& command, const ModelOptions& options, const std::
   files.output("--input", input_path);
   mk::check_distinct(files.outputs, files.inputs);
   if (!input_path.empty()) {
+    const std::filesystem::path out = canonical_directory(out_dir), input = canonical_directory(input_path);
+    // --out itself, or a directory it would be created in: a directory once the model is written, too late to refuse.
+    MK_CHECK(!is_within(out, input), "--input {}: is --out {} or a directory holding it; give a file name", input_path,
+             out_dir);
     // --input may go into a directory the export creates (--out r/m --input r/in.safetensors).
-    const std::filesystem::path out = std::filesystem::weakly_canonical(out_dir);
-    const std::filesystem::path parent =
-        std::filesystem::weakly_canonical(std::filesystem::path(input_path)).parent_path();
-    const bool created = std::mismatch(parent.begin(), parent.end(), out.begin(), out.end()).first == parent.end();
-    if (!created || std::filesystem::is_directory(input_path)) mk::check_output_path(files.outputs.back());
+    if (!is_within(out, input.parent_path()) || std::filesystem::is_directory(input_path))
+      mk::check_output_path(files.outputs.back());
   }
   const double input_bytes =
       input_path.empty() ? 0.0
@@ -364,16 +376,17 @@ struct TextCommands {
   void add(CLI::App& app) {
     const char* tokenizer_help = "tokenizer.json, or a model directory holding one (and its config files)";
     tokenize = app.add_subcommand("tokenize", "print the token ids of a text, separated by spaces");
-    tokenize->add_option("--tokenizer", tokenizer_path, tokenizer_help)->required();
+    tokenize->add_option("--tokenizer", tokenizer_path, tokenizer_help)->required()->check(mk::cli::kNonEmpty);
     CLI::Option_group* source = tokenize->add_option_group("text", "where the text comes from (one of)");
     source->add_option("--text", text, "the text (UTF-8)");
-    source->add_option("--file", file, "a file holding the text (UTF-8, taken byte for byte)");
+    source->add_option("--file", file, "a file holding the text (UTF-8, taken byte for byte)")
+        ->check(mk::cli::kNonEmpty);
     source->require_option(1);
     tokenize->add_flag("--no-special", no_special, "add no special tokens (no BOS/EOS), as add_special_tokens=False");
     tokenize->add_flag("--split-special", split_special,
                        "tokenize special-token text in the input (say <|eot_id|>) as plain text");
     detokenize = app.add_subcommand("detokenize", "print the text of token ids as it is, with no newline added");
-    detokenize->add_option("--tokenizer", tokenizer_path, tokenizer_help)->required();
+    detokenize->add_option("--tokenizer", tokenizer_path, tokenizer_help)->required()->check(mk::cli::kNonEmpty);
     detokenize->add_option("--ids", ids, "token ids separated by commas or spaces")->required();
     detokenize->add_flag("--skip-special", skip_special, "leave special tokens (BOS, EOS, ...) out of the text");
   }

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <filesystem>
 #include <sstream>
 #include <string>
@@ -41,6 +42,33 @@ inline std::vector<int32_t> parse_token_ids(const std::string& text, const std::
 // A validator refusing "": an empty path or name would otherwise read as "not given" and fall back to a default.
 inline const CLI::Validator kNonEmpty(
     [](std::string& text) { return text.empty() ? std::string("must not be empty") : std::string(); }, "NONEMPTY");
+
+// A positive, finite real number. CLI::PositiveNumber lets "nan" through and words its range with DBL_MAX in full.
+inline const CLI::Validator kPositiveFinite(
+    [](std::string& text) {
+      double value = 0;
+      const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+      const bool whole_text = end == text.data() + text.size();
+      if (error == std::errc::result_out_of_range && whole_text)
+        return fmt::format("out of range (a double holds about 1e-308 to 1e308), got {}", text);
+      if (error != std::errc() || !whole_text) return fmt::format("not a number: {}", text);
+      if (!std::isfinite(value) || value <= 0) return fmt::format("must be a positive finite number, got {}", text);
+      return std::string();
+    },
+    "POSITIVE");
+
+// A seed: a whole number in [0, 2^64). CLI11 alone takes both -1 and 99999999999999999999 as 2^64 - 1, so that
+// different seeds given would silently be one.
+inline const CLI::Validator kSeed(
+    [](std::string& text) {
+      uint64_t value = 0;
+      const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+      if (error == std::errc::result_out_of_range) return fmt::format("must be below 2^64, got {}", text);
+      if (error != std::errc() || end != text.data() + text.size())
+        return fmt::format("must be a whole number from 0, got {}", text);
+      return std::string();
+    },
+    "SEED");
 
 // A size flag: a whole number in [1, max]. 0 stands for "not given" internally, so a given size must be positive.
 inline CLI::Validator size_in_range(int64_t max) {
@@ -80,7 +108,7 @@ struct ModelOptions {
     const CLI::Validator tokens = size_in_range(mk::kMaxTokens), columns = size_in_range(mk::kMaxColumns);
     command.add_option("--batch", batch, "sequences per forward pass (default: the preset's)")->check(tokens);
     command.add_option("--seq", seq_len, "tokens per sequence (default: the preset's)")->check(tokens);
-    command.add_option("--seed", seed, "seed of random weights and inputs")->capture_default_str();
+    command.add_option("--seed", seed, "seed of random weights and inputs")->capture_default_str()->check(kSeed);
     // Shape overrides change a preset: with --model they would be ignored.
     model_option->excludes(command.add_option("--layers", overrides.layers, "override the preset's layer count")
                                ->check(size_in_range(mk::kMaxLayers)));
@@ -96,11 +124,13 @@ struct ModelOptions {
         command.add_option("--d-ff", overrides.d_ff, "override the preset's MLP width")->check(columns));
   }
 
-  // The files of --model, which no output may overwrite.
+  // The files of --model, which no output may overwrite: those mk reads (generate reads the generation and tokenizer
+  // configs too) and the weights.
   void add_inputs(CommandFiles& files) const {
     if (model_dir.empty()) return;
     const std::filesystem::path dir(model_dir);
-    for (const char* config : {"config.json", "mk_config.json"})
+    for (const char* config :
+         {"config.json", "mk_config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"})
       files.input(fmt::format("--model {}'s {}", model_dir, config), (dir / config).string());
     for (const std::filesystem::path& file : mk::weight_files(dir))
       files.input(fmt::format("--model {}'s {}", model_dir, file.filename().string()), file.string());
@@ -117,7 +147,13 @@ struct ModelOptions {
       MK_CHECK(!overrides.any(), "shape overrides apply to presets only, not to --model");
       return mk::load_model_dir_config(model_dir);
     }
-    return mk::preset_config(preset.empty() ? "seed" : preset, overrides);
+    const std::string name = preset.empty() ? "seed" : preset;
+    const int64_t head_dim = mk::find_preset(name).config.head_dim;
+    if (overrides.d_model != 0 && overrides.heads == 0 && overrides.d_model % head_dim != 0)
+      throw UsageError(fmt::format("--d-model {} is not a multiple of the {} preset's head_dim {}, so heads = "
+                                   "d_model / head_dim is not whole: give a multiple of {}, or --heads too",
+                                   overrides.d_model, name, head_dim, head_dim));
+    return mk::preset_config(name, overrides);
   }
 
   mk::RunShape shape() const {
@@ -136,8 +172,11 @@ struct ModelOptions {
   }
 
   mk::ModelWeights weights(const mk::ModelConfig& config) const {
-    if (!model_dir.empty()) return mk::load_weights(model_dir, config);
-    return mk::random_weights(config, seed);
+    if (model_dir.empty()) return mk::random_weights(config, seed);
+    mk::ModelWeights weights = mk::load_weights(model_dir, config);
+    if (const std::string warning = mk::unused_tensors_warning(model_dir, weights); !warning.empty())
+      fmt::print(stderr, "{}\n", warning);
+    return weights;
   }
 };
 

@@ -103,8 +103,15 @@ GenerationResult generate(DecodeEngine& engine, const std::vector<std::vector<in
                           const GenerationOptions& options, const StepCallback& on_step = {});
 
 // The ids that end generation for a Hugging Face model directory: generation_config.json's eos_token_id (an int or
-// a list), else config.json's; empty when neither says.
+// a list), else config.json's; empty when neither says. Each file is read as config.json is (a regular file of
+// bounded size, JSON without duplicate keys), and each id must be a whole number in [0, 2^31).
 std::vector<int32_t> model_eos_ids(const std::filesystem::path& model_dir);
+
+// Throw mk::Error naming the first id outside the model's vocabulary, before any engine runs: a prompt's (by prompt
+// and position, which the engines, seeing a padded batch, cannot name), or a user's EOS id's (which no token could
+// match, so that generation would silently never stop at it). `eos_source` says where the EOS ids came from.
+void check_prompt_ids(const ModelConfig& config, const std::vector<std::vector<int32_t>>& prompts);
+void check_eos_ids(const ModelConfig& config, const std::vector<int32_t>& eos_ids, const std::string& eos_source);
 
 // The cache positions a generation needs: the longest prompt plus the new tokens, rounded up to whole KV blocks,
 // capped at the model's max_position_embeddings (RoPE models).

@@ -99,8 +99,9 @@ struct Preset {
 const std::vector<Preset>& presets();
 const Preset& find_preset(std::string_view name);  // throws listing the known names
 
-// Shape overrides of a preset, for sweeps (0: keep the preset's). d_model also sets heads = d_model / head_dim,
-// kv heads = heads and d_ff = 4 d_model unless those are given.
+// Shape overrides of a preset, for sweeps (0: keep the preset's). d_model also sets heads = d_model / head_dim (so
+// it must be a multiple of head_dim unless heads is given), kv heads = heads and d_ff = 4 d_model unless those are
+// given.
 struct ShapeOverrides {
   int64_t layers = 0, d_model = 0, heads = 0, kv_heads = 0, d_ff = 0;
   bool any() const { return layers != 0 || d_model != 0 || heads != 0 || kv_heads != 0 || d_ff != 0; }

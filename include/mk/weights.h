@@ -31,6 +31,9 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
   std::vector<bf16> final_norm;  // (d_model), empty without an LM head
   std::vector<bf16> lm_head;     // (vocab_size, d_model), empty without an LM head or when tied
+  // load_weights: tensors of the files that the config leaves unused (layers beyond num_hidden_layers, an lm_head
+  // beside tied embeddings), sorted. Transformers loads such a checkpoint with a warning; so does mk.
+  std::vector<std::string> unused_tensors;
 
   const std::vector<bf16>& lm_head_matrix() const { return config.tie_word_embeddings ? embedding : lm_head; }
 };
@@ -50,6 +53,8 @@ ModelWeights random_weights(const ModelConfig& config, uint64_t seed);
 
 // Loads `dir`/model.safetensors, or the shards listed in `dir`/model.safetensors.index.json.
 ModelWeights load_weights(const std::filesystem::path& dir, const ModelConfig& config);
+// A warning naming load_weights' unused tensors (the first few), or "" when every tensor is used.
+std::string unused_tensors_warning(const std::filesystem::path& dir, const ModelWeights& weights);
 // The files load_weights reads (the index included): what no output may overwrite.
 std::vector<std::filesystem::path> weight_files(const std::filesystem::path& dir);
 

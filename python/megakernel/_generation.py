@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Union
 import numpy as np
 
 from . import _core
+from ._arguments import INT32, INT64, UINT64, checked_int
 
 if TYPE_CHECKING:
     from .model import Model
@@ -32,23 +33,49 @@ def _prompts(model: Model, prompt: Prompt) -> tuple[list[list[int]], bool, bool]
     items = list(prompt)
     if items and all(isinstance(p, str) for p in items):
         return [model.encode(p) for p in items], True, True
-    if all(isinstance(p, (int, np.integer)) for p in items):
-        return [[int(i) for i in items]], False, False
-    return [[int(i) for i in p] for p in items], False, True
+    if all(np.ndim(p) == 0 for p in items):  # scalars: one prompt
+        return [_whole_ids(items, "prompt")], False, False
+    return [_whole_ids(p, f"prompt {index}") for index, p in enumerate(items)], False, True
+
+
+def _whole_ids(values: Any, name: str) -> list[int]:
+    """Token ids as ints; a float id (say from a float array) is refused rather than truncated to another id."""
+    return [checked_int(value, f"{name}'s token id", INT64) for value in values]
 
 
 def _generate(model: Model, prompts: list[list[int]], max_new_tokens: int, options: dict[str, Any],
               on_step: Any = None) -> list[tuple[list[int], str]]:
     """The core's generation: (new ids, stop reason) per prompt."""
+    _check_prompt_ids(model, prompts)
     sampling = _core.SamplingParams()
     sampling.temperature = float(options["temperature"])
-    sampling.top_k = int(options["top_k"])
+    sampling.top_k = checked_int(options["top_k"], "top_k", (0, INT32[1]))
     sampling.top_p = float(options["top_p"])
-    sampling.seed = int(options["seed"])
+    sampling.seed = checked_int(options["seed"], "seed", UINT64)
     eos = options["eos_ids"]
-    eos_ids = model.eos_ids if eos is None else [int(i) for i in eos]
-    return model._core.generate(options["engine"], prompts, int(max_new_tokens), sampling, eos_ids,
-                                int(options["max_context"] or 0), on_step)
+    eos_ids = model.eos_ids if eos is None else _whole_ids(eos, "eos_ids")
+    if eos is not None:  # the caller's ids, not the model's: one outside the vocabulary is a mistake, never matched
+        vocab = int(model._config["vocab_size"])
+        for i in eos_ids:
+            if not 0 <= i < vocab:
+                raise _core.MkError(f"EOS id {i} (from eos_ids) is outside the vocabulary [0, {vocab}): "
+                                    "no token could end a sequence with it")
+    max_context = checked_int(options["max_context"] or 0, "max_context", INT64)
+    return model._core.generate(options["engine"], prompts, checked_int(max_new_tokens, "max_new_tokens", INT64),
+                                sampling, eos_ids, max_context, on_step)
+
+
+def _check_prompt_ids(model: Model, prompts: list[list[int]]) -> None:
+    """Refuses ids the core's int32 cannot hold with the core's own message for ids outside the vocabulary."""
+    low, high = INT32
+    vocab = int(model._config["vocab_size"])
+    for index, prompt in enumerate(prompts):
+        if prompt and low <= min(prompt) and max(prompt) < high:
+            continue
+        for position, token_id in enumerate(prompt):
+            if not low <= token_id < high:
+                raise _core.MkError(f"prompt {index}: token id {token_id} at position {position} is outside the "
+                                    f"vocabulary [0, {vocab})")
 
 
 def _primed_decoder(tokenizer: Tokenizer, prompt: list[int], skip_special_tokens: bool) -> Any:

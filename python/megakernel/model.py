@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import os
 import sys
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any, Union
 
 import numpy as np
 
 from . import _core
+from ._arguments import INT64, UINT64, checked_int
 from ._generation import Prompt, generate_ids, run_stream
 from .tokenizer import Tokenizer
 
@@ -47,7 +49,10 @@ class Model:
         """Loads a model directory: config.json (Hugging Face LlamaForCausalLM) or mk_config.json (mk's own form, for
         models Hugging Face cannot describe), model.safetensors or sharded safetensors, and tokenizer.json (with its
         config files) when present."""
-        return cls(_core.Model.from_dir(os.fspath(directory)))
+        core = _core.Model.from_dir(os.fspath(directory))
+        if core.load_warning:  # transformers loads such a checkpoint with a warning too
+            warnings.warn(core.load_warning.removeprefix("warning: "), stacklevel=2)
+        return cls(core)
 
     @classmethod
     def preset(
@@ -65,8 +70,9 @@ class Model:
         weights of `seed`: the weights `mk run --preset NAME --seed SEED` runs. The shape overrides are mk's
         --layers, --d-model (which also sets heads = d_model / head_dim and d_ff = 4 d_model), --heads, --kv-heads
         and --d-ff."""
-        sizes = [layers, d_model, heads, kv_heads, d_ff]
-        return cls(_core.Model.from_preset(name, seed, *[0 if s is None else s for s in sizes]))
+        sizes = {"layers": layers, "d_model": d_model, "heads": heads, "kv_heads": kv_heads, "d_ff": d_ff}
+        checked = [0 if size is None else checked_int(size, key, INT64) for key, size in sizes.items()]
+        return cls(_core.Model.from_preset(name, checked_int(seed, "seed", UINT64), *checked))
 
     # ---- what the model is ----
 

@@ -91,6 +91,7 @@ std::unique_ptr<CoreModel> CoreModel::from_dir(const std::filesystem::path& dir)
   if (std::filesystem::is_regular_file(dir / "tokenizer.json")) model->tokenizer_.emplace(Tokenizer::load(dir));
   model->eos_ids_ = model_eos_ids(dir);
   if (model->eos_ids_.empty() && model->tokenizer_) model->eos_ids_ = model->tokenizer_->eos_ids();
+  model->load_warning_ = unused_tensors_warning(dir, model->weights_);
   return model;
 }
 
@@ -191,15 +192,10 @@ GenerationResult CoreModel::generate(const GenerateRequest& request, const StepC
   MK_CHECK(c.has_embedding && c.has_lm_head, "model '{}' cannot generate: it has no {}", c.name,
            c.has_embedding ? "LM head" : "embedding");
   MK_CHECK(!request.prompts.empty(), "generate: no prompts");
+  check_prompt_ids(c, request.prompts);
   int64_t longest = 0;
-  for (size_t b = 0; b < request.prompts.size(); ++b) {
-    for (size_t i = 0; i < request.prompts[b].size(); ++i) {
-      const int32_t id = request.prompts[b][i];
-      MK_CHECK(id >= 0 && id < c.vocab_size, "prompt {}: token id {} at position {} is outside the vocabulary [0, {})",
-               b, id, i, c.vocab_size);
-    }
-    longest = std::max<int64_t>(longest, int64_t(request.prompts[b].size()));
-  }
+  for (const std::vector<int32_t>& prompt : request.prompts)
+    longest = std::max<int64_t>(longest, int64_t(prompt.size()));
   DecodeSetup setup;
   setup.batch = int64_t(request.prompts.size());
   setup.max_context =

@@ -63,6 +63,8 @@ class CoreModel {
   const std::string& source() const { return source_; }
   // The ids that end generation: generation_config.json's or config.json's eos_token_id, else the tokenizer's.
   const std::vector<int32_t>& eos_ids() const { return eos_ids_; }
+  // What loading found suspicious (tensors the config leaves unused), for Python to warn with; "" when nothing.
+  const std::string& load_warning() const { return load_warning_; }
 
   // One forward pass from host memory: (batch * seq_len, output_cols) fp32.
   ref::Matrix forward(EngineKind kind, const ref::ModelInput& input);
@@ -98,6 +100,7 @@ class CoreModel {
   std::mutex mutex_;  // one pass at a time: the engines are not reentrant, and the GIL is released while they run
   std::map<std::tuple<EngineKind, int64_t, int64_t>, std::unique_ptr<Engine>> engines_;
   std::vector<int32_t> eos_ids_;
+  std::string load_warning_;
   std::string decoder_key_;  // what the cached decoder was built for
   std::unique_ptr<DecodeEngine> decoder_;
 };

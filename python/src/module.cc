@@ -197,6 +197,7 @@ void bind_model(nb::module_& m) {
           },
           nb::arg("engine"), nb::arg("input"), nb::arg("path"))
       .def_prop_ro("eos_ids", &CoreModel::eos_ids)
+      .def_prop_ro("load_warning", &CoreModel::load_warning)
       .def(
           "generate",
           [](CoreModel& model, const std::string& engine, std::vector<std::vector<int32_t>> prompts,

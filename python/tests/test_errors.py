@@ -51,6 +51,16 @@ def test_unknown_engine_and_preset(tiny):
         megakernel.Model.preset("huge")
     with pytest.raises(MkError, match=r"n_heads"):
         megakernel.Model.preset("tiny", heads=3)
+    with pytest.raises(MkError, match=r"d_model 100 is not a multiple of the head_dim 64 of preset 'tiny'"):
+        megakernel.Model.preset("tiny", d_model=100)
+
+
+def test_preset_integers_beyond_the_cores_types_raise_mk_error():
+    # They raised nanobind's TypeError with a dump of the binding's overloads, naming no argument.
+    with pytest.raises(MkError, match=r"seed must be in \[0, 2\^64\), got -1"):
+        megakernel.Model.preset("tiny", seed=-1)
+    with pytest.raises(MkError, match=r"layers must be in \[-2\^63, 2\^63\), got 36893488147419103232"):
+        megakernel.Model.preset("tiny", layers=2**65)
 
 
 def test_missing_or_broken_model_directory(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
 import pytest
 
 import megakernel
@@ -89,3 +90,47 @@ def test_errors(tiny):
         megakernel.Model.preset("seed", layers=1, d_model=256).generate([1], 2)
     with pytest.raises(MkError, match=r"stream\(\) takes one prompt|outside"):
         list(tiny.stream([1, 500], 2))
+
+
+def test_eos_ids_outside_the_vocabulary_are_refused(tiny):
+    # They were accepted, and generation ran on as if there were no EOS.
+    for eos in ([7, 384], [-1]):
+        with pytest.raises(MkError, match=rf"EOS id {eos[-1]} \(from eos_ids\) is outside the vocabulary \[0, 384\)"):
+            tiny.generate([1, 2], 2, engine="reference", eos_ids=eos)
+
+
+def test_float_ids_are_refused_not_truncated(tiny):
+    # int() made 1.9 the id 1, and a float array's ids pass through tolist() as floats.
+    for arguments in (dict(prompt=[1, 2.9]), dict(prompt=np.array([[1.0, 2.0]])), dict(eos_ids=[3.5])):
+        arguments = {"prompt": [1, 2], **arguments}
+        with pytest.raises(MkError, match=r"token id must be a whole number, got"):
+            tiny.generate(max_new_tokens=2, engine="reference", **arguments)
+
+
+def test_negative_new_tokens_are_named_not_blamed_on_the_cache(tiny):
+    # With a prompt longer than -max_new_tokens, the default cache came to 1 position and the prompt was blamed.
+    for generation in (lambda: tiny.generate([1, 2, 3], -5), lambda: list(tiny.stream([1, 2, 3], -5))):
+        with pytest.raises(MkError, match=r"max new tokens must not be negative, got -5"):
+            generation()
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (dict(prompt=[1, 2**31]), r"prompt 0: token id 2147483648 at position 1 is outside the vocabulary \[0, 384\)"),
+        (dict(prompt=[[3], [1, -(2**40)]]), r"prompt 1: token id -1099511627776 at position 1 is outside the vocab"),
+        (dict(eos_ids=[2**31]), r"EOS id 2147483648 \(from eos_ids\) is outside the vocabulary \[0, 384\)"),
+        (dict(seed=-1), r"seed must be in \[0, 2\^64\), got -1"),
+        (dict(seed=2**64), r"seed must be in \[0, 2\^64\), got 18446744073709551616"),
+        (dict(top_k=2**40), r"top_k must be in \[0, 2\^31\), got 1099511627776"),
+        (dict(max_new_tokens=2**70), r"max_new_tokens must be in \[-2\^63, 2\^63\), got 1180591620717411303424"),
+    ],
+)
+def test_integers_beyond_the_cores_types_raise_mk_error(tiny, arguments, message):
+    # They raised nanobind's TypeError with a dump of the binding's overloads, naming no argument.
+    arguments = {"prompt": [1, 2], "max_new_tokens": 2, **arguments}
+    with pytest.raises(MkError, match=message):
+        tiny.generate(engine="reference", **arguments)
+    if not isinstance(arguments["prompt"][0], list):  # stream() takes one prompt
+        with pytest.raises(MkError, match=message):
+            list(tiny.stream(engine="reference", **arguments))

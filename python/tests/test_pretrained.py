@@ -3,6 +3,7 @@ with a tokenizer.json beside the weights or without."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -50,3 +51,13 @@ def test_seed_model_with_mk_config_json(tmp_path, run_mk, mk_forward):
     assert not model.has_embedding and model.tokenizer is None
     hidden = np.random.default_rng(0).standard_normal((2, 16, 256)).astype(np.float32)
     np.testing.assert_array_equal(model.forward(hidden, "reference"), mk_forward(["--model", tmp_path], hidden))
+
+
+def test_weights_the_config_leaves_unused_load_with_a_warning(tmp_path, run_mk):
+    run_mk("export", "--preset", "tiny", "--out", tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["num_hidden_layers"] = 1
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.warns(UserWarning, match=r"holds 9 tensor\(s\) the model's config leaves unused"):
+        model = megakernel.Model.from_pretrained(tmp_path)
+    assert model.config["n_layers"] == 1

@@ -6,11 +6,12 @@
 
 #include <algorithm>
 #include <chrono>
-#include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "mk/buffers.h"
 #include "mk/check.h"
+#include "mk/files.h"
 #include "mk/kv_cache.h"
 #include "mk/tiles.h"
 
@@ -110,28 +111,48 @@ GenerationResult generate(DecodeEngine& engine, const std::vector<std::vector<in
 std::vector<int32_t> model_eos_ids(const std::filesystem::path& model_dir) {
   for (const char* name : {"generation_config.json", "config.json"}) {
     const std::filesystem::path path = model_dir / name;
-    std::ifstream file(path);
-    if (!file.good()) continue;
-    nlohmann::json json;
-    try {
-      json = nlohmann::json::parse(file);
-    } catch (const nlohmann::json::exception& error) {
-      throw Error(fmt::format("{}: not valid JSON: {}", path.string(), error.what()));
-    }
+    std::error_code error;
+    // symlink_status: a dangling link or a loop is read, and refused by name, rather than taken for "no file".
+    if (!std::filesystem::exists(std::filesystem::symlink_status(path, error))) continue;
+    const nlohmann::json json = read_json_file(path, kMaxConfigJsonBytes);
+    MK_CHECK(json.is_object(), "{}: expected a JSON object, got {}", path.string(), json_excerpt(json));
     const auto eos = json.find("eos_token_id");
     if (eos == json.end() || eos->is_null()) continue;
     std::vector<int32_t> ids;
     for (const nlohmann::json& id : eos->is_array() ? *eos : nlohmann::json::array({*eos})) {
-      MK_CHECK(id.is_number_integer(), "{}: eos_token_id must be an integer or a list of them, got {}", path.string(),
-               eos->dump());
-      ids.push_back(id.get<int32_t>());
+      const std::optional<int64_t> value = id.is_number_integer() ? json_to_int64(id) : std::nullopt;
+      MK_CHECK(value && *value >= 0 && *value <= INT32_MAX,
+               "{}: eos_token_id must be a token id (a whole number in [0, 2^31)) or a list of them, got {}",
+               path.string(), json_excerpt(*eos));
+      ids.push_back(int32_t(*value));
     }
     return ids;
   }
   return {};
 }
 
+void check_prompt_ids(const ModelConfig& config, const std::vector<std::vector<int32_t>>& prompts) {
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    for (size_t i = 0; i < prompts[b].size(); ++i) {
+      const int32_t id = prompts[b][i];
+      MK_CHECK(id >= 0 && id < config.vocab_size,
+               "prompt {}: token id {} at position {} is outside the vocabulary [0, {})", b, id, i, config.vocab_size);
+    }
+  }
+}
+
+void check_eos_ids(const ModelConfig& config, const std::vector<int32_t>& eos_ids, const std::string& eos_source) {
+  for (const int32_t id : eos_ids) {
+    MK_CHECK(id >= 0 && id < config.vocab_size,
+             "EOS id {} (from {}) is outside the vocabulary [0, {}): no token could end a sequence with it", id,
+             eos_source, config.vocab_size);
+  }
+}
+
 int64_t default_max_context(const ModelConfig& config, int64_t longest_prompt, int64_t max_new_tokens) {
+  // Checked here, not only in generate(): a negative count would shrink the cache below the prompt, and the error
+  // would blame the cache.
+  MK_CHECK(max_new_tokens >= 0, "max new tokens must not be negative, got {}", max_new_tokens);
   const int64_t block = tiles::kDecodeKvBlock;
   int64_t context = (longest_prompt + max_new_tokens + block - 1) / block * block;
   if (config.rope.type != RopeType::kNone) context = std::min(context, config.max_position_embeddings);

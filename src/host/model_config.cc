@@ -291,8 +291,13 @@ ModelConfig preset_config(std::string_view name, const ShapeOverrides& overrides
            o.d_model, o.heads, o.kv_heads, o.d_ff);
   if (overrides.layers != 0) config.n_layers = overrides.layers;
   if (overrides.d_model != 0) {
+    // Rounding the heads down would run another shape than the one asked for.
+    MK_CHECK(overrides.heads != 0 || overrides.d_model % config.head_dim == 0,
+             "d_model {} is not a multiple of the head_dim {} of preset '{}', so heads = d_model / head_dim is not "
+             "whole: give a multiple of {}, or heads too",
+             overrides.d_model, config.head_dim, config.name, config.head_dim);
     config.d_model = overrides.d_model;
-    config.n_heads = overrides.d_model / config.head_dim;
+    config.n_heads = overrides.heads != 0 ? overrides.heads : overrides.d_model / config.head_dim;
     config.n_kv_heads = config.n_heads;
     config.d_ff = 4 * overrides.d_model;
   }

@@ -1,8 +1,11 @@
 // The static schedule verifier: proves a schedule safe for its graph or names the instruction that is not.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "mk/check.h"
 #include "mk/schedule.h"
@@ -23,6 +26,26 @@ struct Position {
 std::string region_text(const Graph& graph, const Region& r) {
   return fmt::format("{} rows [{},{}) cols [{},{})", graph.buffers()[r.buffer].name(), r.row_begin, r.row_end,
                      r.col_begin, r.col_end);
+}
+
+// The fields of an instruction that differ from its task's, each with both values: a differing sequence or head of
+// a task that is not attention leaves the task's description and the instruction's looking the same.
+std::string differing_fields(const Instruction& in, const Task& t) {
+  std::vector<std::string> fields;
+  if (in.opcode != t.opcode)
+    fields.push_back(fmt::format("opcode {} (the task's: {})", opcode_name(in.opcode), opcode_name(t.opcode)));
+  struct Field {
+    const char* name;
+    int64_t instruction, task;
+  };
+  const Field integers[] = {{"layer", in.layer, t.layer},          {"row_begin", in.row_begin, t.row_begin},
+                            {"row_end", in.row_end, t.row_end},    {"col_begin", in.col_begin, t.col_begin},
+                            {"col_end", in.col_end, t.col_end},    {"sequence", in.sequence, t.sequence},
+                            {"head", in.head, t.head}};
+  for (const Field& field : integers)
+    if (field.instruction != field.task)
+      fields.push_back(fmt::format("{} {} (the task's: {})", field.name, field.instruction, field.task));
+  return fmt::format("{}", fmt::join(fields, ", "));
 }
 
 bool intersects(const Region& a, const Region& b) {
@@ -181,12 +204,9 @@ void Verifier::check_instructions() {
                where_task(in.task));
       position_[in.task] = {sm, index};
       const Task& t = tasks_[in.task];
-      MK_CHECK(in.opcode == t.opcode && in.layer == t.layer && in.row_begin == t.row_begin && in.row_end == t.row_end &&
-                   in.col_begin == t.col_begin && in.col_end == t.col_end && in.sequence == t.sequence &&
-                   in.head == t.head,
-               "SM {} instruction {}: does not match task {} ({}): opcode {} layer {} rows [{},{}) cols [{},{})", sm,
-               index, in.task, graph_.describe(t), opcode_name(in.opcode), in.layer, in.row_begin, in.row_end,
-               in.col_begin, in.col_end);
+      const std::string differences = differing_fields(in, t);
+      MK_CHECK(differences.empty(), "SM {} instruction {}: does not match task {} ({}): {}", sm, index, in.task,
+               graph_.describe(t), differences);
       MK_CHECK(in.signal_counter < num_counters_, "{}: signals counter {} of {}", where(sm, index), in.signal_counter,
                num_counters_);
       MK_CHECK(uint64_t(in.wait_begin) + in.num_waits <= s.waits.size(),

@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <set>
@@ -117,6 +118,24 @@ WeightLayout weight_layout(const std::filesystem::path& dir) {
   return layout;
 }
 
+// Every tensor name of the layout's files but those used and the rotary tables some checkpoints carry (mk computes
+// RoPE itself, as transformers does). Shards only the index names are not opened.
+std::vector<std::string> unused_tensors(const WeightLayout& layout,
+                                        std::map<std::string, std::unique_ptr<SafetensorsFile>>& open_files,
+                                        const std::set<std::string>& used) {
+  std::vector<std::string> names;
+  if (layout.index_path.empty()) {
+    for (const TensorInfo& tensor : open_files.at("model.safetensors")->tensors()) names.push_back(tensor.name);
+  } else {
+    for (const auto& [name, shard] : layout.shard_of) names.push_back(name);
+  }
+  std::vector<std::string> unused;
+  for (const std::string& name : names)
+    if (!used.count(name) && !name.ends_with("rotary_emb.inv_freq")) unused.push_back(name);
+  std::sort(unused.begin(), unused.end());
+  return unused;
+}
+
 }  // namespace
 
 std::vector<std::filesystem::path> weight_files(const std::filesystem::path& dir) {
@@ -143,7 +162,9 @@ ModelWeights load_weights(const std::filesystem::path& dir, const ModelConfig& c
     return *file;
   };
 
+  std::set<std::string> used;
   for_each_weight(weights, [&](const std::string& name, const std::vector<int64_t>& shape, std::vector<bf16>& data) {
+    used.insert(name);
     const SafetensorsFile& file = file_for(name);
     const TensorInfo* tensor = file.find(name);
     MK_CHECK(tensor != nullptr, "{}: missing tensor '{}'", file.path(), name);
@@ -151,7 +172,19 @@ ModelWeights load_weights(const std::filesystem::path& dir, const ModelConfig& c
              fmt::join(tensor->shape, ", "), fmt::join(shape, ", "));
     data = file.read_bf16(*tensor);
   });
+  weights.unused_tensors = unused_tensors(layout, open_files, used);
   return weights;
+}
+
+std::string unused_tensors_warning(const std::filesystem::path& dir, const ModelWeights& weights) {
+  const std::vector<std::string>& unused = weights.unused_tensors;
+  if (unused.empty()) return "";
+  constexpr size_t kNamesShown = 4;
+  const std::vector<std::string> shown(unused.begin(), unused.begin() + std::min(unused.size(), kNamesShown));
+  return fmt::format("warning: {} holds {} tensor(s) the model's config leaves unused ({}{}): does its "
+                     "num_hidden_layers ({}) or tie_word_embeddings match the weights?",
+                     dir.string(), unused.size(), fmt::join(shown, ", "), unused.size() > kNamesShown ? ", ..." : "",
+                     weights.config.n_layers);
 }
 
 namespace {

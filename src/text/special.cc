@@ -2,6 +2,8 @@
 // add_eos_token), and the BOS/EOS ids that the model directory's config files declare.
 #include "special.h"
 
+#include <cstdint>
+
 #include "json_fields.h"
 
 namespace mk::text {
@@ -62,8 +64,9 @@ std::vector<int32_t> config_ids(const json& config, const char* key, std::string
   if (!config.is_object() || !config.contains(key) || config[key].is_null()) return ids;
   const json& value = config[key];
   for (const json& id : value.is_array() ? value : json::array({value})) {
-    MK_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0, "{}: \"{}\" must be an id or a list of ids, got {}",
-             file, key, brief(value));
+    // Bounded before the cast: 2^32 would become id 0.
+    MK_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() <= INT32_MAX,
+             "{}: \"{}\" must be an id or a list of ids, got {}", file, key, brief(value));
     ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
   }
   return ids;

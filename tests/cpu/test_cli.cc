@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "mk/files.h"
 #include "mk/model_config.h"
 #include "mk/model_io.h"
 #include "mk/program.h"
@@ -190,6 +191,25 @@ TEST(Cli, TruncatedWeightsFailCleanly) {
     EXPECT_THAT(result.output, HasSubstr("truncated")) << size;
     EXPECT_THAT(result.output, Not(HasSubstr("unexpected error")));
   }
+}
+
+// A config.json that leaves tensors unused runs (transformers loads it too) with a warning naming them.
+TEST(Cli, WeightsTheConfigLeavesUnusedAreWarnedAbout) {
+  TempDir dir;
+  const std::filesystem::path model = dir.path() / "model";
+  ASSERT_EQ(run_mk("export --preset tiny --out " + quoted(model)).status, 0);
+  const std::string run = "run --engine reference --batch 1 --seq 8 --model " + quoted(model);
+  Result result = run_mk(run);
+  ASSERT_EQ(result.status, 0) << result.output;
+  EXPECT_THAT(result.output, Not(HasSubstr("warning")));
+
+  nlohmann::json config = mk::read_json_file(model / "config.json", 1 << 20);
+  config["num_hidden_layers"] = 1;
+  mk::write_file(model / "config.json", config.dump());
+  result = run_mk(run);
+  ASSERT_EQ(result.status, 0) << result.output;
+  EXPECT_THAT(result.output, HasSubstr("warning: " + model.string() + " holds 9 tensor(s) the model's config"));
+  EXPECT_THAT(result.output, HasSubstr("model.layers.1."));
 }
 
 TEST(Cli, BadInputFileFails) {

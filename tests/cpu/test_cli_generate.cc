@@ -143,7 +143,7 @@ TEST(CliGenerate, ErrorsAreClearAndNeverCrashes) {
       {"--prompt hello", "--prompt needs --model DIR with a tokenizer.json"},
       {"--prompt-ids 1,x", "--prompt-ids: \"x\" is not a token id"},
       {"--prompt-ids 1,2 --temperature -1", "temperature must be 0 (greedy) or positive"},
-      {"--prompt-ids 1,2 --top-p 1.5", "top-p must be in (0, 1]"},
+      {"--prompt-ids 1,2 --temperature 1 --top-p 1.5", "top-p must be in (0, 1]"},
       {"--prompt-ids 1,999", "outside the vocabulary"},
       {"--prompt-ids '1;2' --batch 3", "--batch 3 but 2 prompts"},
       {"--prompt-ids 1,2 --stream text", "--stream text needs --model DIR with a tokenizer.json"},

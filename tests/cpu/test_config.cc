@@ -125,6 +125,15 @@ TEST(Presets, ParameterCountsMatchThePublishedModels) {
   EXPECT_EQ(mk::forward_cost(mk::find_preset("llama-3.2-1b").config, {1, 1}).parameters, 1'235'814'400);
 }
 
+TEST(Presets, DModelOverrideMustBeAMultipleOfHeadDim) {
+  // heads = d_model / head_dim was rounded down: d_model 200 ran with one head.
+  const std::string message = error_of([] { mk::preset_config("seed", {.d_model = 200}); });
+  EXPECT_THAT(message, HasSubstr("d_model 200 is not a multiple of the head_dim 128 of preset 'seed'"));
+  const mk::ModelConfig with_heads = mk::preset_config("seed", {.d_model = 256, .heads = 3});
+  EXPECT_EQ(with_heads.n_heads, 3);
+  EXPECT_EQ(with_heads.n_kv_heads, 3);
+}
+
 TEST(ConfigJson, ParsesLlama31WithRopeScaling) {
   const mk::ModelConfig c = mk::model_config_from_hf_json(llama31_8b_config(), "llama31/config.json");
   EXPECT_EQ(c.name, "llama31/config.json");

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hostile_fixture.h"
@@ -65,6 +66,30 @@ TEST_F(Hostile, RunsTooLargeForThisHostAreRefusedBeforeAllocating) {
                  "of host memory, more than the");
 }
 
+TEST_F(Hostile, SeedsOutsideUint64AreRefusedNotSaturated) {
+  // Both ran with seed 2^64 - 1, as `--seed 18446744073709551615` does.
+  const std::string run = "run --preset tiny --engine reference --batch 1 --seq 4 --seed ";
+  expect_failure(run_mk(run + "99999999999999999999"), 2, "--seed: must be below 2^64, got 99999999999999999999");
+  expect_failure(run_mk(run + "-1"), 2, "--seed: must be a whole number from 0, got -1");
+  expect_failure(run_mk("generate --preset tiny --prompt-ids 1 --weights-seed -1"), 2, "--weights-seed: must be a");
+  expect_failure(run_mk("generate --preset tiny --prompt-ids 1 --temperature 1 --seed 18446744073709551616"), 2,
+                 "--seed: must be below 2^64");
+}
+
+TEST_F(Hostile, DModelNotAMultipleOfHeadDimIsAUsageError) {
+  // 200 ran with one head of 128 columns; 32 blamed num_attention_heads, which was never given.
+  for (const char* command : {"run", "info", "schedule"}) {
+    expect_failure(run_mk(fmt::format("{} --preset seed --d-model 200", command)), 2,
+                   "--d-model 200 is not a multiple of the seed preset's head_dim 128");
+    expect_failure(run_mk(fmt::format("{} --preset tiny --d-model 32", command)), 2,
+                   "--d-model 32 is not a multiple of the tiny preset's head_dim 64");
+  }
+  // --heads derives nothing from d_model, and the kv heads follow it rather than d_model / head_dim.
+  const MkResult heads = run_mk("info --preset seed --d-model 200 --heads 3");
+  EXPECT_EQ(heads.status, 0) << heads.output;
+  EXPECT_THAT(heads.output, HasSubstr("d_model 200, d_ff 800, layers 8, heads 3 (kv 3, head_dim 128)"));
+}
+
 // ---- data loss: outputs never land on inputs, and a failed write is a failure ----
 
 TEST_F(Hostile, OutputOntoTheInputIsRefused) {
@@ -104,6 +129,15 @@ TEST_F(Hostile, ExportDoesNotClobberItsOwnOutputOrItsModel) {
   EXPECT_EQ(read_bytes(model() / "config.json"), config);
 }
 
+TEST_F(Hostile, ExportRefusesAnInputThatIsItsOutputDirectory) {
+  // The model was written first, and only then did writing --input onto the new directory fail.
+  for (const auto& [out, input] : {std::pair{path("e"), path("e")}, std::pair{path("f") / "m", path("f")}}) {
+    expect_failure(run_mk(fmt::format("export --preset tiny --out {} --input {}/", quoted(out), quoted(input))), 1,
+                   "or a directory holding it; give a file name");
+    EXPECT_FALSE(fs::exists(out));
+  }
+}
+
 TEST_F(Hostile, AFailedWriteIsAFailure) {
   expect_failure(run_mk(run_model("--output /dev/full")), 1, "/dev/full: write failed: No space left on device");
   expect_failure(run_mk(run_model("--json /dev/full")), 1, "/dev/full: write failed");
@@ -125,6 +159,10 @@ TEST_F(Hostile, EmptyModelOrPresetIsRefused) {
   expect_failure(run_mk("run --model ''"), 2, "--model: must not be empty");
   expect_failure(run_mk("run --preset ''"), 2, "--preset: must not be empty");
   expect_failure(run_mk("run --preset tiny --output ''"), 2, "--output: must not be empty");
+  // An empty --tokenizer was looked for as "no tokenizer.json at ", an empty --file read as empty text.
+  expect_failure(run_mk("tokenize --tokenizer '' --text hi"), 2, "--tokenizer: must not be empty");
+  expect_failure(run_mk("detokenize --tokenizer '' --ids 1"), 2, "--tokenizer: must not be empty");
+  expect_failure(run_mk("tokenize --tokenizer " + quoted(model()) + " --file ''"), 2, "--file: must not be empty");
 }
 
 TEST_F(Hostile, InsaneConfigNumbersAreRefused) {

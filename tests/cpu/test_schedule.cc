@@ -1,4 +1,5 @@
 // Tests of the graph, dependency derivation, schedulers, the static verifier and the schedule file format.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <gmock/gmock.h>
 #include <nlohmann/json.hpp>
@@ -202,6 +203,33 @@ TEST(Verifier, RejectsStructuralDamage) {
     schedule.instructions.pop_back();
     schedule.sm_begin.back() -= 1;
     EXPECT_THAT(verify_error(graph, schedule), HasSubstr("instructions, the graph"));
+  }
+}
+
+TEST(Verifier, MismatchNamesTheDifferingFields) {
+  // The message printed the task's description and the instruction's, which a sequence or head (not in the latter)
+  // left identical.
+  const Graph graph(find_preset("tiny").config, {1, 64});
+  const Schedule good = build(graph, SchedulePolicy::kCostModel, 5);
+  const auto first = [&](bool attention) {
+    return size_t(std::find_if(good.instructions.begin(), good.instructions.end(),
+                               [&](const Instruction& in) { return (in.sequence >= 0) == attention; }) -
+                  good.instructions.begin());
+  };
+  {
+    Schedule schedule = good;
+    schedule.instructions[first(false)].sequence = 7;
+    EXPECT_THAT(verify_error(graph, schedule), HasSubstr("): sequence 7 (the task's: -1)"));
+  }
+  {
+    Schedule schedule = good;
+    Instruction& attention = schedule.instructions.at(first(true));
+    const int32_t head = attention.head;
+    attention.head += 1;
+    attention.row_end += 2;
+    EXPECT_THAT(verify_error(graph, schedule),
+                HasSubstr(fmt::format("row_end {} (the task's: {}), head {} (the task's: {})", attention.row_end,
+                                      attention.row_end - 2, head + 1, head)));
   }
 }
 

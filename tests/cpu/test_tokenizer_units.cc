@@ -176,6 +176,17 @@ TEST(TokenizerSpecial, BosAndEosFromConfigFiles) {
   EXPECT_EQ(bare.encode("hi").front(), 1);
 }
 
+TEST(TokenizerSpecial, ConfigIdsBeyondInt32AreRefusedNotWrapped) {
+  TempDir dir;
+  write(dir.path() / "tokenizer.json", tiny().dump());
+  // 2^32 was cast to int32 and became id 0, which the vocabulary holds: EOS <unk>, with no word said.
+  for (const char* config : {R"({"eos_token_id": 4294967296})", R"({"bos_token_id": [4294967297]})"}) {
+    write(dir.path() / "generation_config.json", config);
+    EXPECT_THAT(error_of([&] { mk::Tokenizer::load(dir.path()); }), HasSubstr("must be an id or a list of ids"))
+        << config;
+  }
+}
+
 // tokenizer_config.json's add_bos_token/add_eos_token replace the post-processor, as in transformers' Llama class.
 TEST(TokenizerSpecial, AddBosAndEosTokenFlags) {
   TempDir dir;

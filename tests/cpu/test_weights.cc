@@ -201,6 +201,35 @@ TEST(Weights, LoadsAShardedCheckpoint) {
   EXPECT_THAT(message, HasSubstr("model.safetensors.index.json"));
 }
 
+// A config that leaves tensors unused (fewer layers than the weights, an lm_head beside tied embeddings) loads, as
+// transformers loads it, with a warning naming them; the rotary tables some checkpoints carry are not counted.
+TEST(Weights, TensorsTheConfigLeavesUnusedAreNamed) {
+  TempDir dir;
+  mk::ModelWeights two_layers = mk::random_weights(micro_config(false), 12);
+  std::vector<mk::TensorToWrite> tensors = to_write(two_layers);
+  const std::vector<mk::bf16> inv_freq(4, mk::to_bf16(1.0f));
+  tensors.push_back({"model.layers.0.self_attn.rotary_emb.inv_freq", mk::DType::kBF16, {4}, as_bytes(inv_freq)});
+  mk::write_safetensors(dir.path() / "model.safetensors", tensors);
+
+  const mk::ModelWeights whole = mk::load_weights(dir.path(), two_layers.config);
+  EXPECT_TRUE(whole.unused_tensors.empty());
+  EXPECT_EQ(mk::unused_tensors_warning(dir.path(), whole), "");
+
+  mk::ModelConfig one_layer = two_layers.config;
+  one_layer.n_layers = 1;
+  const mk::ModelWeights truncated = mk::load_weights(dir.path(), one_layer);
+  ASSERT_EQ(truncated.unused_tensors.size(), 9u);  // layer 1's nine tensors
+  for (const std::string& name : truncated.unused_tensors) EXPECT_TRUE(name.starts_with("model.layers.1.")) << name;
+  const std::string warning = mk::unused_tensors_warning(dir.path(), truncated);
+  EXPECT_THAT(warning, HasSubstr("9 tensor(s)"));
+  EXPECT_THAT(warning, HasSubstr("model.layers.1.input_layernorm.weight"));
+  EXPECT_THAT(warning, HasSubstr("num_hidden_layers (1)"));
+
+  mk::ModelConfig tied = two_layers.config;
+  tied.tie_word_embeddings = true;
+  EXPECT_EQ(mk::load_weights(dir.path(), tied).unused_tensors, std::vector<std::string>{"lm_head.weight"});
+}
+
 TEST(Weights, ShardIndexErrors) {
   TempDir dir;
   const std::filesystem::path index = dir.path() / "model.safetensors.index.json";

@@ -1,0 +1,36 @@
+"""Range checks of the integer arguments the core takes as fixed-width C++ integers, made before the call so that a
+value the C++ type cannot hold raises MkError naming the argument rather than nanobind's TypeError."""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+from . import _core
+
+INT32 = (-(2**31), 2**31)
+INT64 = (-(2**63), 2**63)
+UINT64 = (0, 2**64)
+
+
+def _range_text(low: int, high: int) -> str:
+    def power(value: int) -> str:
+        if value == 0:
+            return "0"
+        sign = "-" if value < 0 else ""
+        return f"{sign}2^{abs(value).bit_length() - 1}"
+
+    return f"[{power(low)}, {power(high)})"
+
+
+def checked_int(value: Any, name: str, bounds: tuple[int, int]) -> int:
+    """`value` as an int (anything with __index__: int, numpy integers), or MkError when it lies outside `bounds`,
+    the half-open range of the C++ type that carries it."""
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise _core.MkError(f"{name} must be a whole number, got {value!r}") from None
+    low, high = bounds
+    if not low <= number < high:
+        raise _core.MkError(f"{name} must be in {_range_text(low, high)}, got {number}")
+    return number

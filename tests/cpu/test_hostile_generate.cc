@@ -1,0 +1,122 @@
+// Hostile input to `mk generate` through the binary: the model directory's generation_config.json, token ids outside
+// the vocabulary, flags the run would ignore, and outputs onto the files generation reads.
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "hostile_fixture.h"
+#include "mk/generate.h"
+#include "mk/program.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+// The fixture and its helpers are this file's vocabulary.
+using namespace mk::testing_util;  // NOLINT(google-build-using-namespace)
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+class HostileGenerate : public Hostile {
+ protected:
+  std::string generate(const std::string& args) const {
+    return fmt::format("generate --model {} --engine reference --max-new-tokens 1 {}", quoted(model()), args);
+  }
+  void write_generation_config(const std::string& text) const {
+    write_bytes(model() / "generation_config.json", text);
+  }
+};
+
+TEST_F(HostileGenerate, GenerationConfigIsReadAsStrictlyAsConfigJson) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      // 2^32 was taken as EOS id 0 by a cast to int32.
+      {R"({"eos_token_id": 4294967296})", "eos_token_id must be a token id (a whole number in [0, 2^31))"},
+      {R"({"eos_token_id": [2, -3]})", "eos_token_id must be a token id"},
+      {R"({"eos_token_id": 1, "eos_token_id": 2})", "key 'eos_token_id' appears twice in one object"},
+      {R"([{"eos_token_id": 2}])", "generation_config.json: expected a JSON object"},  // was read as "no EOS"
+  };
+  for (const auto& [text, message] : cases) {
+    write_generation_config(text);
+    expect_failure(run_mk(generate("--prompt-ids 1")), 1, message);
+  }
+}
+
+TEST_F(HostileGenerate, GenerationConfigThatIsNotARegularFileIsRefusedWithoutBlocking) {
+  ASSERT_EQ(::mkfifo((model() / "generation_config.json").c_str(), 0600), 0);
+  expect_failure(run_mk(generate("--prompt-ids 1"), "", 5), 1, "generation_config.json: is a FIFO");  // it hung
+  fs::remove(model() / "generation_config.json");
+  fs::create_directory(model() / "generation_config.json");
+  // It ended in "unexpected error: basic_filebuf::underflow error reading the file".
+  expect_failure(run_mk(generate("--prompt-ids 1")), 1, "generation_config.json: is a directory");
+}
+
+TEST_F(HostileGenerate, OutputOntoTheFilesGenerationReadsIsRefused) {
+  write_generation_config(R"({"eos_token_id": 2})");
+  for (const char* name : {"generation_config.json", "tokenizer.json", "tokenizer_config.json"}) {
+    const fs::path target = model() / name;
+    if (!fs::exists(target)) write_bytes(target, "{}");
+    const std::string before = read_bytes(target);
+    expect_failure(run_mk(generate("--prompt-ids 1 --output " + quoted(target))), 1, "refusing to overwrite an input");
+    EXPECT_EQ(read_bytes(target), before) << name;
+  }
+}
+
+TEST_F(HostileGenerate, EosIdsGivenOutsideTheVocabularyAreRefused) {
+  // Each was accepted, and generation ran on as if there were no EOS.
+  expect_failure(run_mk(generate("--prompt-ids 1 --eos 1,500")), 1,
+                 "EOS id 500 (from --eos) is outside the vocabulary [0, 384)");
+  expect_failure(run_mk(generate("--prompt-ids 1 --eos -5")), 1, "EOS id -5 (from --eos) is outside the vocabulary");
+}
+
+TEST_F(HostileGenerate, PromptIdsOutsideTheVocabularyAreNamedByPromptAndPosition) {
+  // The engine named the padded prefill's flat index ("at position 3") after the weights were loaded.
+  const MkResult result = run_mk(generate("--prompt-ids '1,2;5,999,3'"));
+  expect_failure(result, 1, "prompt 1: token id 999 at position 1 is outside the vocabulary [0, 384)");
+  EXPECT_THAT(result.output, Not(HasSubstr("longest prompt")));  // refused before the engine was built
+}
+
+TEST_F(HostileGenerate, FlagsTheRunWouldIgnoreAreUsageErrors) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--prompt-ids ''", "--prompt-ids: must not be empty"},  // was "--prompt needs --model DIR"
+      {"--prompt-ids 1 --sms 4", "--sms applies to --engine cpu-vm only, and the engine is reference"},
+      {"--prompt-ids 1 --policy round-robin", "--policy applies to --engine cpu-vm only"},
+      {"--prompt-ids 1 --weights-seed 3", "--weights-seed has nothing to seed: --model gives the weights"},
+      {"--prompt-ids 1 --top-k 40", "--top-k applies to sampling, and --temperature 0 is greedy"},
+      {"--prompt-ids 1 --top-p 0.9", "--top-p applies to sampling"},
+      {"--prompt-ids 1 --seed 3", "--seed applies to sampling"},
+  };
+  for (const auto& [args, message] : cases) expect_failure(run_mk(generate(args)), 2, message);
+}
+
+TEST_F(HostileGenerate, RealFlagsMustBePositiveAndFinite) {
+  // nan passed CLI::PositiveNumber (a budget of nan meant the default; a floor of nan was printed), and its range
+  // was printed as 0.000000 to DBL_MAX in 309 digits.
+  for (const char* args : {"--bandwidth nan", "--bandwidth inf", "--bandwidth -5", "--memory-budget nan",
+                          "--memory-budget 0"}) {
+    const MkResult result = run_mk(generate(std::string("--prompt-ids 1 ") + args));
+    expect_failure(result, 2, "must be a positive finite number, got");
+    EXPECT_THAT(result.output, Not(HasSubstr("1797693134862315")));
+  }
+}
+
+TEST_F(HostileGenerate, RealFlagsBeyondADoubleAreOutOfRangeNotNaN) {
+  // from_chars' out-of-range error read as "not a number: 1e999".
+  for (const char* args : {"--memory-budget 1e999", "--bandwidth 1e999", "--memory-budget 1e-999"}) {
+    const MkResult result = run_mk(generate(fmt::format("--prompt-ids 1 {}", args)));
+    expect_failure(result, 2, "out of range (a double holds about 1e-308 to 1e308), got 1e");
+    EXPECT_THAT(result.output, Not(HasSubstr("not a number")));
+  }
+}
+
+TEST(HostileGenerateApi, NegativeNewTokensAreNamedNotBlamedOnTheCache) {
+  // A cache of (2 - 3) positions rounded up was 1, and generate() then blamed the prompt for not fitting it.
+  EXPECT_THAT(error_of([] { mk::default_max_context(mk::find_preset("tiny").config, 2, -3); }),
+              HasSubstr("max new tokens must not be negative, got -3"));
+}
+
+}  // namespace
