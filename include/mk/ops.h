@@ -45,6 +45,11 @@ struct TaskWork {
   // Of those, the bytes no other task reads, which come from HBM at its share of the bandwidth: decode's weights
   // and KV cache. The rest is assumed shared through L2.
   double streamed_bytes = 0;
+  // The cost model's rates for this task where a GEMM tile's do not fit it (0: a GEMM tile's), and a fixed time on
+  // top of every instruction's overhead (src/host/schedule.cc, calibrated from traces).
+  double flops_per_ns = 0;
+  double bytes_per_ns = 0;
+  double fixed_ns = 0;
 };
 
 // The least any implementation must move for one step (one op in one layer), for the minimum-bytes figure.

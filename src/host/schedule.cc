@@ -9,7 +9,9 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <limits>
 #include <queue>
+#include <set>
 
 #include "in_order.h"
 #include "mk/check.h"
@@ -21,11 +23,14 @@ namespace mk {
 
 namespace {
 
-// NOTE: rough per-SM rates of an H200 (132 SMs): ~660 TFLOP/s of bf16 wgmma in good GEMMs, ~8 TB/s of L2, where most
-// tile reads land, and a fixed cost per instruction for fetch, waits and pipeline fill. Estimates to balance SMs
-// with, to be calibrated from traces.
-constexpr double kSmFlopsPerNs = 5000.0;
-constexpr double kSmBytesPerNs = 60.0;
+// NOTE: per-SM rates of an H200 (132 SMs) for a GEMM tile, with a fixed cost per instruction for fetch, waits and
+// pipeline fill; ops whose tiles run otherwise say so in their TaskWork. Calibrated on the traced per-tile math and
+// epilogue times of the sixth to eighth sessions (docs/perf.md, ninth session): GEMM tiles 5.2-6.6 TFLOP/s a SM and
+// ~85 B/ns of operands; at 5000 FLOP/ns and 60 B/ns the model had them 1.4-1.5x too long, attention 1.5-2x too short
+// and norms 2-3x too short, and packed one layer's 160 attention tiles at d_model 1280 onto 48 SMs, up to 5 each,
+// so that o_proj tiles waited up to 28 us (eighth session, run 1's trace).
+constexpr double kSmFlopsPerNs = 5500.0;
+constexpr double kSmBytesPerNs = 90.0;
 constexpr double kInstructionOverheadNs = 500.0;
 // NOTE: bytes that no other task reads (decode's weights and KV cache) come from HBM, where every SM gets its share
 // of the measured 4.2 TB/s when all stream at once: a decode GEMM runs at the bandwidth floor only when its tiles
@@ -84,7 +89,10 @@ const char* schedule_policy_name(SchedulePolicy policy) {
 
 double estimated_task_ns(const TaskWork& work) {
   const double streamed_ns = work.streamed_bytes / (kHbmBytesPerNs / kHbmSms);
-  return std::max({work.flops / kSmFlopsPerNs, work.bytes / kSmBytesPerNs, streamed_ns}) + kInstructionOverheadNs;
+  const double flops_per_ns = work.flops_per_ns > 0 ? work.flops_per_ns : kSmFlopsPerNs;
+  const double bytes_per_ns = work.bytes_per_ns > 0 ? work.bytes_per_ns : kSmBytesPerNs;
+  return std::max({work.flops / flops_per_ns, work.bytes / bytes_per_ns, streamed_ns}) + kInstructionOverheadNs +
+         work.fixed_ns;
 }
 
 Schedule make_schedule(const Graph& graph, const Dependencies& deps, SchedulePolicy policy, int32_t num_sms) {
@@ -109,39 +117,58 @@ Schedule make_schedule(const Graph& graph, const Dependencies& deps, SchedulePol
         level = std::max(level, bottom_level[t]);
       }
     }
-    // List scheduling: take the eligible task (all its counters' tasks placed) with the highest priority and append
-    // it to the SM that frees up first. Every SM's list is then ordered by estimated start time and each task starts
-    // after its dependencies finish, so running the lists in order cannot deadlock.
+    // List scheduling, earliest start first: of the tasks whose counters' tasks are all placed, those ready by the
+    // time an SM frees up go by priority onto the SM freed first; when none is, the task ready soonest goes onto the
+    // SM freed last among those free by then (best fit). NOTE: placing the highest-priority placed-dependency task
+    // whatever its ready time left SMs idle while ready tasks waited, and lost to round-robin on uneven shapes once
+    // the model was calibrated. Every SM's list is ordered by estimated start time and each task starts after its
+    // dependencies finish, so running the lists in order cannot deadlock.
     const Waiters waiters = waiters_of_counters(deps);
     std::vector<uint32_t> pending_counters(deps.num_waits.begin(), deps.num_waits.end());
     std::vector<uint32_t> placed_in_counter(deps.num_counters, 0);
     std::vector<double> counter_finish(deps.num_counters, 0.0);
-    // NOTE: the heap holds (priority, task) by value: comparing through an index into bottom_level cost a cache
-    // miss per comparison on large graphs. Ties go to the earlier task, keeping graph order among equals.
-    using Entry = std::pair<double, int64_t>;  // (bottom level, -task)
-    std::priority_queue<Entry> eligible;
-    for (size_t t = 0; t < num_tasks; ++t)
-      if (pending_counters[t] == 0) eligible.push({bottom_level[t], -int64_t(t)});
-    using SmSlot = std::pair<double, int32_t>;  // (free at, sm)
-    std::priority_queue<SmSlot, std::vector<SmSlot>, std::greater<>> sms;
-    for (int32_t s = 0; s < num_sms; ++s) sms.push({0.0, s});
-    while (!eligible.empty()) {
-      const uint32_t t = uint32_t(-eligible.top().second);
-      eligible.pop();
-      double ready = 0.0;
+    // NOTE: the heaps hold their keys by value: comparing through an index into bottom_level cost a cache miss per
+    // comparison on large graphs. Ties go to the earlier task, keeping graph order among equals.
+    using ByPriority = std::pair<double, int64_t>;  // (bottom level, -task)
+    using ByReadyTime = std::pair<double, uint32_t>;  // (ready at, task)
+    std::priority_queue<ByPriority> ready;
+    std::priority_queue<ByReadyTime, std::vector<ByReadyTime>, std::greater<>> waiting;
+    const auto ready_at = [&](uint32_t t) {
+      double at = 0.0;
       for (uint32_t k = 0; k < deps.num_waits[t]; ++k)
-        ready = std::max(ready, counter_finish[deps.waits[deps.wait_begin[t] + k].counter]);
-      auto [free_at, sm] = sms.top();
-      sms.pop();
-      const double finish = std::max(free_at, ready) + cost[t];
-      sms.push({finish, sm});
+        at = std::max(at, counter_finish[deps.waits[deps.wait_begin[t] + k].counter]);
+      return at;
+    };
+    for (uint32_t t = 0; t < num_tasks; ++t)
+      if (pending_counters[t] == 0) waiting.push({0.0, t});
+    using SmSlot = std::pair<double, int32_t>;  // (free at, sm)
+    std::set<SmSlot> sms;
+    for (int32_t s = 0; s < num_sms; ++s) sms.insert({0.0, s});
+    while (!ready.empty() || !waiting.empty()) {
+      const double first_free = sms.begin()->first;
+      while (!waiting.empty() && waiting.top().first <= first_free) {
+        ready.push({bottom_level[waiting.top().second], -int64_t(waiting.top().second)});
+        waiting.pop();
+      }
+      auto slot = sms.begin();
+      if (ready.empty()) {
+        const double soonest = waiting.top().first;
+        for (; !waiting.empty() && waiting.top().first == soonest; waiting.pop())
+          ready.push({bottom_level[waiting.top().second], -int64_t(waiting.top().second)});
+        slot = std::prev(sms.upper_bound({soonest, std::numeric_limits<int32_t>::max()}));
+      }
+      const uint32_t t = uint32_t(-ready.top().second);
+      ready.pop();
+      const auto [free_at, sm] = *slot;
+      sms.erase(slot);
+      const double finish = std::max(free_at, ready_at(t)) + cost[t];
+      sms.insert({finish, sm});
       lists[size_t(sm)].push_back(t);
       const uint32_t counter = deps.counter_of_task[t];
       counter_finish[counter] = std::max(counter_finish[counter], finish);
       if (++placed_in_counter[counter] == deps.counter_target[counter]) {
         for (uint32_t w = waiters.begin[counter]; w < waiters.begin[counter + 1]; ++w)
-          if (--pending_counters[waiters.tasks[w]] == 0)
-            eligible.push({bottom_level[waiters.tasks[w]], -int64_t(waiters.tasks[w])});
+          if (--pending_counters[waiters.tasks[w]] == 0) waiting.push({ready_at(waiters.tasks[w]), waiters.tasks[w]});
       }
     }
     size_t placed = 0;

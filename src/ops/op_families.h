@@ -41,7 +41,13 @@ struct RowwiseOp {
     }
   }
   static int64_t num_tasks(const OpContext& ctx) { return blocks(ctx.shape.tokens(), tiles::kBlockRows); }
-  static TaskWork work(const OpContext&, const Task& t) { return {0.0, 4.0 * area(t)}; }  // bf16 rows in and out
+  // bf16 rows in and out. NOTE: latency-bound (rows in trips to L2): traced 5.8 us for 32 rows of 1024, 19 us of
+  // 3072 (eighth session), ~25 B/ns a SM.
+  static TaskWork work(const OpContext&, const Task& t) {
+    TaskWork work{0.0, 4.0 * area(t)};
+    work.bytes_per_ns = 25;
+    return work;
+  }
 };
 
 // The RMSNorm ops differ only in what they normalize and with which weight.
