@@ -142,8 +142,6 @@ __device__ __forceinline__ bool run_instruction(const MegakernelParams& p, const
     case Opcode::kEmbed:
       run_embed(p, in, thread);
       break;
-    case Opcode::kAttnNorm:
-    case Opcode::kMlpNorm:
     case Opcode::kFinalNorm:
       run_rmsnorm(p, in, thread);
       break;

@@ -41,7 +41,7 @@ TEST_F(Hostile, ScheduleOfHugeShapesIsRefusedAtOnce) {
   expect_failure(run_mk("schedule --preset tiny --batch 4611686018427387904", "", 10), 2, "--batch: must be at most");
   // Addressable, but more than this host can schedule: refused before tiling, not at an allocation.
   expect_failure(run_mk("schedule --preset tiny --batch 1000000 --seq 1000", "", 10), 1,
-                 "scheduling 399937500 tasks (batch 1000000 x seq 1000) needs");
+                 "scheduling 274937500 tasks (batch 1000000 x seq 1000) needs");
 }
 
 TEST_F(Hostile, BatchTimesSeqThatWrapsIsRefused) {

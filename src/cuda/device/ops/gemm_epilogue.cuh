@@ -1,5 +1,5 @@
-// The GEMM epilogue: RoPE or SwiGLU in registers, then the tile written (residual added) into the output tile, whose
-// TMA store and publication by the storer overlap the consumers' next main loop.
+// The GEMM epilogue: a folded norm's scale, RoPE or SwiGLU in registers, then the tile written (residual added) into
+// the output tile, whose TMA store and publication by the storer overlap the consumers' next main loop.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -53,6 +53,25 @@ __device__ __forceinline__ void epilogue_rope(const MegakernelParams& p, const I
   }
 }
 
+// The folded norm's scale (gemm_sm90.cuh): each of this thread's two rows' sums times the row's 1 / rms, its sum of
+// squares gathered from the 4 threads that share the row.
+template <int kValues>
+__device__ __forceinline__ void scale_by_inverse_rms(const MegakernelParams& p, float (&acc)[kValues],
+                                                     float (&squares)[2]) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float sum = squares[half];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float inv_rms = 1.0f / sqrtf(sum / float(p.dims.d_model) + p.dims.rms_norm_eps);
+#pragma unroll
+    for (int j = 0; j < kValues / 4; ++j) {
+      acc[4 * j + 2 * half] *= inv_rms;
+      acc[4 * j + 2 * half + 1] *= inv_rms;
+    }
+  }
+}
+
 // silu(gate) * up of output value i: gate in column groups j < 16 of the 256-wide accumulator, up in j + 16.
 __device__ __forceinline__ float swiglu_value(const float (&acc)[2 * kOutputValues], int i) {
   const float gate = acc[i];
@@ -83,8 +102,10 @@ __device__ __forceinline__ bool consume_plain_gemm(const MegakernelParams& p, co
                                                    const Instruction& in, PipelineState& state, OutputState& output,
                                                    Site site, int warpgroup, int thread_in_wg, uint64_t* trace) {
   float acc[kValues];
-  bool ok = gemm_mainloop<2 * kValues>(p, s, in, state, site, warpgroup, acc, trace);
+  float squares[2];
+  bool ok = gemm_mainloop<2 * kValues>(p, s, in, state, site, warpgroup, thread_in_wg, acc, squares, trace);
   if (trace) trace[kTraceMathDone] = clock64();
+  if (folds_norm(in.opcode)) scale_by_inverse_rms(p, acc, squares);
   if (in.opcode == Opcode::kQkv && p.dims.rope) {
     if (p.dims.head_dim == 128) {
       epilogue_rope<128>(p, in, acc, warpgroup, thread_in_wg);
@@ -107,8 +128,10 @@ __device__ __forceinline__ bool consume_gemm(const MegakernelParams& p, const Sh
                                              int thread_in_wg, uint64_t* trace) {
   if (in.opcode == Opcode::kGateUp) {
     float acc[2 * kOutputValues];
-    bool ok = gemm_mainloop<256>(p, s, in, state, site, warpgroup, acc, trace);
+    float squares[2];
+    bool ok = gemm_mainloop<256>(p, s, in, state, site, warpgroup, thread_in_wg, acc, squares, trace);
     if (trace) trace[kTraceMathDone] = clock64();
+    scale_by_inverse_rms(p, acc, squares);
     ok &= stage_output(p, s, output, false, [&](int i) { return swiglu_value(acc, i); }, warpgroup, thread_in_wg,
                        site);
     return ok;

@@ -1,7 +1,9 @@
 // GEMM tiles (qkv, o_proj, gate_up, down, lm_head), 128 rows x 128 output columns, or 256 for a wide plain GEMM
 // tile (include/mk/tiles.h): TMA loads of 128 x 64 A and 128- or 256-row B slices into the stage ring by the producer
 // (weights first, A as soon as the activations' counters are met), wgmma by two consumer warpgroups (64 rows each),
-// then the epilogue of gemm_epilogue.cuh.
+// then the epilogue of gemm_epilogue.cuh. qkv and gate_up have their layer's RMSNorm folded in: their weights carry
+// the norm's weight (fold_norm), they read the residual stream itself, and their consumers take each row's sum of
+// squares from the A slices while the tensor cores work, to scale the row's sums by its 1 / rms in the epilogue.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -10,6 +12,7 @@
 #include "../output_tile.cuh"
 #include "../ptx.cuh"
 #include "../sync.cuh"
+#include "rowwise.cuh"
 
 namespace mk::gpu {
 
@@ -50,9 +53,9 @@ __device__ __forceinline__ GemmOperands gemm_operands(const MegakernelParams& p,
   const int32_t boxes = is_wide_gemm(in) ? 2 : 1;
   const int32_t rows = 128 * boxes;
   switch (in.opcode) {
-    case Opcode::kQkv: return {kMapAttnNorm, kMapWqkv, kMapQkv, -1, d.d_model, rows, boxes, l, col, l, 0};
+    case Opcode::kQkv: return {kMapHidden, kMapWqkv, kMapQkv, -1, d.d_model, rows, boxes, l, col, l, 0};
     case Opcode::kOProj: return {kMapAttn, kMapWo, kMapHiddenMid, kMapHidden, d.q_dim, rows, boxes, l, col, l, l};
-    case Opcode::kGateUp: return {kMapMlpNorm, kMapWgateUp, kMapAct, -1, d.d_model, 256, 1, l, 2 * col, l, 0};
+    case Opcode::kGateUp: return {kMapHiddenMid, kMapWgateUp, kMapAct, -1, d.d_model, 256, 1, l, 2 * col, l, 0};
     case Opcode::kDown: return {kMapAct, kMapWdown, kMapHidden, kMapHiddenMid, d.d_ff, rows, boxes, l, col, l + 1, l};
     default: return {kMapFinalNorm, kMapLmHead, kMapLogits, -1, d.d_model, rows, boxes, 0, col, 0, 0};
   }
@@ -138,12 +141,34 @@ __device__ __forceinline__ bool produce_gemm(const MegakernelParams& p, const Sh
 
 // ---- consumer main loop ----
 
-// acc (64 x kBRows per warpgroup) <- A rows [64 wg, 64 wg + 64) of the tile times the kBRows weight rows.
+// Whether the tile's A rows are RMSNormed through the folded weights (the epilogue scales each row by its 1 / rms).
+__device__ __forceinline__ bool folds_norm(Opcode opcode) { return opcode == Opcode::kQkv || opcode == Opcode::kGateUp; }
+
+// Adds the squares of this thread's share of the two A rows its accumulators hold (rows 16 w + (t % 32) / 4 + {0, 8}
+// of the warpgroup's 64, w its warp): of each row's 64 columns in the stage, the 4 threads holding the row take two
+// 16-byte chunks each. a_slice: the warpgroup's 64 x 64 A rows, 128 bytes a row, 16-byte chunks swizzled within the
+// row (a sum needs no unswizzling). NOTE: even rows take chunks 2q, 2q + 1 in that order and odd rows the other way
+// round, so that one load instruction's 8 threads of a phase touch 8 distinct chunks: no bank conflicts.
+__device__ __forceinline__ void add_row_squares(const uint8_t* a_slice, int thread_in_wg, float (&squares)[2]) {
+  const int lane = thread_in_wg % 32;
+  const uint8_t* line = a_slice + (16 * (thread_in_wg / 32) + lane / 4) * 128 + 32 * (lane % 4);
+  const int first = 16 * ((lane / 4) & 1), second = 16 - first;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    squares[half] += sum_of_squares_of_chunk(*reinterpret_cast<const uint4*>(line + 8 * 128 * half + first));
+    squares[half] += sum_of_squares_of_chunk(*reinterpret_cast<const uint4*>(line + 8 * 128 * half + second));
+  }
+}
+
+// acc (64 x kBRows per warpgroup) <- A rows [64 wg, 64 wg + 64) of the tile times the kBRows weight rows; for a tile
+// that folds a norm, squares gets this thread's part of its two rows' sums of squares (add_row_squares).
 // trace: this thread's trace slots when it records (consumer thread 0 with tracing on), else null.
 template <int kBRows>
 __device__ __forceinline__ bool gemm_mainloop(const MegakernelParams& p, const SharedState& s, const Instruction& in,
-                                              PipelineState& state, Site site, int warpgroup,
-                                              float (&acc)[kBRows / 2], uint64_t* trace) {
+                                              PipelineState& state, Site site, int warpgroup, int thread_in_wg,
+                                              float (&acc)[kBRows / 2], float (&squares)[2], uint64_t* trace) {
+  const bool norm_rows = folds_norm(in.opcode);
+  squares[0] = squares[1] = 0.0f;
   const int32_t num_k_blocks = gemm_operands(p, in).k / KernelConfig::kBlockK;
 #pragma unroll
   for (int i = 0; i < kBRows / 2; ++i) acc[i] = 0.0f;
@@ -169,6 +194,7 @@ __device__ __forceinline__ bool gemm_mainloop(const MegakernelParams& p, const S
       }
     }
     ptx::wgmma_commit_group();
+    if (norm_rows) add_row_squares(stage + warpgroup * 64 * 128, thread_in_wg, squares);  // under the MMAs
     // Keep one group in flight: the previous stage's MMAs are done once at most one group is pending.
     ptx::wgmma_wait_group<1>();
     ptx::fence_registers(acc);

@@ -36,6 +36,19 @@ __device__ __forceinline__ uint4 normalize_chunk(const uint4& packed, const uint
   return result;
 }
 
+// x inv_rms over 8 bf16: the norm of rows whose weight is folded into the GEMM's (fold_norm).
+__device__ __forceinline__ uint4 scale_chunk(const uint4& packed, float inv_rms) {
+  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&packed);
+  uint4 result;
+  __nv_bfloat162* results = reinterpret_cast<__nv_bfloat162*>(&result);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 v = __bfloat1622float2(pairs[i]);
+    results[i] = __floats2bfloat162_rn(v.x * inv_rms, v.y * inv_rms);
+  }
+  return result;
+}
+
 __device__ __forceinline__ float sum_of_squares_of_chunk(const uint4& packed) {
   const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&packed);
   float sum = 0.0f;
@@ -136,30 +149,13 @@ __device__ __forceinline__ void rmsnorm_long_row(const __nv_bfloat16* x, const _
   }
 }
 
-// out[rows] <- x * rsqrt(mean(x^2) + eps) * weight; each warp takes every kConsumerWarps-th row.
+// The final norm: out[rows] <- x * rsqrt(mean(x^2) + eps) * weight; each warp takes every kConsumerWarps-th row.
+// (The layers' norms are folded into qkv and gate_up: gemm_sm90.cuh.)
 __device__ __forceinline__ void run_rmsnorm(const MegakernelParams& p, const Instruction& in, int consumer_thread) {
   const ModelDims& d = p.dims;
-  const int64_t T = d.tokens;
-  const __nv_bfloat16* x;
-  const __nv_bfloat16* weight;
-  __nv_bfloat16* out;
-  switch (in.opcode) {
-    case Opcode::kAttnNorm:
-      x = p.hidden + in.layer * T * d.d_model;
-      weight = p.weights.attn_norm_weight + in.layer * d.d_model;
-      out = p.attn_norm + in.layer * T * d.d_model;
-      break;
-    case Opcode::kMlpNorm:
-      x = p.hidden_mid + in.layer * T * d.d_model;
-      weight = p.weights.mlp_norm_weight + in.layer * d.d_model;
-      out = p.mlp_norm + in.layer * T * d.d_model;
-      break;
-    default:  // kFinalNorm
-      x = p.hidden + d.n_layers * T * d.d_model;
-      weight = p.weights.final_norm_weight;
-      out = p.final_norm;
-      break;
-  }
+  const __nv_bfloat16* x = p.hidden + d.n_layers * int64_t(d.tokens) * d.d_model;
+  const __nv_bfloat16* weight = p.weights.final_norm_weight;
+  __nv_bfloat16* out = p.final_norm;
   const int warp = consumer_thread / 32;
   const int lane = consumer_thread % 32;
   const int32_t first = in.row_begin + warp;
