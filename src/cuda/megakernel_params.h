@@ -87,6 +87,7 @@ struct ModelDims {
   int32_t kv_blocks_per_split;
   int32_t gate_up_rows;        // rows of one layer's packed gate/up weights (see w_gate_up)
   int32_t decode;              // 1 in decode passes: no TMA ops, weights streamed with plain loads
+  int32_t square_blocks;       // forward and prefill: 128-column blocks of a row's sums of squares, ceil(d_model/128)
 };
 
 // The model's weights on the device as plain pointers (the GEMMs also reach them through the tensor maps).
@@ -131,6 +132,10 @@ struct MegakernelParams {
   __nv_bfloat16* attn;        // (n_layers, T, q_dim)
   __nv_bfloat16* hidden_mid;  // (n_layers, T, d_model)
   __nv_bfloat16* act;         // (n_layers, T, d_ff)
+  // forward and prefill: each row's sum of squares per 128-column block, fp32, written with hidden and hidden_mid
+  // (by the embedding, down and o_proj, or the input's own kernel) for the norms folded into qkv and gate_up
+  float* hidden_squares;      // (n_layers + 1, T, square_blocks)
+  float* mid_squares;         // (n_layers, T, square_blocks)
   __nv_bfloat16* final_norm;  // (T, d_model)
   __nv_bfloat16* logits;      // (T, vocab_size)
   const int32_t* tokens;      // (T)

@@ -71,7 +71,8 @@ void append_gate_up(std::vector<uint16_t>& out, const ModelConfig& c, const Laye
       const size_t at = out.size();
       out.resize(at + size_t(KernelConfig::kBlockN * c.d_model), 0);
       const int64_t rows = std::min<int64_t>(KernelConfig::kBlockN, c.d_ff - t * KernelConfig::kBlockN);
-      std::memcpy(out.data() + at, matrix->data() + t * KernelConfig::kBlockN * c.d_model, size_t(rows * c.d_model) * 2);
+      std::memcpy(out.data() + at, matrix->data() + t * KernelConfig::kBlockN * c.d_model,
+                  size_t(rows * c.d_model) * 2);
     }
   }
 }
@@ -203,6 +204,13 @@ std::vector<void*> upload_model(DeviceArena& arena, const Graph& graph, const Mo
   p.attn_partial = static_cast<float*>(base[size_t(BufferKind::kAttnPartial)]);
   p.positions = static_cast<const int32_t*>(base[size_t(BufferKind::kPositions)]);
   p.sampled = static_cast<int32_t*>(base[size_t(BufferKind::kSampled)]);
+  if (shape.pass != PassKind::kDecode) {  // decode tiles take their rows' sums from the rows they stage
+    const int64_t blocks = (c.d_model + KernelConfig::kBlockN - 1) / KernelConfig::kBlockN;
+    const int64_t row_blocks = shape.tokens() * blocks;
+    p.dims.square_blocks = int32_t(blocks);
+    p.hidden_squares = arena.allocate<float>(size_t((c.n_layers + 1) * row_blocks), "allocating sums of squares");
+    p.mid_squares = arena.allocate<float>(size_t(c.n_layers * row_blocks), "allocating sums of squares");
+  }
 
   make_tensor_maps(graph, p);
   return address;

@@ -5,6 +5,7 @@
 
 #include "mk/graph.h"
 #include "mk/parallel.h"
+#include "mk/tiles.h"
 #include "mk/weights.h"
 
 namespace mk {
@@ -99,6 +100,10 @@ void add_memory(const ModelConfig& config, PassKind pass, const BufferTable& buf
   cost.cpu_vm_host_bytes = cost.weight_bytes + folded + input + schedule + all_fp32;
   cost.gpu_host_bytes = cost.weight_bytes + input + schedule + 4.0 * double(output.rows) * double(output.cols);
   cost.gpu_device_bytes = cost.weight_bytes + cost.activation_bytes;
+  if (pass != PassKind::kDecode) {  // the rows' fp32 sums of squares per 128 columns, for the folded norms
+    const double blocks = double((config.d_model + tiles::kBlockN - 1) / tiles::kBlockN);
+    cost.gpu_device_bytes += 4.0 * double(2 * config.n_layers + 1) * double(output.rows) * blocks;
+  }
 }
 
 }  // namespace

@@ -80,15 +80,49 @@ __device__ __forceinline__ float swiglu_value(const float (&acc)[2 * kOutputValu
   return __fdividef(gate, 1.0f + __expf(-gate)) * acc[i + kOutputValues];
 }
 
+// Where an o_proj or down tile's 128 output columns leave their rows' sums of squares: column block `block` of the
+// output plane's (T, square_blocks) sums, rows from row_begin (the norm folded into the next qkv or gate_up reads
+// them).
+struct RowSquaresOut {
+  float* plane = nullptr;  // none for the other GEMMs
+  int32_t block = 0;
+  int32_t row_begin = 0;
+};
+
+__device__ __forceinline__ RowSquaresOut row_squares_out(const MegakernelParams& p, const Instruction& in, int half) {
+  const ModelDims& d = p.dims;
+  const int64_t plane_size = int64_t(d.tokens) * d.square_blocks;
+  const int32_t block = in.col_begin / KernelConfig::kBlockN + half;
+  if (in.opcode == Opcode::kOProj) return {p.mid_squares + in.layer * plane_size, block, in.row_begin};
+  if (in.opcode == Opcode::kDown) return {p.hidden_squares + (in.layer + 1) * plane_size, block, in.row_begin};
+  return {};
+}
+
+// The sums of this thread's two rows (write_output_tile), summed over the 4 threads that share them, out.
+__device__ __forceinline__ void store_row_squares(const MegakernelParams& p, const RowSquaresOut& out, float2 sums,
+                                                  int warpgroup, int thread_in_wg) {
+#pragma unroll
+  for (int offset = 1; offset < 4; offset *= 2) {
+    sums.x += __shfl_xor_sync(0xffffffffu, sums.x, offset);
+    sums.y += __shfl_xor_sync(0xffffffffu, sums.y, offset);
+  }
+  const int32_t row = out.row_begin + warpgroup * 64 + (thread_in_wg / 32) * 16 + (thread_in_wg % 32) / 4;
+  if (thread_in_wg % 4 != 0) return;
+  if (row < p.dims.tokens) out.plane[int64_t(row) * p.dims.square_blocks + out.block] = sums.x;
+  if (row + 8 < p.dims.tokens) out.plane[int64_t(row + 8) * p.dims.square_blocks + out.block] = sums.y;
+}
+
 // Writes the tile's values value_of(i) into the output tile, onto the residual the producer loaded there for o_proj
-// and down, and hands it to the storer.
+// and down, and hands it to the storer; with `squares`, the rows' sums of squares first (their stores then precede
+// the storer's publication: the staged barrier orders them).
 template <typename ValueOf>
 __device__ __forceinline__ bool stage_output(const MegakernelParams& p, const SharedState& s, OutputState& output,
                                              bool residual, ValueOf value_of, int warpgroup, int thread_in_wg,
-                                             Site site) {
+                                             Site site, const RowSquaresOut& squares = {}) {
   bool ok = wait_barrier(p, s.output_free, output.free_parity(), site);
   if (residual) ok &= wait_barrier(p, s.loaded, output.loaded_parity(), site);
-  write_output_tile<kOutputGroups>(s, residual, value_of, warpgroup, thread_in_wg);
+  const float2 sums = write_output_tile<kOutputGroups>(s, residual, value_of, warpgroup, thread_in_wg);
+  if (squares.plane != nullptr) store_row_squares(p, squares, sums, warpgroup, thread_in_wg);
   stage_output_tile(s, output, residual, thread_in_wg);
   return ok;
 }
@@ -117,7 +151,7 @@ __device__ __forceinline__ bool consume_plain_gemm(const MegakernelParams& p, co
 #pragma unroll
   for (int half = 0; half < kValues / kOutputValues; ++half) {
     ok &= stage_output(p, s, output, residual, [&](int i) { return acc[kOutputValues * half + i]; }, warpgroup,
-                       thread_in_wg, site);
+                       thread_in_wg, site, row_squares_out(p, in, half));
   }
   return ok;
 }

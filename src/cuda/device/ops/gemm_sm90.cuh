@@ -2,8 +2,9 @@
 // tile (include/mk/tiles.h): TMA loads of 128 x 64 A and 128- or 256-row B slices into the stage ring by the producer
 // (weights first, A as soon as the activations' counters are met), wgmma by two consumer warpgroups (64 rows each),
 // then the epilogue of gemm_epilogue.cuh. qkv and gate_up have their layer's RMSNorm folded in: their weights carry
-// the norm's weight (fold_norm), they read the residual stream itself, and their consumers take each row's sum of
-// squares from the A slices while the tensor cores work, to scale the row's sums by its 1 / rms in the epilogue.
+// the norm's weight (fold_norm), they read the residual stream itself, and their consumers gather each row's sum of
+// squares (written by the tiles that wrote the row) while the tensor cores work, to scale the row's sums by its
+// 1 / rms in the epilogue.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -12,7 +13,6 @@
 #include "../output_tile.cuh"
 #include "../ptx.cuh"
 #include "../sync.cuh"
-#include "rowwise.cuh"
 
 namespace mk::gpu {
 
@@ -142,26 +142,64 @@ __device__ __forceinline__ bool produce_gemm(const MegakernelParams& p, const Sh
 // ---- consumer main loop ----
 
 // Whether the tile's A rows are RMSNormed through the folded weights (the epilogue scales each row by its 1 / rms).
-__device__ __forceinline__ bool folds_norm(Opcode opcode) { return opcode == Opcode::kQkv || opcode == Opcode::kGateUp; }
-
-// Adds the squares of this thread's share of the two A rows its accumulators hold (rows 16 w + (t % 32) / 4 + {0, 8}
-// of the warpgroup's 64, w its warp): of each row's 64 columns in the stage, the 4 threads holding the row take two
-// 16-byte chunks each. a_slice: the warpgroup's 64 x 64 A rows, 128 bytes a row, 16-byte chunks swizzled within the
-// row (a sum needs no unswizzling). NOTE: even rows take chunks 2q, 2q + 1 in that order and odd rows the other way
-// round, so that one load instruction's 8 threads of a phase touch 8 distinct chunks: no bank conflicts.
-__device__ __forceinline__ void add_row_squares(const uint8_t* a_slice, int thread_in_wg, float (&squares)[2]) {
-  const int lane = thread_in_wg % 32;
-  const uint8_t* line = a_slice + (16 * (thread_in_wg / 32) + lane / 4) * 128 + 32 * (lane % 4);
-  const int first = 16 * ((lane / 4) & 1), second = 16 - first;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    squares[half] += sum_of_squares_of_chunk(*reinterpret_cast<const uint4*>(line + 8 * 128 * half + first));
-    squares[half] += sum_of_squares_of_chunk(*reinterpret_cast<const uint4*>(line + 8 * 128 * half + second));
-  }
+__device__ __forceinline__ bool folds_norm(Opcode opcode) {
+  return opcode == Opcode::kQkv || opcode == Opcode::kGateUp;
 }
 
+// The sums of squares a qkv or gate_up tile's rows need, by 128-column block: written with the rows it reads
+// (RowSquaresOut), (T, square_blocks).
+__device__ __forceinline__ const float* row_squares_in(const MegakernelParams& p, const Instruction& in) {
+  const int64_t plane_size = int64_t(p.dims.tokens) * p.dims.square_blocks;
+  return (in.opcode == Opcode::kQkv ? p.hidden_squares : p.mid_squares) + in.layer * plane_size;
+}
+
+// Gathers this thread's share of the block sums of its two accumulator rows (rows 16 w + (t % 32) / 4 + {0, 8} of
+// the warpgroup's 64, w its warp) into squares: item i is row i % 2's block 4 (i / 2) + t % 4, so that the 4 threads
+// sharing the rows take every block between them. NOTE: loaded from L2 one a k-step under the MMAs, two in flight,
+// never from the stages: the main loop is bound by shared-memory bandwidth (docs/perf.md, eleventh session, run 5).
+// The first load waits for the first stage the producer armed after the counters were met (stage kNumStages): its
+// barrier carries their acquire to the consumers; the prefetched stages' barriers were armed before it.
+struct RowSquaresGather {
+  const float* plane;  // (T, square_blocks), or null: the tile folds no norm
+  int32_t row;         // the first of this thread's two rows
+  int32_t items;       // 2 ceil(square_blocks / 4)
+  int32_t first_step;  // the k-step of item 0
+  float older = 0.0f, newer = 0.0f;  // the items asked for two and one k-steps ago
+
+  __device__ __forceinline__ float load(const MegakernelParams& p, int32_t item, int thread_in_wg) const {
+    const int32_t block = 4 * (item / 2) + thread_in_wg % 4, at_row = row + 8 * (item % 2);
+    if (item < 0 || item >= items || block >= p.dims.square_blocks || at_row >= p.dims.tokens) return 0.0f;
+    return __ldcg(plane + int64_t(at_row) * p.dims.square_blocks + block);
+  }
+  // At k-step kb: item kb - first_step - 2 has arrived; item kb - first_step is asked for.
+  __device__ __forceinline__ void step(const MegakernelParams& p, int32_t kb, int thread_in_wg, float (&squares)[2]) {
+    const int32_t item = kb - first_step;
+    add(item, older, squares);
+    older = newer;
+    newer = load(p, item, thread_in_wg);
+  }
+  // After the main loop of k_blocks steps: the two items in flight, then any the loop had no steps for.
+  __device__ __forceinline__ void finish(const MegakernelParams& p, const Instruction& in, int32_t k_blocks,
+                                         int thread_in_wg, float (&squares)[2]) {
+    const int32_t next = k_blocks - first_step;  // the first item not asked for
+    add(next - 2, older, squares);
+    add(next - 1, newer, squares);
+    if (next >= items) return;
+    if (next <= 0) acquire_waits(p, in);  // every stage was armed before the counters were met
+    for (int32_t item = max(next, 0); item < items; ++item) add(item, load(p, item, thread_in_wg), squares);
+  }
+  __device__ __forceinline__ static void add(int32_t item, float value, float (&squares)[2]) {
+    squares[0] += item % 2 == 0 ? value : 0.0f;  // an item below 0 was none: its value is 0
+    squares[1] += item % 2 != 0 ? value : 0.0f;
+  }
+  // The counters the producer waited on, acquired by this thread.
+  __device__ __forceinline__ static void acquire_waits(const MegakernelParams& p, const Instruction& in) {
+    for (uint32_t k = 0; k < in.num_waits; ++k) ptx::load_acquire(p.counters + p.waits[in.wait_begin + k].counter);
+  }
+};
+
 // acc (64 x kBRows per warpgroup) <- A rows [64 wg, 64 wg + 64) of the tile times the kBRows weight rows; for a tile
-// that folds a norm, squares gets this thread's part of its two rows' sums of squares (add_row_squares).
+// that folds a norm, squares gets this thread's part of its two rows' sums of squares (RowSquaresGather).
 // trace: this thread's trace slots when it records (consumer thread 0 with tracing on), else null.
 template <int kBRows>
 __device__ __forceinline__ bool gemm_mainloop(const MegakernelParams& p, const SharedState& s, const Instruction& in,
@@ -170,6 +208,10 @@ __device__ __forceinline__ bool gemm_mainloop(const MegakernelParams& p, const S
   const bool norm_rows = folds_norm(in.opcode);
   squares[0] = squares[1] = 0.0f;
   const int32_t num_k_blocks = gemm_operands(p, in).k / KernelConfig::kBlockK;
+  RowSquaresGather gather{norm_rows ? row_squares_in(p, in) : nullptr,
+                          in.row_begin + warpgroup * 64 + 16 * (thread_in_wg / 32) + (thread_in_wg % 32) / 4,
+                          norm_rows ? 2 * ((p.dims.square_blocks + 3) / 4) : 0,
+                          min(num_k_blocks, KernelConfig::kNumStages)};
 #pragma unroll
   for (int i = 0; i < kBRows / 2; ++i) acc[i] = 0.0f;
   uint32_t previous_stage = 0;
@@ -194,7 +236,7 @@ __device__ __forceinline__ bool gemm_mainloop(const MegakernelParams& p, const S
       }
     }
     ptx::wgmma_commit_group();
-    if (norm_rows) add_row_squares(stage + warpgroup * 64 * 128, thread_in_wg, squares);  // under the MMAs
+    if (norm_rows) gather.step(p, kb, thread_in_wg, squares);  // under the MMAs
     // Keep one group in flight: the previous stage's MMAs are done once at most one group is pending.
     ptx::wgmma_wait_group<1>();
     ptx::fence_registers(acc);
@@ -205,6 +247,7 @@ __device__ __forceinline__ bool gemm_mainloop(const MegakernelParams& p, const S
   ptx::wgmma_wait_group<0>();
   ptx::fence_registers(acc);
   if (num_k_blocks > 0) release_stage(s, previous_stage);
+  if (norm_rows) gather.finish(p, in, num_k_blocks, thread_in_wg, squares);
   return ok;
 }
 

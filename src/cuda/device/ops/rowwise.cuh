@@ -8,19 +8,6 @@
 
 namespace mk::gpu {
 
-// hidden[0][rows] <- embedding[tokens[rows]]; one warp per row.
-__device__ __forceinline__ void run_embed(const MegakernelParams& p, const Instruction& in, int consumer_thread) {
-  const int32_t d_model = p.dims.d_model;
-  const int warp = consumer_thread / 32;
-  const int lane = consumer_thread % 32;
-  for (int32_t row = in.row_begin + warp; row < in.row_end; row += KernelConfig::kConsumerWarps) {
-    const int32_t token = p.tokens[row];
-    const uint4* source = reinterpret_cast<const uint4*>(p.weights.embedding + int64_t(token) * d_model);
-    uint4* target = reinterpret_cast<uint4*>(p.hidden + int64_t(row) * d_model);
-    for (int32_t chunk = lane; chunk < d_model / 8; chunk += 32) target[chunk] = source[chunk];
-  }
-}
-
 // 8 bf16 of a row times inv_rms times the matching 8 norm weights.
 __device__ __forceinline__ uint4 normalize_chunk(const uint4& packed, const uint4& packed_weight, float inv_rms) {
   const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&packed);
@@ -60,10 +47,42 @@ __device__ __forceinline__ float sum_of_squares_of_chunk(const uint4& packed) {
   return sum;
 }
 
+// One step of a warp walking a bf16 row 32 chunks of 8 at a time (chunk = first + lane): this lane's chunk's sum of
+// squares (0 past the row) summed over each half warp's 16 chunks, one 128-column block of the row's sums of squares
+// (out: square_blocks), which the half's first lane stores. The folded norms of qkv and gate_up read them.
+__device__ __forceinline__ void store_block_squares(float sum, int32_t chunk, int32_t chunks, float* out, int lane) {
+#pragma unroll
+  for (int offset = 8; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  if (lane % 16 == 0 && chunk < chunks) out[chunk / 16] = sum;
+}
+
 __device__ __forceinline__ float warp_sum(float value) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffff, value, offset);
   return value;
+}
+
+// hidden[0][rows] <- embedding[tokens[rows]], with the rows' sums of squares (forward and prefill); one warp a row.
+__device__ __forceinline__ void run_embed(const MegakernelParams& p, const Instruction& in, int consumer_thread) {
+  const int32_t d_model = p.dims.d_model, chunks = d_model / 8;
+  const int warp = consumer_thread / 32;
+  const int lane = consumer_thread % 32;
+  for (int32_t row = in.row_begin + warp; row < in.row_end; row += KernelConfig::kConsumerWarps) {
+    const int32_t token = p.tokens[row];
+    const uint4* source = reinterpret_cast<const uint4*>(p.weights.embedding + int64_t(token) * d_model);
+    uint4* target = reinterpret_cast<uint4*>(p.hidden + int64_t(row) * d_model);
+    float* squares = p.hidden_squares != nullptr ? p.hidden_squares + int64_t(row) * p.dims.square_blocks : nullptr;
+    for (int32_t first = 0; first < chunks; first += 32) {  // whole warps: the sums below shuffle
+      const int32_t chunk = first + lane;
+      float sum = 0.0f;
+      if (chunk < chunks) {
+        const uint4 packed = source[chunk];
+        target[chunk] = packed;
+        sum = sum_of_squares_of_chunk(packed);
+      }
+      if (squares != nullptr) store_block_squares(sum, chunk, chunks, squares, lane);
+    }
+  }
 }
 
 // This lane's 16-byte chunks first + lane + 32 c (c < kCount) of a row of `chunks`, zero past its end or when the
