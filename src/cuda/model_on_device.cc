@@ -171,7 +171,7 @@ std::vector<void*> upload_model(DeviceArena& arena, const Graph& graph, const Mo
   p.dims = {int32_t(shape.tokens()), int32_t(shape.batch), int32_t(shape.seq_len), int32_t(c.d_model),
             int32_t(c.q_dim()), int32_t(c.kv_dim()), int32_t(c.qkv_dim()), int32_t(c.d_ff), int32_t(c.vocab_size),
             int32_t(c.head_dim), int32_t(c.group_size()), int32_t(c.n_layers), c.rope.type != RopeType::kNone ? 1 : 0,
-            c.rms_norm_eps, float(1.4426950408889634 / std::sqrt(double(c.head_dim))), 0, 0, 0, 0, 0, 0};
+            c.rms_norm_eps, float(1.4426950408889634 / std::sqrt(double(c.head_dim))), 0, 0, 0, 0, 0, 0, 0};
   if (shape.pass != PassKind::kForward) {
     const KvSplit split = kv_split(c, shape);
     p.dims.max_context = int32_t(shape.max_context);
@@ -208,8 +208,12 @@ std::vector<void*> upload_model(DeviceArena& arena, const Graph& graph, const Mo
     const int64_t blocks = (c.d_model + KernelConfig::kBlockN - 1) / KernelConfig::kBlockN;
     const int64_t row_blocks = shape.tokens() * blocks;
     p.dims.square_blocks = int32_t(blocks);
-    p.hidden_squares = arena.allocate<float>(size_t((c.n_layers + 1) * row_blocks), "allocating sums of squares");
-    p.mid_squares = arena.allocate<float>(size_t(c.n_layers * row_blocks), "allocating sums of squares");
+    // NaN-poisoned, as the activations: a row whose sums were not written scales to NaN, which the checks see
+    for (float** squares : {&p.hidden_squares, &p.mid_squares}) {
+      const int64_t planes = squares == &p.hidden_squares ? c.n_layers + 1 : c.n_layers;
+      *squares = arena.allocate<float>(size_t(planes * row_blocks), "allocating sums of squares");
+      check_cuda(cudaMemset(*squares, 0xff, size_t(planes * row_blocks) * sizeof(float)), "poisoning sums of squares");
+    }
   }
 
   make_tensor_maps(graph, p);

@@ -164,7 +164,8 @@ __device__ __forceinline__ int32_t staged_index(int32_t row, int32_t chunks, int
 }
 
 // Input rows [b0, b0 + rows) into shared memory as bf16 (rows, k) in staged_index order, normalized when the task
-// fuses a norm (the way the forward's norm op rounds them; without the norm's weight where w has it folded in),
+// fuses a norm (the final norm as the forward's norm op rounds it; the layers' norms, whose weights w has folded in,
+// as x / rms rounded to bf16, where the forward's GEMMs scale their fp32 sums instead: within the tolerance policy),
 // combined from the partials for decode_o_proj_combine.
 // `scratch` (the output tile: kDecodeInvRmsBytes + 2 k bytes) holds each row's 1 / rms and the norm weight. Ends
 // with the consumers synchronized. NOTE: the rows and the norm weight arrive in one round of cp.async copies, and

@@ -179,22 +179,24 @@ struct RowSquaresGather {
     newer = load(p, item, thread_in_wg);
   }
   // After the main loop of k_blocks steps: the two items in flight, then any the loop had no steps for.
-  __device__ __forceinline__ void finish(const MegakernelParams& p, const Instruction& in, int32_t k_blocks,
+  __device__ __forceinline__ void finish(const MegakernelParams& p, const Instruction& in, Site site, int32_t k_blocks,
                                          int thread_in_wg, float (&squares)[2]) {
     const int32_t next = k_blocks - first_step;  // the first item not asked for
     add(next - 2, older, squares);
     add(next - 1, newer, squares);
     if (next >= items) return;
-    if (next <= 0) acquire_waits(p, in);  // every stage was armed before the counters were met
+    if (next <= 0) acquire_waits(p, in, site);  // every stage was armed before the counters were met
     for (int32_t item = max(next, 0); item < items; ++item) add(item, load(p, item, thread_in_wg), squares);
   }
   __device__ __forceinline__ static void add(int32_t item, float value, float (&squares)[2]) {
     squares[0] += item % 2 == 0 ? value : 0.0f;  // an item below 0 was none: its value is 0
     squares[1] += item % 2 != 0 ? value : 0.0f;
   }
-  // The counters the producer waited on, acquired by this thread.
-  __device__ __forceinline__ static void acquire_waits(const MegakernelParams& p, const Instruction& in) {
-    for (uint32_t k = 0; k < in.num_waits; ++k) ptx::load_acquire(p.counters + p.waits[in.wait_begin + k].counter);
+  // The counters the producer waited on, acquired by this thread: a load synchronizes with their publication only
+  // when it reads them met (they are, unless the kernel is aborting: then the wait gives up).
+  __device__ __forceinline__ static void acquire_waits(const MegakernelParams& p, const Instruction& in, Site site) {
+    for (uint32_t k = 0; k < in.num_waits; ++k)
+      if (!wait_counter(p, p.waits[in.wait_begin + k], site)) return;
   }
 };
 
@@ -247,7 +249,7 @@ __device__ __forceinline__ bool gemm_mainloop(const MegakernelParams& p, const S
   ptx::wgmma_wait_group<0>();
   ptx::fence_registers(acc);
   if (num_k_blocks > 0) release_stage(s, previous_stage);
-  if (norm_rows) gather.finish(p, in, num_k_blocks, thread_in_wg, squares);
+  if (norm_rows) gather.finish(p, in, site, num_k_blocks, thread_in_wg, squares);
   return ok;
 }
 
