@@ -14,7 +14,8 @@ namespace mk {
 
 enum class SchedulePolicy {
   kRoundRobin,  // the seed's: tasks dealt to SMs in graph order
-  kCostModel,   // list scheduling by estimated time: longest remaining path first, onto the earliest-free SM
+  kCostModel,   // list scheduling by estimated time: earliest start first, then the longest remaining path; the
+                // SM that fits best when nothing is ready yet
 };
 SchedulePolicy parse_schedule_policy(const std::string& name);  // "round-robin" | "cost-model"
 const char* schedule_policy_name(SchedulePolicy policy);
@@ -30,7 +31,8 @@ struct Schedule {
   size_t num_instructions(int32_t sm) const { return sm_begin[size_t(sm) + 1] - sm_begin[size_t(sm)]; }
 };
 
-// Estimated time of one task on one SM, from its FLOPs and bytes (see schedule.cc for the rates).
+// Estimated time of one task on one SM, from its FLOPs and bytes and its op's rates and fixed time (TaskWork; see
+// schedule.cc for the default rates).
 double estimated_task_ns(const TaskWork& work);
 
 Schedule make_schedule(const Graph& graph, const Dependencies& deps, SchedulePolicy policy, int32_t num_sms);

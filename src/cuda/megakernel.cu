@@ -1,8 +1,8 @@
 // The megakernel: one persistent CTA per SM runs that SM's instruction list. In warpgroup 0 one thread produces
 // (streams tiles into the shared-memory ring with TMA once their counters are met, running ahead across instructions),
-// one warp polls those counters ahead of it, and one thread stores (TMA stores of finished GEMM and attention tiles,
-// then their publication); warpgroups 1 and 2 consume (wgmma, row-wise and decode math with plain loads, epilogues,
-// publication of row-wise and decode tiles).
+// one warp polls those counters ahead of it (in decode passes: every instruction's, ahead of the consumers), and one
+// thread stores (TMA stores of finished GEMM and attention tiles, then their publication); warpgroups 1 and 2 consume
+// (wgmma, row-wise and decode math with plain loads, epilogues, publication of row-wise and decode tiles).
 #include "device/config.cuh"
 #include "device/ops/attention_wgmma.cuh"
 #include "device/ops/decode_attention.cuh"
@@ -48,8 +48,8 @@ __device__ uint64_t* trace_slots(const MegakernelParams& p, uint32_t instruction
 }
 
 // Walks the SM's GEMM and attention instructions in order, the ones that go through the stage ring and the output
-// tile: run(in, index, site) for each, until it returns false. The producer, the counter poller and the storer walk
-// the same instructions (one report, one load and one store each), so they share this walk.
+// tile: run(in, index, site) for each, until it returns false. The producer, the counter poller (outside decode
+// passes) and the storer walk the same instructions (one report, one load and one store each), so they share it.
 template <typename Run>
 __device__ __forceinline__ void for_each_tile_instruction(const MegakernelParams& p, uint32_t sm, Run run) {
   const uint32_t begin = p.sm_begin[sm];
@@ -81,11 +81,6 @@ __device__ void run_producer(const MegakernelParams& p, const SharedState& s, ui
   });
 }
 
-// Checks, ahead of the producer, the counters of the SM's GEMM and attention instructions in order, all 32 lanes at
-// once, and reports each instruction whose counters are all met (acquired) to the producer through the ready ring.
-// NOTE: an attention tile at S=4096 waits on up to 32 counters (one per qkv row block of its sequence). The producer
-// checked them one acquire load after another, ~9 us a tile and mostly after the previous tile's last loads, so the
-// consumers waited for it (trace, seventh session).
 // One instruction of the counter poller's walk: waits until its counters are met, then reports it in the ready ring's
 // next slot once the reader took that slot's last report. False when a wait gave up.
 __device__ __forceinline__ bool poll_and_report(const MegakernelParams& p, const SharedState& s,
@@ -102,6 +97,11 @@ __device__ __forceinline__ bool poll_and_report(const MegakernelParams& p, const
   return true;
 }
 
+// Checks the counters of the SM's GEMM and attention instructions in order, ahead of the producer, all 32 lanes at
+// once, and reports each instruction whose counters are all met (acquired) to the producer through the ready ring;
+// in decode passes every instruction's, to the consumers. NOTE: an attention tile at S=4096 waits on up to 32
+// counters (one per qkv row block of its sequence). The producer checked them one acquire load after another, ~9 us
+// a tile and mostly after the previous tile's last loads, so the consumers waited for it (trace, seventh session).
 __device__ void run_counter_poller(const MegakernelParams& p, const SharedState& s, uint32_t sm, uint32_t lane) {
   PipelineState ready;  // the next slot of the ready ring
   if (p.dims.decode) {

@@ -30,8 +30,9 @@ struct SharedState {
   uint64_t* staged;          // every consumer warp has written its part of the output tile
   uint64_t* output_free;     // the storer's TMA store has read the output tile
   uint64_t* loaded;          // a TMA load into the output tile has landed (a GEMM's residual, attention's Q)
-  uint64_t* ready;           // (kNumStages) the counter poller saw all of one producer instruction's counters met
-  uint64_t* ready_free;      // (kNumStages) the producer took that report: the slot can carry a later one
+  uint64_t* ready;           // (kNumStages) the counter poller saw all of one instruction's counters met
+  uint64_t* ready_free;      // (kNumStages) its reader (the producer; consumer thread 0 in decode passes) took that
+                             // report: the slot can carry a later one
   volatile uint32_t* flag;   // consumer broadcast: did the counter waits succeed
   volatile uint32_t* freed;  // uses of the output tile whose store has read it (the storer counts; see output_tile.cuh)
   __device__ __forceinline__ uint8_t* stage(uint32_t index) const { return stages + index * KernelConfig::kStageBytes; }
@@ -90,7 +91,7 @@ __device__ __forceinline__ bool wait_counter(const MegakernelParams& p, const Wa
 }
 
 // One thread: waits until every counter the instruction waits on has reached its target. For the consumers'
-// row-wise and decode ops, which wait on one or two counters.
+// row-wise ops of forward and prefill passes, which wait on one or two counters.
 // NOTE: an acquire load is a load and an L1 invalidation, and the next load waits behind both: ~0.5 us a counter
 // (the instruction's wait list is read again from L2 each time). Many counters are the counter poller's work.
 __device__ __forceinline__ bool wait_all_counters(const MegakernelParams& p, const Instruction& in, Site site) {
