@@ -26,7 +26,7 @@ __device__ __forceinline__ void epilogue_rope(const MegakernelParams& p, const I
   constexpr int kPartner = kHeadDim / 16;  // column groups between x1 and x2
   constexpr int kHalf = kHeadDim / 2;
   const int32_t rotated_cols = p.dims.q_dim + p.dims.kv_dim;
-  const int32_t row0 = in.row_begin + warpgroup * 64 + (thread_in_wg / 32) * 16 + (thread_in_wg % 32) / 4;
+  const int32_t row0 = in.row_begin + accumulator_row(warpgroup, thread_in_wg);
 #pragma unroll
   for (int j = 0; j < kGroups; ++j) {
     if ((j % (2 * kPartner)) >= kPartner) continue;  // x2 columns are rotated with their x1
@@ -53,6 +53,12 @@ __device__ __forceinline__ void epilogue_rope(const MegakernelParams& p, const I
   }
 }
 
+// A value summed over the 4 threads that hold the same accumulator rows (lanes 4 r .. 4 r + 3).
+__device__ __forceinline__ float sum_over_row_threads(float value) {
+  value += __shfl_xor_sync(0xffffffffu, value, 1);
+  return value + __shfl_xor_sync(0xffffffffu, value, 2);
+}
+
 // The folded norm's scale (gemm_sm90.cuh): each of this thread's two rows' sums times the row's 1 / rms, its sum of
 // squares gathered from the 4 threads that share the row.
 template <int kValues>
@@ -60,9 +66,7 @@ __device__ __forceinline__ void scale_by_inverse_rms(const MegakernelParams& p, 
                                                      float (&squares)[2]) {
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    float sum = squares[half];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float sum = sum_over_row_threads(squares[half]);
     const float inv_rms = 1.0f / sqrtf(sum / float(p.dims.d_model) + p.dims.rms_norm_eps);
 #pragma unroll
     for (int j = 0; j < kValues / 4; ++j) {
@@ -101,12 +105,8 @@ __device__ __forceinline__ RowSquaresOut row_squares_out(const MegakernelParams&
 // The sums of this thread's two rows (write_output_tile), summed over the 4 threads that share them, out.
 __device__ __forceinline__ void store_row_squares(const MegakernelParams& p, const RowSquaresOut& out, float2 sums,
                                                   int warpgroup, int thread_in_wg) {
-#pragma unroll
-  for (int offset = 1; offset < 4; offset *= 2) {
-    sums.x += __shfl_xor_sync(0xffffffffu, sums.x, offset);
-    sums.y += __shfl_xor_sync(0xffffffffu, sums.y, offset);
-  }
-  const int32_t row = out.row_begin + warpgroup * 64 + (thread_in_wg / 32) * 16 + (thread_in_wg % 32) / 4;
+  sums = make_float2(sum_over_row_threads(sums.x), sum_over_row_threads(sums.y));
+  const int32_t row = out.row_begin + accumulator_row(warpgroup, thread_in_wg);
   if (thread_in_wg % 4 != 0) return;
   if (row < p.dims.tokens) out.plane[int64_t(row) * p.dims.square_blocks + out.block] = sums.x;
   if (row + 8 < p.dims.tokens) out.plane[int64_t(row + 8) * p.dims.square_blocks + out.block] = sums.y;

@@ -185,18 +185,14 @@ struct RowSquaresGather {
     add(next - 2, older, squares);
     add(next - 1, newer, squares);
     if (next >= items) return;
-    if (next <= 0) acquire_waits(p, in, site);  // every stage was armed before the counters were met
+    // Every stage was armed before the counters were met: acquire them here. A load synchronizes with their
+    // publication only when it reads them met (they are, unless the kernel is aborting: then the wait gives up).
+    if (next <= 0) wait_all_counters(p, in, site);
     for (int32_t item = max(next, 0); item < items; ++item) add(item, load(p, item, thread_in_wg), squares);
   }
   __device__ __forceinline__ static void add(int32_t item, float value, float (&squares)[2]) {
     squares[0] += item % 2 == 0 ? value : 0.0f;  // an item below 0 was none: its value is 0
     squares[1] += item % 2 != 0 ? value : 0.0f;
-  }
-  // The counters the producer waited on, acquired by this thread: a load synchronizes with their publication only
-  // when it reads them met (they are, unless the kernel is aborting: then the wait gives up).
-  __device__ __forceinline__ static void acquire_waits(const MegakernelParams& p, const Instruction& in, Site site) {
-    for (uint32_t k = 0; k < in.num_waits; ++k)
-      if (!wait_counter(p, p.waits[in.wait_begin + k], site)) return;
   }
 };
 
@@ -211,7 +207,7 @@ __device__ __forceinline__ bool gemm_mainloop(const MegakernelParams& p, const S
   squares[0] = squares[1] = 0.0f;
   const int32_t num_k_blocks = gemm_operands(p, in).k / KernelConfig::kBlockK;
   RowSquaresGather gather{norm_rows ? row_squares_in(p, in) : nullptr,
-                          in.row_begin + warpgroup * 64 + 16 * (thread_in_wg / 32) + (thread_in_wg % 32) / 4,
+                          in.row_begin + accumulator_row(warpgroup, thread_in_wg),
                           norm_rows ? 2 * ((p.dims.square_blocks + 3) / 4) : 0,
                           min(num_k_blocks, KernelConfig::kNumStages)};
 #pragma unroll
