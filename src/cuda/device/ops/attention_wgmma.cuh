@@ -227,7 +227,7 @@ __device__ __forceinline__ bool attention_mainloop(const MegakernelParams& p, co
   const ModelDims& d = p.dims;
   const int32_t query_begin = in.row_begin - in.sequence * d.seq_len;
   // position (within the sequence) of this thread's first accumulator row; the second is 8 further
-  const int32_t query0 = query_begin + warpgroup * 64 + (thread_in_wg / 32) * 16 + (thread_in_wg % 32) / 4;
+  const int32_t query0 = query_begin + accumulator_row(warpgroup, thread_in_wg);
   const int32_t kv_blocks = attention_kv_blocks(p, in);
   float row_max[2] = {-INFINITY, -INFINITY};
   // Only the last block meets the diagonal: earlier blocks end before the tile's first query.
