@@ -14,6 +14,7 @@
 #include <set>
 
 #include "in_order.h"
+#include "list_schedule.h"
 #include "mk/check.h"
 #include "mk/files.h"
 #include "mk/limits.h"
@@ -37,6 +38,8 @@ constexpr double kInstructionOverheadNs = 500.0;
 // cover every SM, which is why decode tiles are narrow (tiles::kDecodeSpreadTasks).
 constexpr double kHbmBytesPerNs = 4200.0;
 constexpr double kHbmSms = 132.0;
+// The fraction of the forward schedule's estimated makespan that the backward one must save to be chosen.
+constexpr double kBackwardMinGain = 0.02;
 
 Instruction make_instruction(const Task& task, uint32_t task_index, const Dependencies& deps) {
   Instruction instruction{};
@@ -53,26 +56,6 @@ Instruction make_instruction(const Task& task, uint32_t task_index, const Depend
   instruction.wait_begin = deps.wait_begin[task_index];
   instruction.num_waits = deps.num_waits[task_index];
   return instruction;
-}
-
-// Reverse edges: for each counter, the tasks that wait on it (CSR).
-struct Waiters {
-  std::vector<uint32_t> begin;  // (num_counters + 1)
-  std::vector<uint32_t> tasks;
-};
-
-Waiters waiters_of_counters(const Dependencies& deps) {
-  Waiters w;
-  w.begin.assign(deps.num_counters + 1, 0);
-  const size_t num_tasks = deps.counter_of_task.size();
-  for (size_t t = 0; t < num_tasks; ++t)
-    for (uint32_t k = 0; k < deps.num_waits[t]; ++k) ++w.begin[deps.waits[deps.wait_begin[t] + k].counter + 1];
-  for (uint32_t c = 0; c < deps.num_counters; ++c) w.begin[c + 1] += w.begin[c];
-  w.tasks.resize(w.begin.back());
-  std::vector<uint32_t> fill(w.begin.begin(), w.begin.end() - 1);
-  for (size_t t = 0; t < num_tasks; ++t)
-    for (uint32_t k = 0; k < deps.num_waits[t]; ++k) w.tasks[fill[deps.waits[deps.wait_begin[t] + k].counter]++] = uint32_t(t);
-  return w;
 }
 
 }  // namespace
@@ -97,112 +80,51 @@ double estimated_task_ns(const TaskWork& work) {
 
 namespace {
 
-// Each task's priority: the longest estimated path from it to the end of the pass ("bottom level"). Graph order is
-// topological, so one reverse sweep suffices: a counter's waiters all come after its tasks.
-std::vector<double> bottom_levels(const std::vector<double>& cost, const Dependencies& deps) {
-  std::vector<double> bottom_level(cost.size());
-  std::vector<double> counter_bottom_level(deps.num_counters, 0.0);
-  for (size_t t = cost.size(); t-- > 0;) {
-    bottom_level[t] = cost[t] + counter_bottom_level[deps.counter_of_task[t]];
-    for (uint32_t k = 0; k < deps.num_waits[t]; ++k) {
-      double& level = counter_bottom_level[deps.waits[deps.wait_begin[t] + k].counter];
-      level = std::max(level, bottom_level[t]);
-    }
-  }
-  return bottom_level;
-}
-
-// List scheduling, earliest start first: of the tasks whose counters' tasks are all placed, those ready by the time
-// an SM frees up go by priority onto the SM freed first; when none is, the task ready soonest goes onto the SM freed
-// last among those free by then (best fit). NOTE: placing the highest-priority placed-dependency task whatever its
-// ready time left SMs idle while ready tasks waited, and lost to round-robin on uneven shapes once the model was
-// calibrated. Every SM's list is ordered by estimated start time and each task starts after its dependencies finish,
-// so running the lists in order cannot deadlock. Adds each SM's tasks to lists[sm] in execution order.
-void list_schedule(const std::vector<double>& cost, const Dependencies& deps,
-                   std::vector<std::vector<uint32_t>>& lists) {
-  const std::vector<double> bottom_level = bottom_levels(cost, deps);
-  const Waiters waiters = waiters_of_counters(deps);
-  std::vector<uint32_t> pending_counters(deps.num_waits.begin(), deps.num_waits.end());
-  std::vector<uint32_t> placed_in_counter(deps.num_counters, 0);
-  std::vector<double> counter_finish(deps.num_counters, 0.0);
-  // NOTE: the heaps hold their keys by value: comparing through an index into bottom_level cost a cache miss per
-  // comparison on large graphs. Ties go to the earlier task, keeping graph order among equals.
-  using ByPriority = std::pair<double, int64_t>;    // (bottom level, -task)
-  using ByReadyTime = std::pair<double, uint32_t>;  // (ready at, task)
-  std::priority_queue<ByPriority> ready;
-  std::priority_queue<ByReadyTime, std::vector<ByReadyTime>, std::greater<>> waiting;
-  const auto ready_at = [&](uint32_t t) {
-    double at = 0.0;
-    for (uint32_t k = 0; k < deps.num_waits[t]; ++k)
-      at = std::max(at, counter_finish[deps.waits[deps.wait_begin[t] + k].counter]);
-    return at;
-  };
-  const auto make_ready = [&] {
-    ready.push({bottom_level[waiting.top().second], -int64_t(waiting.top().second)});
-    waiting.pop();
-  };
-  for (uint32_t t = 0; t < cost.size(); ++t)
-    if (pending_counters[t] == 0) waiting.push({0.0, t});
-  using SmSlot = std::pair<double, int32_t>;  // (free at, sm)
-  std::set<SmSlot> sms;
-  for (int32_t s = 0; s < int32_t(lists.size()); ++s) sms.insert({0.0, s});
-  while (!ready.empty() || !waiting.empty()) {
-    while (!waiting.empty() && waiting.top().first <= sms.begin()->first) make_ready();
-    auto slot = sms.begin();
-    if (ready.empty()) {
-      const double soonest = waiting.top().first;
-      while (!waiting.empty() && waiting.top().first == soonest) make_ready();
-      slot = std::prev(sms.upper_bound({soonest, std::numeric_limits<int32_t>::max()}));
-    }
-    const uint32_t t = uint32_t(-ready.top().second);
-    ready.pop();
-    const auto [free_at, sm] = *slot;
-    sms.erase(slot);
-    const double finish = std::max(free_at, ready_at(t)) + cost[t];
-    sms.insert({finish, sm});
-    lists[size_t(sm)].push_back(t);
-    const uint32_t counter = deps.counter_of_task[t];
-    counter_finish[counter] = std::max(counter_finish[counter], finish);
-    if (++placed_in_counter[counter] == deps.counter_target[counter]) {
-      for (uint32_t w = waiters.begin[counter]; w < waiters.begin[counter + 1]; ++w)
-        if (--pending_counters[waiters.tasks[w]] == 0) waiting.push({ready_at(waiters.tasks[w]), waiters.tasks[w]});
-    }
-  }
-}
-
-}  // namespace
-
-Schedule make_schedule(const Graph& graph, const Dependencies& deps, SchedulePolicy policy, int32_t num_sms) {
-  MK_CHECK(num_sms > 0 && num_sms <= 4096, "SM count must be in [1, 4096], got {}", num_sms);
+// The schedule of per-SM task lists (each in execution order).
+Schedule schedule_of_lists(const Graph& graph, const Dependencies& deps, SchedulePolicy policy,
+                           const std::vector<std::vector<uint32_t>>& lists) {
   const std::vector<Task>& tasks = graph.tasks();
-  const size_t num_tasks = tasks.size();
-  std::vector<std::vector<uint32_t>> lists(static_cast<size_t>(num_sms));  // task indices per SM, in execution order
-
-  if (policy == SchedulePolicy::kRoundRobin) {
-    for (size_t t = 0; t < num_tasks; ++t) lists[t % size_t(num_sms)].push_back(uint32_t(t));
-  } else {
-    std::vector<double> cost(num_tasks);
-    for (size_t t = 0; t < num_tasks; ++t) cost[t] = estimated_task_ns(graph.work(tasks[t]));
-    list_schedule(cost, deps, lists);
-    size_t placed = 0;
-    for (const auto& list : lists) placed += list.size();
-    MK_CHECK(placed == num_tasks, "internal error: the dependency graph has a cycle ({} of {} tasks placed)", placed,
-             num_tasks);
-  }
-
   Schedule schedule;
-  schedule.num_sms = num_sms;
+  schedule.num_sms = int32_t(lists.size());
   schedule.policy = policy;
   schedule.num_counters = deps.num_counters;
   schedule.waits = deps.waits;
-  schedule.sm_begin.reserve(size_t(num_sms) + 1);
-  schedule.instructions.reserve(num_tasks);
+  schedule.sm_begin.reserve(lists.size() + 1);
+  schedule.instructions.reserve(tasks.size());
   for (const auto& list : lists) {
     schedule.sm_begin.push_back(uint32_t(schedule.instructions.size()));
     for (uint32_t t : list) schedule.instructions.push_back(make_instruction(tasks[t], t, deps));
   }
   schedule.sm_begin.push_back(uint32_t(schedule.instructions.size()));
+  MK_CHECK(schedule.instructions.size() == tasks.size(),
+           "internal error: the dependency graph has a cycle ({} of {} tasks placed)", schedule.instructions.size(),
+           tasks.size());
   return schedule;
+}
+
+}  // namespace
+
+Schedule make_list_schedule(const Graph& graph, const Dependencies& deps, int32_t num_sms, ListDirection direction) {
+  MK_CHECK(num_sms > 0 && num_sms <= 4096, "SM count must be in [1, 4096], got {}", num_sms);
+  const std::vector<Task>& tasks = graph.tasks();
+  std::vector<double> cost(tasks.size());  // (num_tasks) estimated ns
+  for (size_t t = 0; t < tasks.size(); ++t) cost[t] = estimated_task_ns(graph.work(tasks[t]));
+  return schedule_of_lists(graph, deps, SchedulePolicy::kCostModel, list_schedule(cost, deps, num_sms, direction));
+}
+
+Schedule make_schedule(const Graph& graph, const Dependencies& deps, SchedulePolicy policy, int32_t num_sms) {
+  MK_CHECK(num_sms > 0 && num_sms <= 4096, "SM count must be in [1, 4096], got {}", num_sms);
+  if (policy == SchedulePolicy::kRoundRobin) {
+    std::vector<std::vector<uint32_t>> lists(static_cast<size_t>(num_sms));  // task indices per SM, in order
+    for (size_t t = 0; t < graph.tasks().size(); ++t) lists[t % size_t(num_sms)].push_back(uint32_t(t));
+    return schedule_of_lists(graph, deps, policy, lists);
+  }
+  // NOTE: backward only where the model sees a tail worth a round's fraction: it misses L2 reuse and the producers'
+  // early weight loads, which favour the forward order the tiles were tuned in, by more than 1%.
+  Schedule forward = make_list_schedule(graph, deps, num_sms, ListDirection::kForward);
+  Schedule backward = make_list_schedule(graph, deps, num_sms, ListDirection::kBackward);
+  const double forward_ns = estimate_schedule(graph, forward).makespan_ns;
+  return estimate_schedule(graph, backward).makespan_ns < (1.0 - kBackwardMinGain) * forward_ns ? backward : forward;
 }
 
 double ScheduleEstimate::idle_fraction() const {
