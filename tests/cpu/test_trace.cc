@@ -147,6 +147,7 @@ TEST(TraceSummary, SplitsDependencyWaitDataWaitMathEpilogueAndStore) {
       r.waits_done = clock;
       r.data_ready = clock + 300;           // data wait 300
       r.math_done = clock + 1300;           // math 1000
+      r.tile_free = clock + 1320;           // of which tile wait 20
       r.end = clock + 1350;                 // epilogue 50
       r.published = clock + 2350;           // store 1000
     } else {
@@ -169,6 +170,7 @@ TEST(TraceSummary, SplitsDependencyWaitDataWaitMathEpilogueAndStore) {
     EXPECT_DOUBLE_EQ(op.data_wait_ns, 300 * n);
     EXPECT_DOUBLE_EQ(op.math_ns, 1000 * n);
     EXPECT_DOUBLE_EQ(op.epilogue_ns, 50 * n);
+    EXPECT_DOUBLE_EQ(op.tile_wait_ns, 20 * n);
     EXPECT_DOUBLE_EQ(op.store_ns, 1000 * n);
   }
   EXPECT_TRUE(found);
@@ -183,6 +185,7 @@ TEST(TraceSummary, SplitsDependencyWaitDataWaitMathEpilogueAndStore) {
     EXPECT_DOUBLE_EQ(op.at("data_wait_ns").get<double>(), 300.0 * double(gemm_records));
     EXPECT_DOUBLE_EQ(op.at("math_ns").get<double>(), 1000.0 * double(gemm_records));
     EXPECT_DOUBLE_EQ(op.at("epilogue_ns").get<double>(), 50.0 * double(gemm_records));
+    EXPECT_DOUBLE_EQ(op.at("tile_wait_ns").get<double>(), 20.0 * double(gemm_records));
   }
   EXPECT_TRUE(found_in_json);
 }
