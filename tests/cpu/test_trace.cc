@@ -16,7 +16,10 @@ class CpuVmTrace : public ::testing::Test {
   void SetUp() override {
     config_ = find_preset("tiny").config;
     graph_ = std::make_unique<Graph>(config_, shape_);
-    schedule_ = make_schedule(*graph_, derive_dependencies(*graph_), SchedulePolicy::kCostModel, 6);
+    // NOTE: forward, where every SM starts on a layer-0 tile that waits for the embedding, so the observed critical
+    // path reaches back to it; backward (which the policy may pick) can run a layer-0 tile after the embedding on
+    // its SM, without a wait.
+    schedule_ = make_list_schedule(*graph_, derive_dependencies(*graph_), 6, ListDirection::kForward);
     CpuVmOptions options;
     options.record_trace = true;
     options.max_delay_us = 100;
