@@ -33,6 +33,7 @@ struct TraceRecord {
   double producer_waits_done = -1;
   double producer_loads_issued = -1;
   double published = -1;
+  double tile_free = -1;  // gpu GEMM: the epilogue found the output tile free (and its residual loaded)
 };
 
 struct Trace {
@@ -59,6 +60,7 @@ struct TraceSummary {
     double data_wait_ns = 0;
     double math_ns = 0;             // first operands landed (or counters satisfied) to math done
     double epilogue_ns = 0;         // math done to end
+    double tile_wait_ns = 0;        // of the epilogue: math done to the output tile free (gpu GEMM)
     double store_ns = 0;            // end to published
   };
   std::vector<Op> ops;

@@ -61,6 +61,7 @@ enum TraceSlot : int {
   kTraceProducerWaitsDone,
   kTraceProducerLoadsIssued,
   kTracePublished,           // GEMM, attention: the storer's TMA store landed and the counter was released
+  kTraceTileFree,            // GEMM: its epilogue found the output tile free (and a residual loaded into it)
   kTraceSlots = 10,
 };
 

@@ -433,6 +433,7 @@ Trace GpuEngine::run_traced() {
       r.producer_waits_done = to_ns(slot[gpu::kTraceProducerWaitsDone]);
       r.producer_loads_issued = to_ns(slot[gpu::kTraceProducerLoadsIssued]);
       r.published = to_ns(slot[gpu::kTracePublished]);
+      r.tile_free = to_ns(slot[gpu::kTraceTileFree]);
       trace.records.push_back(r);
     }
   }

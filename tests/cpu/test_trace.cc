@@ -16,7 +16,10 @@ class CpuVmTrace : public ::testing::Test {
   void SetUp() override {
     config_ = find_preset("tiny").config;
     graph_ = std::make_unique<Graph>(config_, shape_);
-    schedule_ = make_schedule(*graph_, derive_dependencies(*graph_), SchedulePolicy::kCostModel, 6);
+    // NOTE: forward, where every SM starts on a layer-0 tile that waits for the embedding, so the observed critical
+    // path reaches back to it; backward (which the policy may pick) can run a layer-0 tile after the embedding on
+    // its SM, without a wait.
+    schedule_ = make_list_schedule(*graph_, derive_dependencies(*graph_), 6, ListDirection::kForward);
     CpuVmOptions options;
     options.record_trace = true;
     options.max_delay_us = 100;
@@ -147,6 +150,7 @@ TEST(TraceSummary, SplitsDependencyWaitDataWaitMathEpilogueAndStore) {
       r.waits_done = clock;
       r.data_ready = clock + 300;           // data wait 300
       r.math_done = clock + 1300;           // math 1000
+      r.tile_free = clock + 1320;           // of which tile wait 20
       r.end = clock + 1350;                 // epilogue 50
       r.published = clock + 2350;           // store 1000
     } else {
@@ -169,6 +173,7 @@ TEST(TraceSummary, SplitsDependencyWaitDataWaitMathEpilogueAndStore) {
     EXPECT_DOUBLE_EQ(op.data_wait_ns, 300 * n);
     EXPECT_DOUBLE_EQ(op.math_ns, 1000 * n);
     EXPECT_DOUBLE_EQ(op.epilogue_ns, 50 * n);
+    EXPECT_DOUBLE_EQ(op.tile_wait_ns, 20 * n);
     EXPECT_DOUBLE_EQ(op.store_ns, 1000 * n);
   }
   EXPECT_TRUE(found);
@@ -183,6 +188,7 @@ TEST(TraceSummary, SplitsDependencyWaitDataWaitMathEpilogueAndStore) {
     EXPECT_DOUBLE_EQ(op.at("data_wait_ns").get<double>(), 300.0 * double(gemm_records));
     EXPECT_DOUBLE_EQ(op.at("math_ns").get<double>(), 1000.0 * double(gemm_records));
     EXPECT_DOUBLE_EQ(op.at("epilogue_ns").get<double>(), 50.0 * double(gemm_records));
+    EXPECT_DOUBLE_EQ(op.at("tile_wait_ns").get<double>(), 20.0 * double(gemm_records));
   }
   EXPECT_TRUE(found_in_json);
 }

@@ -114,13 +114,14 @@ __device__ __forceinline__ void store_row_squares(const MegakernelParams& p, con
 
 // Writes the tile's values value_of(i) into the output tile, onto the residual the producer loaded there for o_proj
 // and down, and hands it to the storer; with `squares`, the rows' sums of squares first (their stores then precede
-// the storer's publication: the staged barrier orders them).
+// the storer's publication: the staged barrier orders them). trace: stamped once the tile is free, when not null.
 template <typename ValueOf>
 __device__ __forceinline__ bool stage_output(const MegakernelParams& p, const SharedState& s, OutputState& output,
                                              bool residual, ValueOf value_of, int warpgroup, int thread_in_wg,
-                                             Site site, const RowSquaresOut& squares = {}) {
+                                             Site site, uint64_t* trace, const RowSquaresOut& squares = {}) {
   bool ok = wait_barrier(p, s.output_free, output.free_parity(), site);
   if (residual) ok &= wait_barrier(p, s.loaded, output.loaded_parity(), site);
+  if (trace) trace[kTraceTileFree] = clock64();
   const float2 sums = write_output_tile<kOutputGroups>(s, residual, value_of, warpgroup, thread_in_wg);
   if (squares.plane != nullptr) store_row_squares(p, squares, sums, warpgroup, thread_in_wg);
   stage_output_tile(s, output, residual, thread_in_wg);
@@ -151,7 +152,7 @@ __device__ __forceinline__ bool consume_plain_gemm(const MegakernelParams& p, co
 #pragma unroll
   for (int half = 0; half < kValues / kOutputValues; ++half) {
     ok &= stage_output(p, s, output, residual, [&](int i) { return acc[kOutputValues * half + i]; }, warpgroup,
-                       thread_in_wg, site, row_squares_out(p, in, half));
+                       thread_in_wg, site, half == 0 ? trace : nullptr, row_squares_out(p, in, half));
   }
   return ok;
 }
@@ -167,7 +168,7 @@ __device__ __forceinline__ bool consume_gemm(const MegakernelParams& p, const Sh
     if (trace) trace[kTraceMathDone] = clock64();
     scale_by_inverse_rms(p, acc, squares);
     ok &= stage_output(p, s, output, false, [&](int i) { return swiglu_value(acc, i); }, warpgroup, thread_in_wg,
-                       site);
+                       site, trace);
     return ok;
   }
   if (is_wide_gemm(in))
