@@ -17,9 +17,11 @@ namespace mk {
 enum class BufferKind : uint8_t {
   kTokens,     // (T, 1) int32 token ids, written by the host; only with an embedding
   kHidden,     // hidden[l]: (T, d_model) residual stream entering layer l; hidden[n_layers] leaves the last layer
+  kAttnNorm,   // (T, d_model); forward and prefill
   kQkv,        // (T, q_dim + 2 kv_dim): q | k | v, RoPE applied to q and k; forward and prefill
   kAttn,       // (T, q_dim) attention output, heads side by side
   kHiddenMid,  // (T, d_model) residual stream after attention
+  kMlpNorm,    // (T, d_model); forward and prefill
   kAct,        // (T, d_ff) silu(gate) * up
   kFinalNorm,  // (T, d_model); a forward pass with an LM head only (decode fuses it into decode_lm_head)
   kLogits,     // (T, vocab_size); only with an LM head; forward and decode
@@ -30,7 +32,7 @@ enum class BufferKind : uint8_t {
   kPositions,  // (B, 1) int32 decode: the position of the token each sequence feeds (its cache row); host-written
   kSampled,    // (B, 1) int32 decode: the next token of each sequence
 };
-constexpr int kNumBufferKinds = 13;
+constexpr int kNumBufferKinds = 15;
 
 // How the gpu engine stores a kind (the cpu engines hold every buffer as fp32).
 enum class ElementType : uint8_t { kInt32, kBf16, kFloat32 };

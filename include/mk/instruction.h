@@ -11,12 +11,12 @@ namespace mk {
 enum class Opcode : uint8_t {
   kNop = 0,
   kEmbed,         // hidden[0][rows] <- embedding[tokens[rows]]
-  kQkv,           // qkv[l][rows, cols] <- rmsnorm(hidden[l][rows]) @ [wq; wk; wv][cols]^T, RoPE on q and k
-                  // columns; the norm folded: 1 / rms of each row times hidden[l][rows] @ (attn_norm [wq; wk; wv])^T
+  kAttnNorm,      // attn_norm[l][rows] <- rmsnorm(hidden[l][rows])
+  kQkv,           // qkv[l][rows, cols] <- attn_norm[l][rows] @ [wq; wk; wv][cols]^T, RoPE on q and k columns
   kAttention,     // attn[l][rows, head cols] <- causal softmax(q k^T / sqrt(d)) v for one sequence, query block, head
   kOProj,         // hidden_mid[l][rows, cols] <- hidden[l] + attn[l][rows] @ wo[cols]^T
-  kGateUp,        // act[l][rows, cols] <- silu(n @ w_gate^T) * (n @ w_up^T), n = rmsnorm(hidden_mid[l][rows]),
-                  // the norm folded as qkv's
+  kMlpNorm,       // mlp_norm[l][rows] <- rmsnorm(hidden_mid[l][rows])
+  kGateUp,        // act[l][rows, cols] <- silu(mlp_norm[l] @ w_gate^T) * (mlp_norm[l] @ w_up^T)
   kDown,          // hidden[l+1][rows, cols] <- hidden_mid[l] + act[l][rows] @ w_down[cols]^T
   kFinalNorm,     // final_norm[rows] <- rmsnorm(hidden[L][rows])
   kLmHead,        // logits[rows, cols] <- final_norm[rows] @ lm_head[cols]^T

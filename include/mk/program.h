@@ -73,8 +73,8 @@ struct ForwardCost {
   int64_t tasks = 0;            // of the graph
   // What each engine holds at its peak, from the shapes alone (computing it allocates nothing): what mk compares with
   // the host's or the device's memory before it starts a run.
-  double reference_host_bytes = 0;  // weights (and their norm-folded copies), the input, one fp32 matrix per kind
-  double cpu_vm_host_bytes = 0;     // weights (and folded copies), the input, the schedule, every buffer in fp32
+  double reference_host_bytes = 0;  // weights, the input and one fp32 matrix per buffer kind
+  double cpu_vm_host_bytes = 0;     // weights, the input, the schedule and every buffer in fp32
   double gpu_host_bytes = 0;        // weights, the input, the schedule and the fp32 output
   double gpu_device_bytes = 0;      // weights and every buffer as the gpu engine allocates them
 };

@@ -48,6 +48,8 @@ struct StackedWeights {
   const bf16* row(int64_t r) const;
 };
 
+// [wq; wk; wv] of one layer: (q_dim + 2 kv_dim, d_model), the weight of the fused QKV projection.
+StackedWeights qkv_weights(const ModelConfig& config, const LayerWeights& layer);
 
 // cos/sin of RoPE per position and frequency, computed the way transformers computes them in fp32.
 struct RopeTable {
@@ -62,18 +64,15 @@ std::vector<float> rope_inverse_frequencies(const RopeConfig& rope, int64_t head
 // positions a decode step may feed, up to rope_positions): built once per pass, or once per generation.
 struct ModelOperands {
   struct Layer {
-    StackedWeights qkv;   // (q_dim + 2 kv_dim, d_model), attn_norm folded in (fold_norm)
+    StackedWeights qkv;   // (q_dim + 2 kv_dim, d_model)
     StackedWeights o;     // (d_model, q_dim)
-    StackedWeights gate;  // (d_ff, d_model), mlp_norm folded in
-    StackedWeights up;    // (d_ff, d_model), mlp_norm folded in
+    StackedWeights gate;  // (d_ff, d_model)
+    StackedWeights up;    // (d_ff, d_model)
     StackedWeights down;  // (d_model, d_ff)
   };
   ModelOperands(const ModelWeights& weights, int64_t seq_len, int64_t rope_positions = 0);
-  ModelOperands(const ModelOperands&) = delete;  // the layers point into `folded`
-  ModelOperands& operator=(const ModelOperands&) = delete;
-  const ModelWeights& weights;              // the final norm and the embedding are read from here
-  std::vector<std::vector<bf16>> folded;    // the norm-folded matrices of the layers' qkv, gate and up
-  std::vector<Layer> layers;                // (n_layers)
+  const ModelWeights& weights;  // norm weights and the embedding are read from here
+  std::vector<Layer> layers;    // (n_layers)
   StackedWeights lm_head;       // (vocab_size, d_model); empty without an LM head
   RopeTable rope;               // (max(seq_len, rope_positions), head_dim / 2)
   int64_t seq_len;
@@ -85,18 +84,14 @@ struct ModelOperands {
 void embedding_rows(const std::vector<int32_t>& tokens, const std::vector<bf16>& table, Matrix& out, Range rows);
 // out (T, d) <- x * rsqrt(mean(x^2) + eps) * weight
 void rmsnorm_rows(const Matrix& x, const std::vector<bf16>& weight, float eps, Matrix& out, Range rows);
-// 1 / rms of x's rows [rows) (T, d): the RMSNorm's scale, which a GEMM over norm-folded weights (fold_norm)
-// applies to its sums. (rows.end - rows.begin)
-std::vector<float> inverse_rms(const Matrix& x, float eps, Range rows);
-// out (T, N) <- row_scale[r - rows.begin] (a (T, K) @ w (N, K)^T); no scale when row_scale is empty
-void linear_tile(const Matrix& a, const StackedWeights& w, Matrix& out, Range rows, Range cols,
-                 std::span<const float> row_scale = {});
+// out (T, N) <- a (T, K) @ w (N, K)^T
+void linear_tile(const Matrix& a, const StackedWeights& w, Matrix& out, Range rows, Range cols);
 // out (T, N) <- residual (T, N) + a (T, K) @ w (N, K)^T
 void linear_residual_tile(const Matrix& a, const StackedWeights& w, const Matrix& residual, Matrix& out, Range rows,
                           Range cols);
-// out (T, d_ff) <- silu(s (a @ w_gate^T)) * (s (a @ w_up^T)), s = row_scale[r - rows.begin], or 1 when it is empty
+// out (T, d_ff) <- silu(a @ w_gate^T) * (a @ w_up^T)
 void swiglu_tile(const Matrix& a, const StackedWeights& w_gate, const StackedWeights& w_up, Matrix& out, Range rows,
-                 Range cols, std::span<const float> row_scale = {});
+                 Range cols);
 // Rotates the q and k columns of qkv (T, q_dim + 2 kv_dim) in place; cols must hold whole heads.
 // Token t sits at position t % seq_len.
 void rope_tile(const ModelConfig& config, const RopeTable& table, int64_t seq_len, Matrix& qkv, Range rows, Range cols);
@@ -110,10 +105,10 @@ void attention_tile(const ModelConfig& config, int64_t seq_len, const Matrix& qk
 // One prefill token's cache row (2 kv_dim) from its qkv row: K heads into pair order, V as they are.
 void kv_append_row(const ModelConfig& config, const float* qkv_row, float* cache_row);
 // Columns [cols) of the q | k | v column space for one decode token, q and k heads in pair order (cols must hold
-// whole pairs) and RoPE'd at `position`, from its hidden row x (d_model) and that row's 1 / rms over the
-// norm-folded wqkv: out[c - cols.begin]. Each column is the forward qkv's natural column, computed the same way.
-void decode_qkv_row(const ModelConfig& config, const RopeTable& rope, const float* x, float inv_rms,
-                    const StackedWeights& wqkv, int64_t position, Range cols, float* out);
+// whole pairs) and RoPE'd at `position`, from its normalized hidden row: out[c - cols.begin]. Each column is the
+// forward qkv's natural column, computed the same way.
+void decode_qkv_row(const ModelConfig& config, const RopeTable& rope, const float* normed, const StackedWeights& wqkv,
+                    int64_t position, Range cols, float* out);
 // Split-KV attention: partial row `row` of the partial buffer (B rows_per_sequence, n_heads (head_dim + 4)) for kv
 // head `kv_head`: for each of its query heads, one KV block's unnormalized output, max and sum, from q (B, q_dim)
 // and the cache (B max_context, 2 kv_dim); an empty partial (max -inf, sum 0) for a block past the position.

@@ -51,10 +51,6 @@ int64_t parameter_count(const ModelConfig& config);
 // forgotten norm weight shows. Deterministic for a given seed on every platform.
 ModelWeights random_weights(const ModelConfig& config, uint64_t seed);
 
-// A GEMM's weight (rows, k) with the RMSNorm before it folded in (FlashNorm, arXiv 2407.09577): w[n][k] g[k],
-// rounded to bf16. The GEMM then reads the unnormalized rows and scales each row's sums by its 1 / rms.
-std::vector<bf16> fold_norm(const std::vector<bf16>& matrix, const std::vector<bf16>& norm_weight);
-
 // Loads `dir`/model.safetensors, or the shards listed in `dir`/model.safetensors.index.json.
 ModelWeights load_weights(const std::filesystem::path& dir, const ModelConfig& config);
 // The warning (without a "warning:" prefix) naming load_weights' unused tensors, the first few; "" when all are used.

@@ -142,6 +142,8 @@ __device__ __forceinline__ bool run_instruction(const MegakernelParams& p, const
     case Opcode::kEmbed:
       run_embed(p, in, thread);
       break;
+    case Opcode::kAttnNorm:
+    case Opcode::kMlpNorm:
     case Opcode::kFinalNorm:
       run_rmsnorm(p, in, thread);
       break;
@@ -285,29 +287,6 @@ cudaError_t megakernel_ctas_per_sm(int* ctas) {
 
 cudaError_t launch_megakernel(const MegakernelParams& params, int grid_size, cudaStream_t stream) {
   megakernel<<<grid_size, KernelConfig::kThreads, KernelConfig::kSmemBytes, stream>>>(params);
-  return cudaGetLastError();
-}
-
-// hidden (tokens, d_model) -> squares (tokens, blocks), one warp a row, as the embedding writes them.
-__global__ void input_row_squares(const __nv_bfloat16* hidden, float* squares, int32_t tokens, int32_t d_model,
-                                  int32_t blocks) {
-  const int32_t warps = int32_t(gridDim.x * blockDim.x / 32), lane = int32_t(threadIdx.x % 32);
-  const int32_t chunks = d_model / 8;
-  for (int32_t row = int32_t((blockIdx.x * blockDim.x + threadIdx.x) / 32); row < tokens; row += warps) {
-    const uint4* x = reinterpret_cast<const uint4*>(hidden + int64_t(row) * d_model);
-    for (int32_t first = 0; first < chunks; first += 32) {
-      const int32_t chunk = first + lane;
-      store_block_squares(chunk < chunks ? sum_of_squares_of_chunk(x[chunk]) : 0.0f, chunk, chunks,
-                          squares + int64_t(row) * blocks, lane);
-    }
-  }
-}
-
-cudaError_t launch_input_row_squares(const MegakernelParams& params, cudaStream_t stream) {
-  constexpr int kThreads = 256;
-  const int grid = std::min(1024, (params.dims.tokens + kThreads / 32 - 1) / (kThreads / 32));
-  input_row_squares<<<grid, kThreads, 0, stream>>>(params.hidden, params.hidden_squares, params.dims.tokens,
-                                                   params.dims.d_model, params.dims.square_blocks);
   return cudaGetLastError();
 }
 

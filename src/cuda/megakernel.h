@@ -13,8 +13,5 @@ cudaError_t prepare_megakernel();
 cudaError_t megakernel_ctas_per_sm(int* ctas);
 // Launches one persistent CTA per SM of the schedule (grid_size), KernelConfig::kThreads threads each.
 cudaError_t launch_megakernel(const MegakernelParams& params, int grid_size, cudaStream_t stream);
-// The row sums of squares of a hidden-state input (a model without an embedding), which the first layer's qkv reads
-// with its norm folded in and no instruction writes; on `stream`, before the launches that read them.
-cudaError_t launch_input_row_squares(const MegakernelParams& params, cudaStream_t stream);
 
 }  // namespace mk::gpu

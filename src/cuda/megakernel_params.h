@@ -14,7 +14,9 @@ namespace mk::gpu {
 // Tensor maps, all with boxes of 64 bf16 columns and the 128-byte swizzle; per-layer tensors are stacked as
 // (layers, rows, cols) so a map serves every layer and out-of-range rows read as zeros and are not written.
 enum TensorMapId : int {
+  kMapAttnNorm,   // A of qkv:              attn_norm (n_layers, T, d_model)
   kMapAttn,       // A of o_proj:           attn (n_layers, T, q_dim)
+  kMapMlpNorm,    // A of gate_up:          mlp_norm (n_layers, T, d_model)
   kMapAct,        // A of down, out of gate_up: act (n_layers, T, d_ff)
   kMapFinalNorm,  // A of lm_head:          final_norm (1, T, d_model)
   kMapWqkv,       // B of qkv:              [wq; wk; wv] (n_layers, qkv_dim, d_model)
@@ -23,8 +25,8 @@ enum TensorMapId : int {
   kMapWdown,      // B of down:             w_down (n_layers, d_model, d_ff)
   kMapLmHead,     // B of lm_head:          lm_head or the tied embedding (1, vocab_size, d_model)
   kMapQkv,        // out of qkv:            qkv (n_layers, T, qkv_dim)
-  kMapHidden,     // out of down, residual of o_proj, A of qkv: hidden (n_layers + 1, T, d_model)
-  kMapHiddenMid,  // out of o_proj, residual of down, A of gate_up: hidden_mid (n_layers, T, d_model)
+  kMapHidden,     // out of down, residual of o_proj: hidden (n_layers + 1, T, d_model)
+  kMapHiddenMid,  // out of o_proj, residual of down: hidden_mid (n_layers, T, d_model)
   kMapLogits,     // out of lm_head:        logits (1, T, vocab_size)
   kMapQuery,      // attention Q:   qkv viewed as (n_layers * batch, seq_len, qkv_dim), boxes of kBlockQ rows
   kMapKeyValue,   // attention K/V: the same tensor, boxes of kBlockKv rows
@@ -88,21 +90,21 @@ struct ModelDims {
   int32_t kv_blocks_per_split;
   int32_t gate_up_rows;        // rows of one layer's packed gate/up weights (see w_gate_up)
   int32_t decode;              // 1 in decode passes: no TMA ops, weights streamed with plain loads
-  int32_t square_blocks;       // forward and prefill: 128-column blocks of a row's sums of squares, ceil(d_model/128)
 };
 
 // The model's weights on the device as plain pointers (the GEMMs also reach them through the tensor maps).
 struct DeviceWeights {
   // read outside the GEMMs
   const __nv_bfloat16* embedding;          // (vocab_size, d_model)
+  const __nv_bfloat16* attn_norm_weight;   // (n_layers, d_model)
+  const __nv_bfloat16* mlp_norm_weight;    // (n_layers, d_model)
   const __nv_bfloat16* final_norm_weight;  // (d_model)
   const float* rope_cos;                   // (max(seq_len, max_context), head_dim / 2)
   const float* rope_sin;                   // (max(seq_len, max_context), head_dim / 2)
   // the GEMM weights again as plain pointers, for the decode GEMMs' plain loads (the same memory as the tensor maps)
-  const __nv_bfloat16* wqkv;       // (n_layers, qkv_dim, d_model), attn_norm folded in (fold_norm)
+  const __nv_bfloat16* wqkv;       // (n_layers, qkv_dim, d_model)
   const __nv_bfloat16* wo;         // (n_layers, d_model, q_dim)
   const __nv_bfloat16* w_gate_up;  // (n_layers, gate_up_rows, d_model): per 128 columns, 128 gate rows then 128 up
-                                   // rows; mlp_norm folded in
   const __nv_bfloat16* w_down;     // (n_layers, d_model, d_ff)
   const __nv_bfloat16* lm_head;    // (vocab_size, d_model)
 };
@@ -129,14 +131,12 @@ struct MegakernelParams {
 
   // activations, bf16
   __nv_bfloat16* hidden;      // (n_layers + 1, T, d_model)
+  __nv_bfloat16* attn_norm;   // (n_layers, T, d_model)
   __nv_bfloat16* qkv;         // (n_layers, T, qkv_dim)
   __nv_bfloat16* attn;        // (n_layers, T, q_dim)
   __nv_bfloat16* hidden_mid;  // (n_layers, T, d_model)
+  __nv_bfloat16* mlp_norm;    // (n_layers, T, d_model)
   __nv_bfloat16* act;         // (n_layers, T, d_ff)
-  // forward and prefill: each row's sum of squares per 128-column block, fp32, written with hidden and hidden_mid
-  // (by the embedding, down and o_proj, or the input's own kernel) for the norms folded into qkv and gate_up
-  float* hidden_squares;      // (n_layers + 1, T, square_blocks)
-  float* mid_squares;         // (n_layers, T, square_blocks)
   __nv_bfloat16* final_norm;  // (T, d_model)
   __nv_bfloat16* logits;      // (T, vocab_size)
   const int32_t* tokens;      // (T)

@@ -62,17 +62,14 @@ CUtensorMap make_tensor_map(const void* base, uint64_t planes, uint64_t rows, ui
 
 // gate_up tile t reads weight rows [256 t, 256 t + 256): gate rows [128 t, 128 t + 128), then the same up rows, so
 // that one tile's epilogue holds silu(gate) and up of the same columns.
-// The rows have mlp_norm folded in (fold_norm).
 void append_gate_up(std::vector<uint16_t>& out, const ModelConfig& c, const LayerWeights& w) {
   const int64_t tiles = (c.d_ff + KernelConfig::kBlockN - 1) / KernelConfig::kBlockN;
-  const std::vector<bf16> gate = fold_norm(w.w_gate, w.mlp_norm), up = fold_norm(w.w_up, w.mlp_norm);
   for (int64_t t = 0; t < tiles; ++t) {
-    for (const std::vector<bf16>* matrix : {&gate, &up}) {
+    for (const std::vector<bf16>* matrix : {&w.w_gate, &w.w_up}) {
       const size_t at = out.size();
       out.resize(at + size_t(KernelConfig::kBlockN * c.d_model), 0);
       const int64_t rows = std::min<int64_t>(KernelConfig::kBlockN, c.d_ff - t * KernelConfig::kBlockN);
-      std::memcpy(out.data() + at, matrix->data() + t * KernelConfig::kBlockN * c.d_model,
-                  size_t(rows * c.d_model) * 2);
+      std::memcpy(out.data() + at, matrix->data() + t * KernelConfig::kBlockN * c.d_model, size_t(rows * c.d_model) * 2);
     }
   }
 }
@@ -80,11 +77,15 @@ void append_gate_up(std::vector<uint16_t>& out, const ModelConfig& c, const Laye
 // Uploads the weights and the RoPE table (rope_positions rows) into params' weight pointers.
 void upload_weights(DeviceArena& arena, const ModelConfig& c, const ModelWeights& weights, int64_t rope_positions,
                     MegakernelParams& p) {
-  std::vector<uint16_t> wqkv, wo, w_gate_up, w_down;
-  for (const LayerWeights& w : weights.layers) {  // the layers' norms folded into wqkv and w_gate_up
-    for (const std::vector<bf16>* matrix : {&w.wq, &w.wk, &w.wv}) append(wqkv, fold_norm(*matrix, w.attn_norm));
+  std::vector<uint16_t> wqkv, wo, w_gate_up, w_down, attn_norm_w, mlp_norm_w;
+  for (const LayerWeights& w : weights.layers) {
+    append(wqkv, w.wq);
+    append(wqkv, w.wk);
+    append(wqkv, w.wv);
     append(wo, w.wo);
     append(w_down, w.w_down);
+    append(attn_norm_w, w.attn_norm);
+    append(mlp_norm_w, w.mlp_norm);
     append_gate_up(w_gate_up, c, w);
   }
   auto bf16_upload = [&](const std::vector<uint16_t>& bits, const char* what) {
@@ -95,6 +96,8 @@ void upload_weights(DeviceArena& arena, const ModelConfig& c, const ModelWeights
   p.weights.wo = bf16_upload(wo, "uploading wo");
   p.weights.w_gate_up = bf16_upload(w_gate_up, "uploading w_gate/w_up");
   p.weights.w_down = bf16_upload(w_down, "uploading w_down");
+  p.weights.attn_norm_weight = bf16_upload(attn_norm_w, "uploading norm weights");
+  p.weights.mlp_norm_weight = bf16_upload(mlp_norm_w, "uploading norm weights");
   if (c.has_embedding) p.weights.embedding = bf16_upload(bits_of(weights.embedding), "uploading the embedding");
   if (c.has_lm_head) {
     p.weights.final_norm_weight = bf16_upload(bits_of(weights.final_norm), "uploading the final norm");
@@ -141,7 +144,9 @@ void make_tensor_maps(const Graph& graph, MegakernelParams& p) {
   if (graph.shape().pass == PassKind::kDecode) return;
   const int64_t T = graph.shape().tokens(), L = c.n_layers, D = c.d_model;
   const uint32_t rows_m = KernelConfig::kBlockM, rows_n = KernelConfig::kBlockN;
+  p.maps[kMapAttnNorm] = make_tensor_map(p.attn_norm, L, T, D, rows_m, "attn_norm");
   p.maps[kMapAttn] = make_tensor_map(p.attn, L, T, c.q_dim(), rows_m, "attn");
+  p.maps[kMapMlpNorm] = make_tensor_map(p.mlp_norm, L, T, D, rows_m, "mlp_norm");
   p.maps[kMapAct] = make_tensor_map(p.act, L, T, c.d_ff, rows_m, "act");
   p.maps[kMapWqkv] = make_tensor_map(p.weights.wqkv, L, c.qkv_dim(), D, rows_n, "wqkv");
   p.maps[kMapWo] = make_tensor_map(p.weights.wo, L, D, c.q_dim(), rows_n, "wo");
@@ -171,7 +176,7 @@ std::vector<void*> upload_model(DeviceArena& arena, const Graph& graph, const Mo
   p.dims = {int32_t(shape.tokens()), int32_t(shape.batch), int32_t(shape.seq_len), int32_t(c.d_model),
             int32_t(c.q_dim()), int32_t(c.kv_dim()), int32_t(c.qkv_dim()), int32_t(c.d_ff), int32_t(c.vocab_size),
             int32_t(c.head_dim), int32_t(c.group_size()), int32_t(c.n_layers), c.rope.type != RopeType::kNone ? 1 : 0,
-            c.rms_norm_eps, float(1.4426950408889634 / std::sqrt(double(c.head_dim))), 0, 0, 0, 0, 0, 0, 0};
+            c.rms_norm_eps, float(1.4426950408889634 / std::sqrt(double(c.head_dim))), 0, 0, 0, 0, 0, 0};
   if (shape.pass != PassKind::kForward) {
     const KvSplit split = kv_split(c, shape);
     p.dims.max_context = int32_t(shape.max_context);
@@ -192,9 +197,11 @@ std::vector<void*> upload_model(DeviceArena& arena, const Graph& graph, const Mo
   std::vector<void*> address = allocate_activations(arena, graph.buffer_table(), kv_cache, base);
   auto bf16_base = [&](BufferKind kind) { return static_cast<__nv_bfloat16*>(base[size_t(kind)]); };
   p.hidden = bf16_base(BufferKind::kHidden);
+  p.attn_norm = bf16_base(BufferKind::kAttnNorm);
   p.qkv = bf16_base(BufferKind::kQkv);
   p.attn = bf16_base(BufferKind::kAttn);
   p.hidden_mid = bf16_base(BufferKind::kHiddenMid);
+  p.mlp_norm = bf16_base(BufferKind::kMlpNorm);
   p.act = bf16_base(BufferKind::kAct);
   p.final_norm = bf16_base(BufferKind::kFinalNorm);
   p.logits = bf16_base(BufferKind::kLogits);
@@ -204,17 +211,6 @@ std::vector<void*> upload_model(DeviceArena& arena, const Graph& graph, const Mo
   p.attn_partial = static_cast<float*>(base[size_t(BufferKind::kAttnPartial)]);
   p.positions = static_cast<const int32_t*>(base[size_t(BufferKind::kPositions)]);
   p.sampled = static_cast<int32_t*>(base[size_t(BufferKind::kSampled)]);
-  if (shape.pass != PassKind::kDecode) {  // decode tiles take their rows' sums from the rows they stage
-    const int64_t blocks = (c.d_model + KernelConfig::kBlockN - 1) / KernelConfig::kBlockN;
-    const int64_t row_blocks = shape.tokens() * blocks;
-    p.dims.square_blocks = int32_t(blocks);
-    // NaN-poisoned, as the activations: a row whose sums were not written scales to NaN, which the checks see
-    for (float** squares : {&p.hidden_squares, &p.mid_squares}) {
-      const int64_t planes = squares == &p.hidden_squares ? c.n_layers + 1 : c.n_layers;
-      *squares = arena.allocate<float>(size_t(planes * row_blocks), "allocating sums of squares");
-      check_cuda(cudaMemset(*squares, 0xff, size_t(planes * row_blocks) * sizeof(float)), "poisoning sums of squares");
-    }
-  }
 
   make_tensor_maps(graph, p);
   return address;

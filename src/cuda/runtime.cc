@@ -78,8 +78,6 @@ struct GpuEngine::Impl {
   [[noreturn]] void throw_device_error(const gpu::DeviceError& error) const;
   // Positions and token ids to their device buffers, on the stream (the next launch follows them there).
   void upload_ids(const std::vector<int32_t>& positions, const std::vector<int32_t>& tokens);
-  // After a hidden-state input is uploaded: its rows' sums of squares (forward and prefill passes).
-  void input_row_squares();
   PassEvents& pass_events() {
     if (!events) events = std::make_unique<PassEvents>();
     return *events;
@@ -218,15 +216,8 @@ void GpuEngine::set_input(const ref::ModelInput& input) {
   if (!c.has_embedding) {
     std::vector<uint16_t> hidden(input.hidden.data.size());
     for (size_t i = 0; i < hidden.size(); ++i) hidden[i] = to_bf16(input.hidden.data[i]).bits;
-    check_cuda(cudaMemcpy(impl.params.hidden, hidden.data(), hidden.size() * 2, cudaMemcpyHostToDevice),
-               "uploading hidden states");
-    impl.input_row_squares();
+    check_cuda(cudaMemcpy(impl.params.hidden, hidden.data(), hidden.size() * 2, cudaMemcpyHostToDevice), "uploading hidden states");
   }
-}
-
-void GpuEngine::Impl::input_row_squares() {
-  if (params.hidden_squares != nullptr)
-    check_cuda(gpu::launch_input_row_squares(params, stream), "computing the input's sums of squares");
 }
 
 void GpuEngine::Impl::upload_ids(const std::vector<int32_t>& positions, const std::vector<int32_t>& tokens) {
@@ -261,7 +252,6 @@ void GpuEngine::set_input_device(const void* data) {
   // NOTE: on the engine's stream, then synchronized: the launches that read it follow on that stream, and the
   // caller may free or overwrite its buffer as soon as this returns.
   check_cuda(cudaMemcpyAsync(destination, data, bytes, cudaMemcpyDeviceToDevice, impl.stream), "copying the input");
-  if (!c.has_embedding) impl.input_row_squares();
   check_cuda(cudaStreamSynchronize(impl.stream), "copying the input");
 }
 

@@ -12,7 +12,6 @@
 
 #include "mk/check.h"
 #include "mk/files.h"
-#include "mk/parallel.h"
 #include "mk/limits.h"
 #include "mk/random.h"
 #include "mk/safetensors.h"
@@ -234,18 +233,6 @@ std::string save_model(const std::filesystem::path& dir, const ModelWeights& wei
   write_json(dir / "mk_config.json", model_config_to_json(weights.config));
   write_weights(dir, weights);
   return "mk_config.json";
-}
-
-std::vector<bf16> fold_norm(const std::vector<bf16>& matrix, const std::vector<bf16>& norm_weight) {
-  const int64_t k = int64_t(norm_weight.size());
-  MK_CHECK(k > 0 && int64_t(matrix.size()) % k == 0, "fold_norm: a matrix of {} values has no rows of {}",
-           matrix.size(), k);
-  std::vector<bf16> folded(matrix.size());
-  parallel_for(int64_t(matrix.size()) / k, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin * k; i < end * k; ++i)
-      folded[size_t(i)] = to_bf16(to_float(matrix[size_t(i)]) * to_float(norm_weight[size_t(i % k)]));
-  });
-  return folded;
 }
 
 }  // namespace mk

@@ -13,8 +13,8 @@ inline Region positions_of(const OpContext& ctx, int64_t first_sequence, int64_t
   return {ctx.buffers.id({BK::kPositions}), int32_t(first_sequence), int32_t(end_sequence), 0, 1};
 }
 
-// rmsnorm(x) of rows [rows), in a scratch matrix of x's shape: the final norm decode_lm_head fuses, computed as the
-// forward's final norm op computes it.
+// rmsnorm(x) of rows [rows), in a scratch matrix of x's shape: the norm a decode GEMM fuses, computed as the
+// forward's norm op computes it.
 inline ref::Matrix normalized(const ref::Matrix& x, const std::vector<bf16>& weight, float eps, ref::Range rows) {
   ref::Matrix normed(x.rows, x.cols);
   ref::rmsnorm_rows(x, weight, eps, normed, rows);
@@ -105,7 +105,7 @@ struct DecodeQOp : DecodeGemmOp<DecodeQOp> {
   static constexpr Opcode kOpcode = Opcode::kDecodeQ;
   static constexpr const char* kName = "decode_q";
   static BufferRef output(uint16_t layer) { return {BK::kDecodeQ, layer}; }
-  static BufferRef a(uint16_t layer) { return {BK::kHidden, layer}; }  // its norm folded, as the forward qkv's
+  static BufferRef a(uint16_t layer) { return {BK::kHidden, layer}; }  // normalized by the task itself
   static GemmShape gemm(const ModelConfig& c) { return {c.q_dim(), c.d_model, 1, "hidden_size"}; }
   static int64_t spread_columns(const ModelConfig& c) { return c.qkv_dim(); }
   static void reads(const OpContext& ctx, const Task& t, TaskRegions& r) {
@@ -113,12 +113,11 @@ struct DecodeQOp : DecodeGemmOp<DecodeQOp> {
     r.read(positions_of(ctx, t.row_begin, t.row_end));
   }
   static void run_cpu(const CpuTile& cpu, const Task& t, ref::Matrix& out) {
-    const ref::Matrix& x = cpu.in(a(t.layer));
-    const std::vector<float> inv_rms = ref::inverse_rms(x, cpu.config.rms_norm_eps, rows_of(t));
+    const ref::Matrix normed = normalized(cpu.in(a(t.layer)), cpu.operands.weights.layers[t.layer].attn_norm,
+                                          cpu.config.rms_norm_eps, rows_of(t));
     for (int64_t row = t.row_begin; row < t.row_end; ++row) {
-      ref::decode_qkv_row(cpu.config, cpu.operands.rope, x.row(row), inv_rms[size_t(row - t.row_begin)],
-                          cpu.operands.layers[t.layer].qkv, cpu.input.positions[size_t(row)], cols_of(t),
-                          out.row(row) + t.col_begin);
+      ref::decode_qkv_row(cpu.config, cpu.operands.rope, normed.row(row), cpu.operands.layers[t.layer].qkv,
+                          cpu.input.positions[size_t(row)], cols_of(t), out.row(row) + t.col_begin);
     }
   }
 };
@@ -156,14 +155,13 @@ struct DecodeKvOp : DecodeGemmOp<DecodeKvOp> {
   static void run_cpu(const CpuTile& cpu, const Task& t, ref::Matrix& out) {
     const int64_t C = cpu.input.shape.max_context, q_dim = cpu.config.q_dim();
     const ref::Range rows = batch_rows(C, t);
-    const ref::Matrix& x = cpu.in(a(t.layer));
-    const std::vector<float> inv_rms = ref::inverse_rms(x, cpu.config.rms_norm_eps, rows);
+    const ref::Matrix normed =
+        normalized(cpu.in(a(t.layer)), cpu.operands.weights.layers[t.layer].attn_norm, cpu.config.rms_norm_eps, rows);
     for (int64_t b = rows.begin; b < rows.end; ++b) {
       const int64_t position = cpu.input.positions[size_t(b)], row = b * C + position;
       if (row < t.row_begin || row >= t.row_end) continue;
-      ref::decode_qkv_row(cpu.config, cpu.operands.rope, x.row(b), inv_rms[size_t(b - rows.begin)],
-                          cpu.operands.layers[t.layer].qkv, position, {q_dim + t.col_begin, q_dim + t.col_end},
-                          out.row(row) + t.col_begin);
+      ref::decode_qkv_row(cpu.config, cpu.operands.rope, normed.row(b), cpu.operands.layers[t.layer].qkv, position,
+                          {q_dim + t.col_begin, q_dim + t.col_end}, out.row(row) + t.col_begin);
     }
   }
 };
@@ -178,13 +176,13 @@ struct DecodeGateUpOp : DecodeGemmOp<DecodeGateUpOp> {
   static constexpr Opcode kOpcode = Opcode::kDecodeGateUp;
   static constexpr const char* kName = "decode_gate_up";
   static BufferRef output(uint16_t layer) { return {BK::kAct, layer}; }
-  static BufferRef a(uint16_t layer) { return {BK::kHiddenMid, layer}; }  // its norm folded, as gate_up's
+  static BufferRef a(uint16_t layer) { return {BK::kHiddenMid, layer}; }  // normalized by the task itself
   static GemmShape gemm(const ModelConfig& c) { return {c.d_ff, c.d_model, 2, "hidden_size"}; }
   static void run_cpu(const CpuTile& cpu, const Task& t, ref::Matrix& out) {
     const ref::ModelOperands::Layer& w = cpu.operands.layers[t.layer];
-    const ref::Matrix& x = cpu.in(a(t.layer));
-    ref::swiglu_tile(x, w.gate, w.up, out, rows_of(t), cols_of(t),
-                     ref::inverse_rms(x, cpu.config.rms_norm_eps, rows_of(t)));
+    const ref::Matrix normed = normalized(cpu.in(a(t.layer)), cpu.operands.weights.layers[t.layer].mlp_norm,
+                                          cpu.config.rms_norm_eps, rows_of(t));
+    ref::swiglu_tile(normed, w.gate, w.up, out, rows_of(t), cols_of(t));
   }
 };
 

@@ -1,6 +1,5 @@
-// Descriptors of the forward pass's ops: embedding, the final RMSNorm, the GEMMs (qkv with RoPE, o_proj, gate_up
-// with SwiGLU, down, the LM head; qkv and gate_up with their layer's RMSNorm folded in) and causal attention.
-// Included by src/ops/ only: the decode ops reuse some of them.
+// Descriptors of the forward pass's ops: embedding, the RMSNorms, the GEMMs (qkv with RoPE, o_proj, gate_up with
+// SwiGLU, down, the LM head) and causal attention. Included by src/ops/ only: the decode ops reuse some of them.
 #pragma once
 
 #include "op_families.h"
@@ -19,6 +18,22 @@ struct EmbedOp : RowwiseOp<EmbedOp> {
   }
 };
 
+struct AttnNormOp : RmsNormOp<AttnNormOp> {
+  static constexpr Opcode kOpcode = Opcode::kAttnNorm;
+  static constexpr const char* kName = "attn_norm";
+  static BufferRef output(uint16_t layer) { return {BK::kAttnNorm, layer}; }
+  static BufferRef input(const ModelConfig&, uint16_t layer) { return {BK::kHidden, layer}; }
+  static const std::vector<bf16>& weight(const ModelWeights& w, uint16_t layer) { return w.layers[layer].attn_norm; }
+};
+
+struct MlpNormOp : RmsNormOp<MlpNormOp> {
+  static constexpr Opcode kOpcode = Opcode::kMlpNorm;
+  static constexpr const char* kName = "mlp_norm";
+  static BufferRef output(uint16_t layer) { return {BK::kMlpNorm, layer}; }
+  static BufferRef input(const ModelConfig&, uint16_t layer) { return {BK::kHiddenMid, layer}; }
+  static const std::vector<bf16>& weight(const ModelWeights& w, uint16_t layer) { return w.layers[layer].mlp_norm; }
+};
+
 struct FinalNormOp : RmsNormOp<FinalNormOp> {
   static constexpr Opcode kOpcode = Opcode::kFinalNorm;
   static constexpr const char* kName = "final_norm";
@@ -31,7 +46,7 @@ struct QkvOp : GemmOp<QkvOp> {
   static constexpr Opcode kOpcode = Opcode::kQkv;
   static constexpr const char* kName = "qkv";
   static BufferRef output(uint16_t layer) { return {BK::kQkv, layer}; }
-  static BufferRef a(uint16_t layer) { return {BK::kHidden, layer}; }  // attn_norm folded into wqkv
+  static BufferRef a(uint16_t layer) { return {BK::kAttnNorm, layer}; }
   static GemmShape gemm(const ModelConfig& c) { return {c.qkv_dim(), c.d_model, 1, "hidden_size"}; }
   static void check(const OpContext& ctx) {
     GemmOp::check(ctx);
@@ -52,9 +67,7 @@ struct QkvOp : GemmOp<QkvOp> {
     return traffic;
   }
   static void run_cpu(const CpuTile& cpu, const Task& t, ref::Matrix& out) {
-    const ref::Matrix& x = cpu.in(a(t.layer));
-    const std::vector<float> inv_rms = ref::inverse_rms(x, cpu.config.rms_norm_eps, rows_of(t));
-    ref::linear_tile(x, cpu.operands.layers[t.layer].qkv, out, rows_of(t), cols_of(t), inv_rms);
+    ref::linear_tile(cpu.in(a(t.layer)), cpu.operands.layers[t.layer].qkv, out, rows_of(t), cols_of(t));
     if (cpu.config.rope.type != RopeType::kNone)
       ref::rope_tile(cpu.config, cpu.operands.rope, cpu.operands.seq_len, out, rows_of(t), cols_of(t));
   }
@@ -77,13 +90,11 @@ struct GateUpOp : GemmOp<GateUpOp> {
   static constexpr Opcode kOpcode = Opcode::kGateUp;
   static constexpr const char* kName = "gate_up";
   static BufferRef output(uint16_t layer) { return {BK::kAct, layer}; }
-  static BufferRef a(uint16_t layer) { return {BK::kHiddenMid, layer}; }  // mlp_norm folded into w_gate, w_up
+  static BufferRef a(uint16_t layer) { return {BK::kMlpNorm, layer}; }
   static GemmShape gemm(const ModelConfig& c) { return {c.d_ff, c.d_model, 2, "hidden_size"}; }
   static void run_cpu(const CpuTile& cpu, const Task& t, ref::Matrix& out) {
     const ref::ModelOperands::Layer& w = cpu.operands.layers[t.layer];
-    const ref::Matrix& x = cpu.in(a(t.layer));
-    ref::swiglu_tile(x, w.gate, w.up, out, rows_of(t), cols_of(t),
-                     ref::inverse_rms(x, cpu.config.rms_norm_eps, rows_of(t)));
+    ref::swiglu_tile(cpu.in(a(t.layer)), w.gate, w.up, out, rows_of(t), cols_of(t));
   }
 };
 

@@ -20,8 +20,9 @@ using namespace ops;
 // ---- the table ----
 
 constexpr OpDescriptor kOps[] = {
-    descriptor<EmbedOp>(),  descriptor<QkvOp>(),       descriptor<AttentionOp>(), descriptor<OProjOp>(),
-    descriptor<GateUpOp>(), descriptor<DownOp>(),      descriptor<FinalNormOp>(), descriptor<LmHeadOp>(),
+    descriptor<EmbedOp>(), descriptor<AttnNormOp>(), descriptor<QkvOp>(),    descriptor<AttentionOp>(),
+    descriptor<OProjOp>(), descriptor<MlpNormOp>(),  descriptor<GateUpOp>(), descriptor<DownOp>(),
+    descriptor<FinalNormOp>(), descriptor<LmHeadOp>(),
     // prefill and decode
     descriptor<KvAppendOp>(), descriptor<DecodeQOp>(), descriptor<DecodeKvOp>(), descriptor<DecodeAttentionOp>(),
     descriptor<DecodeCombineOp>(), descriptor<DecodeOProjOp>(), descriptor<DecodeGateUpOp>(), descriptor<DecodeDownOp>(),

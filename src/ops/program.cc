@@ -5,7 +5,6 @@
 
 #include "mk/graph.h"
 #include "mk/parallel.h"
-#include "mk/tiles.h"
 #include "mk/weights.h"
 
 namespace mk {
@@ -18,18 +17,17 @@ bool with_lm_head(const ModelConfig& c) { return c.has_lm_head; }
 
 // Without an embedding, hidden[0] is the input (the seed model); without an LM head, hidden[n_layers] the output.
 constexpr Step kBeforeLayers[] = {{Opcode::kEmbed, with_embedding}};
-// The layers' RMSNorms are folded into qkv and gate_up (ops/forward_ops.h): no norm step of their own.
 constexpr Step kPerLayer[] = {
-    {Opcode::kQkv, always},    {Opcode::kAttention, always}, {Opcode::kOProj, always},
-    {Opcode::kGateUp, always}, {Opcode::kDown, always},
+    {Opcode::kAttnNorm, always}, {Opcode::kQkv, always},     {Opcode::kAttention, always}, {Opcode::kOProj, always},
+    {Opcode::kMlpNorm, always},  {Opcode::kGateUp, always},  {Opcode::kDown, always},
 };
 constexpr Step kAfterLayers[] = {{Opcode::kFinalNorm, with_lm_head}, {Opcode::kLmHead, with_lm_head}};
 
 // Prefill: the forward pass's layers, each appending its K and V to the cache. No LM head: the last prompt token
 // is the first decode step's input, whose logits give the first new token.
 constexpr Step kPrefillLayer[] = {
-    {Opcode::kQkv, always},   {Opcode::kKvAppend, always}, {Opcode::kAttention, always},
-    {Opcode::kOProj, always}, {Opcode::kGateUp, always},   {Opcode::kDown, always},
+    {Opcode::kAttnNorm, always}, {Opcode::kQkv, always},     {Opcode::kKvAppend, always}, {Opcode::kAttention, always},
+    {Opcode::kOProj, always},    {Opcode::kMlpNorm, always}, {Opcode::kGateUp, always},   {Opcode::kDown, always},
 };
 
 // Decode: one token per sequence. Generation needs an embedding and an LM head (checked by the graph), so every step
@@ -93,17 +91,10 @@ void add_memory(const ModelConfig& config, PassKind pass, const BufferTable& buf
   }
   const Buffer& output = buffers.buffers()[buffers.id(output_of_pass(config, pass))];
   const double schedule = schedule_host_bytes(cost.tasks);
-  // ref::ModelOperands' norm-folded copies of wq, wk, wv, w_gate and w_up
-  const double folded =
-      2.0 * double(config.n_layers) * double(config.d_model) * double(config.qkv_dim() + 2 * config.d_ff);
-  cost.reference_host_bytes = cost.weight_bytes + folded + input + one_per_kind_fp32;
-  cost.cpu_vm_host_bytes = cost.weight_bytes + folded + input + schedule + all_fp32;
+  cost.reference_host_bytes = cost.weight_bytes + input + one_per_kind_fp32;
+  cost.cpu_vm_host_bytes = cost.weight_bytes + input + schedule + all_fp32;
   cost.gpu_host_bytes = cost.weight_bytes + input + schedule + 4.0 * double(output.rows) * double(output.cols);
   cost.gpu_device_bytes = cost.weight_bytes + cost.activation_bytes;
-  if (pass != PassKind::kDecode) {  // the rows' fp32 sums of squares per 128 columns, for the folded norms
-    const double blocks = double((config.d_model + tiles::kBlockN - 1) / tiles::kBlockN);
-    cost.gpu_device_bytes += 4.0 * double(2 * config.n_layers + 1) * double(output.rows) * blocks;
-  }
 }
 
 }  // namespace

@@ -39,15 +39,15 @@ void kv_append_row(const ModelConfig& config, const float* qkv_row, float* cache
   std::copy(k + kv_dim, k + 2 * kv_dim, cache_row + kv_dim);
 }
 
-void decode_qkv_row(const ModelConfig& config, const RopeTable& rope, const float* x, float inv_rms,
-                    const StackedWeights& wqkv, int64_t position, Range cols, float* out) {
+void decode_qkv_row(const ModelConfig& config, const RopeTable& rope, const float* normed, const StackedWeights& wqkv,
+                    int64_t position, Range cols, float* out) {
   const int64_t head_dim = config.head_dim, half = head_dim / 2;
   const int64_t rotated_cols = config.q_dim() + config.kv_dim();  // q and k are in pair order and rotate
   MK_CHECK((cols.begin >= rotated_cols || cols.begin % 2 == 0) && (cols.end >= rotated_cols || cols.end % 2 == 0),
            "decode_qkv_row: columns [{}, {}) split a RoPE pair", cols.begin, cols.end);
   for (int64_t c = cols.begin; c < cols.end; ++c) {
     const int64_t weight_row = c < rotated_cols ? c - c % head_dim + natural_column(c % head_dim, head_dim) : c;
-    out[c - cols.begin] = inv_rms * arith::dot(x, wqkv.row(weight_row), wqkv.cols);
+    out[c - cols.begin] = arith::dot(normed, wqkv.row(weight_row), wqkv.cols);
   }
   if (config.rope.type == RopeType::kNone) return;
   const float* cos = rope.cos.data() + position * half;

@@ -15,8 +15,6 @@ using arith::dot;
 
 float sum_of_squares(const float* a, int64_t n) { return dot(a, a, n); }
 
-float row_inverse_rms(const float* x, int64_t n, float eps) { return 1.0f / std::sqrt(sum_of_squares(x, n) / float(n) + eps); }
-
 // Visits out[rows, cols] column block by column block so that the weight rows of a block stay in cache while
 // every activation row streams past them.
 template <typename Element>
@@ -53,6 +51,13 @@ const bf16* StackedWeights::row(int64_t r) const {
     r -= part.rows;
   }
   throw Error("StackedWeights: row out of range");
+}
+
+StackedWeights qkv_weights(const ModelConfig& config, const LayerWeights& layer) {
+  StackedWeights stacked(layer.wq, config.q_dim(), config.d_model);
+  stacked.append(layer.wk, config.kv_dim());
+  stacked.append(layer.wv, config.kv_dim());
+  return stacked;
 }
 
 std::vector<float> rope_inverse_frequencies(const RopeConfig& rope, int64_t head_dim) {
@@ -99,17 +104,9 @@ RopeTable make_rope_table(const ModelConfig& config, int64_t max_positions) {
 ModelOperands::ModelOperands(const ModelWeights& weights_, int64_t seq_len_, int64_t rope_positions)
     : weights(weights_), rope(make_rope_table(weights_.config, std::max(seq_len_, rope_positions))), seq_len(seq_len_) {
   const ModelConfig& c = weights.config;
-  folded.reserve(5 * weights.layers.size());  // no reallocation: the layers point into its matrices
-  auto fold = [&](const std::vector<bf16>& matrix, const std::vector<bf16>& norm) -> const std::vector<bf16>& {
-    return folded.emplace_back(fold_norm(matrix, norm));
-  };
   for (const LayerWeights& w : weights.layers) {
-    StackedWeights qkv(fold(w.wq, w.attn_norm), c.q_dim(), c.d_model);
-    qkv.append(fold(w.wk, w.attn_norm), c.kv_dim());
-    qkv.append(fold(w.wv, w.attn_norm), c.kv_dim());
-    layers.push_back({qkv, StackedWeights(w.wo, c.d_model, c.q_dim()),
-                      StackedWeights(fold(w.w_gate, w.mlp_norm), c.d_ff, c.d_model),
-                      StackedWeights(fold(w.w_up, w.mlp_norm), c.d_ff, c.d_model),
+    layers.push_back({qkv_weights(c, w), StackedWeights(w.wo, c.d_model, c.q_dim()),
+                      StackedWeights(w.w_gate, c.d_ff, c.d_model), StackedWeights(w.w_up, c.d_ff, c.d_model),
                       StackedWeights(w.w_down, c.d_model, c.d_ff)});
   }
   if (c.has_lm_head) lm_head = StackedWeights(weights.lm_head_matrix(), c.vocab_size, c.d_model);
@@ -126,25 +123,14 @@ void embedding_rows(const std::vector<int32_t>& tokens, const std::vector<bf16>&
 void rmsnorm_rows(const Matrix& x, const std::vector<bf16>& weight, float eps, Matrix& out, Range rows) {
   for (int64_t r = rows.begin; r < rows.end; ++r) {
     const float* in = x.row(r);
-    const float inv_rms = row_inverse_rms(in, x.cols, eps);
+    const float inv_rms = 1.0f / std::sqrt(sum_of_squares(in, x.cols) / float(x.cols) + eps);
     float* target = out.row(r);
     for (int64_t c = 0; c < x.cols; ++c) target[c] = (in[c] * inv_rms) * to_float(weight[size_t(c)]);
   }
 }
 
-std::vector<float> inverse_rms(const Matrix& x, float eps, Range rows) {
-  std::vector<float> scale(size_t(rows.end - rows.begin));
-  for (int64_t r = rows.begin; r < rows.end; ++r)
-    scale[size_t(r - rows.begin)] = row_inverse_rms(x.row(r), x.cols, eps);
-  return scale;
-}
-
-void linear_tile(const Matrix& a, const StackedWeights& w, Matrix& out, Range rows, Range cols,
-                 std::span<const float> row_scale) {
-  for_each_output(rows, cols, [&](int64_t r, int64_t c) {
-    const float sum = dot(a.row(r), w.row(c), a.cols);
-    out.row(r)[c] = row_scale.empty() ? sum : row_scale[size_t(r - rows.begin)] * sum;
-  });
+void linear_tile(const Matrix& a, const StackedWeights& w, Matrix& out, Range rows, Range cols) {
+  for_each_output(rows, cols, [&](int64_t r, int64_t c) { out.row(r)[c] = dot(a.row(r), w.row(c), a.cols); });
 }
 
 void linear_residual_tile(const Matrix& a, const StackedWeights& w, const Matrix& residual, Matrix& out, Range rows,
@@ -155,11 +141,10 @@ void linear_residual_tile(const Matrix& a, const StackedWeights& w, const Matrix
 }
 
 void swiglu_tile(const Matrix& a, const StackedWeights& w_gate, const StackedWeights& w_up, Matrix& out, Range rows,
-                 Range cols, std::span<const float> row_scale) {
+                 Range cols) {
   for_each_output(rows, cols, [&](int64_t r, int64_t c) {
-    const float scale = row_scale.empty() ? 1.0f : row_scale[size_t(r - rows.begin)];
-    const float gate = scale * dot(a.row(r), w_gate.row(c), a.cols);
-    const float up = scale * dot(a.row(r), w_up.row(c), a.cols);
+    const float gate = dot(a.row(r), w_gate.row(c), a.cols);
+    const float up = dot(a.row(r), w_up.row(c), a.cols);
     out.row(r)[c] = arith::silu(gate) * up;
   });
 }

@@ -70,7 +70,7 @@ TEST(Cli, InfoJsonHoldsTheConfigAndTheGraphsCounts) {
   for (const auto& [op, flops] : cost.flops_by_op) summed += flops;
   EXPECT_DOUBLE_EQ(summed, cost.flops);
   EXPECT_EQ(cost.flops_by_op.count("gate_up"), 1u);
-  EXPECT_EQ(cost.flops_by_op.count("final_norm"), 0u) << "a norm does no matrix product";
+  EXPECT_EQ(cost.flops_by_op.count("attn_norm"), 0u) << "a norm does no matrix product";
   EXPECT_EQ(info.at("parameters").get<int64_t>(), cost.parameters);
   EXPECT_EQ(info.at("min_bytes").get<double>(), cost.min_bytes);
   EXPECT_EQ(info.at("weight_bytes").get<double>(), cost.weight_bytes);

@@ -39,10 +39,10 @@ TEST_F(Hostile, ScheduleOfHugeShapesIsRefusedAtOnce) {
   expect_failure(run_mk("schedule --preset tiny --heads 576460752303423492 --kv-heads 288230376151711746", "", 10), 2,
                  "--heads: must be at most");
   expect_failure(run_mk("schedule --preset tiny --batch 4611686018427387904", "", 10), 2, "--batch: must be at most");
-  // Addressable, but more than any host here can schedule (~600 GiB; 100 GiB with 2 layers would fit the larger GPU
+  // Addressable, but more than any host here can schedule (~970 GiB; 150 GiB with 2 layers would fit the larger GPU
   // machines): refused before tiling, not at an allocation.
   expect_failure(run_mk("schedule --preset tiny --layers 16 --batch 1000000 --seq 1000", "", 10), 1,
-                 "scheduling 1597937500 tasks (batch 1000000 x seq 1000) needs");
+                 "scheduling 2597937500 tasks (batch 1000000 x seq 1000) needs");
 }
 
 TEST_F(Hostile, BatchTimesSeqThatWrapsIsRefused) {

@@ -45,9 +45,10 @@ TEST(Ops, RegionsOfTheTinyModel) {
   const Graph graph(find_preset("tiny").config, {2, 40});
   EXPECT_THAT(regions_of(graph, Opcode::kEmbed, kNoLayer, 64, 0),
               ElementsAre("write hidden[0] rows [64,80) cols [0,256)", "read tokens rows [64,80) cols [0,1)"));
-  // qkv and gate_up read the residual stream itself, their norms folded in: whole rows, for the rows' 1 / rms.
+  EXPECT_THAT(regions_of(graph, Opcode::kAttnNorm, 1, 32, 0),
+              ElementsAre("write attn_norm[1] rows [32,64) cols [0,256)", "read hidden[1] rows [32,64) cols [0,256)"));
   EXPECT_THAT(regions_of(graph, Opcode::kQkv, 1, 0, 384),
-              ElementsAre("write qkv[1] rows [0,80) cols [384,512)", "read hidden[1] rows [0,80) cols [0,256)"));
+              ElementsAre("write qkv[1] rows [0,80) cols [384,512)", "read attn_norm[1] rows [0,80) cols [0,256)"));
   // Sequence 1, head 3: q columns [192, 256); kv head 1: k at 256 + 64, v at 384 + 64; keys of sequence 1 only.
   EXPECT_THAT(regions_of(graph, Opcode::kAttention, 0, 40, 192),
               ElementsAre("write attn[0] rows [40,80) cols [192,256)", "read qkv[0] rows [40,80) cols [192,256)",
@@ -56,7 +57,7 @@ TEST(Ops, RegionsOfTheTinyModel) {
               ElementsAre("write hidden_mid[0] rows [0,80) cols [128,256)", "read attn[0] rows [0,80) cols [0,256)",
                           "read hidden[0] rows [0,80) cols [128,256)"));
   EXPECT_THAT(regions_of(graph, Opcode::kGateUp, 1, 0, 384),
-              ElementsAre("write act[1] rows [0,80) cols [384,512)", "read hidden_mid[1] rows [0,80) cols [0,256)"));
+              ElementsAre("write act[1] rows [0,80) cols [384,512)", "read mlp_norm[1] rows [0,80) cols [0,256)"));
   EXPECT_THAT(regions_of(graph, Opcode::kDown, 1, 0, 0),
               ElementsAre("write hidden[2] rows [0,80) cols [0,128)", "read act[1] rows [0,80) cols [0,512)",
                           "read hidden_mid[1] rows [0,80) cols [0,128)"));
@@ -134,16 +135,16 @@ TEST(Buffers, KindsAreNumberedKindByKindWithStackedOffsets) {
   const BufferTable table(config, {2, 40});
   std::vector<std::string> names;
   for (const Buffer& b : table.buffers()) names.push_back(b.name());
-  EXPECT_THAT(names, ElementsAre("tokens", "hidden[0]", "hidden[1]", "hidden[2]", "qkv[0]", "qkv[1]", "attn[0]",
-                                 "attn[1]", "hidden_mid[0]", "hidden_mid[1]", "act[0]", "act[1]", "final_norm",
-                                 "logits"));
+  EXPECT_THAT(names, ElementsAre("tokens", "hidden[0]", "hidden[1]", "hidden[2]", "attn_norm[0]", "attn_norm[1]",
+                                 "qkv[0]", "qkv[1]", "attn[0]", "attn[1]", "hidden_mid[0]", "hidden_mid[1]",
+                                 "mlp_norm[0]", "mlp_norm[1]", "act[0]", "act[1]", "final_norm", "logits"));
   const Buffer& qkv1 = table.buffers()[table.id(BufferKind::kQkv, 1)];
   EXPECT_EQ(qkv1.name(), "qkv[1]");
   EXPECT_EQ(qkv1.cols, 512);
   EXPECT_EQ(qkv1.offset_in_kind, 80 * 512);
   EXPECT_EQ(table.kind_elements(BufferKind::kHidden), 3 * 80 * 256);
   EXPECT_EQ(table.buffers()[table.id(BufferKind::kHidden, 2)].offset_in_kind, 2 * 80 * 256);
-  EXPECT_EQ(table.device_bytes(), 4.0 * 80 + 2.0 * 80 * (3 * 256 + 2 * (512 + 256 + 256 + 512) + 256 + 384));
+  EXPECT_EQ(table.device_bytes(), 4.0 * 80 + 2.0 * 80 * (3 * 256 + 2 * (256 + 512 + 256 + 256 + 256 + 512) + 256 + 384));
   for (const Buffer& b : table.buffers()) EXPECT_EQ(b.host_written, b.kind == BufferKind::kTokens) << b.name();
 
   // The seed model: hidden states in and out, no token ids.
@@ -168,8 +169,7 @@ TEST(ForwardCost, EqualsTheClosedFormAndTheSumOverTheGraph) {
     const double d = double(c.d_model), ff = double(c.d_ff), vocab = double(c.vocab_size);
     double flops = L * (2 * T * d * double(c.qkv_dim() + c.q_dim() + 3 * c.d_ff) + 2 * double(shape.batch) * S * S * double(c.q_dim()));
     if (c.has_lm_head) flops += 2 * T * d * vocab;
-    // The layers' norm weights are read folded into qkv's and gate_up's, not on their own.
-    const double layer_weights = d * double(c.qkv_dim() + c.q_dim()) + 3 * d * ff;
+    const double layer_weights = d * double(c.qkv_dim() + c.q_dim()) + 3 * d * ff + 2 * d;
     double min_bytes = 2 * L * layer_weights + 2 * L * T * 2 * double(c.kv_dim());
     min_bytes += c.has_embedding ? T * (4 + 2 * d) : 2 * T * d;
     min_bytes += c.has_lm_head ? 2 * (d + vocab * d) + 2 * T * vocab : 2 * T * d;
@@ -198,7 +198,7 @@ TEST(Program, OutputIsTheLastStepsBuffer) {
   for_each_step(config, [&](const OpDescriptor& op, uint16_t layer) {
     if (layer == 0 || layer == kNoLayer) first_layer.push_back(op.name);
   });
-  EXPECT_THAT(first_layer, ElementsAre("qkv", "attention", "o_proj", "gate_up", "down"));
+  EXPECT_THAT(first_layer, ElementsAre("attn_norm", "qkv", "attention", "o_proj", "mlp_norm", "gate_up", "down"));
 }
 
 class Bisect : public ::testing::Test {
@@ -225,10 +225,11 @@ TEST_F(Bisect, WalksTheProgramAndFindsTheFirstBadOp) {
     EXPECT_TRUE(row.op_passed) << row.buffer;
     EXPECT_EQ(row.op_alone.rel_l2_error, 0.0) << row.buffer;
   }
-  EXPECT_THAT(names, ElementsAre("hidden[0]", "qkv[0]", "attn[0]", "hidden_mid[0]", "act[0]", "hidden[1]", "qkv[1]",
-                                 "attn[1]", "hidden_mid[1]", "act[1]", "hidden[2]", "final_norm", "logits"));
+  EXPECT_THAT(names, ElementsAre("hidden[0]", "attn_norm[0]", "qkv[0]", "attn[0]", "hidden_mid[0]", "mlp_norm[0]",
+                                 "act[0]", "hidden[1]", "attn_norm[1]", "qkv[1]", "attn[1]", "hidden_mid[1]",
+                                 "mlp_norm[1]", "act[1]", "hidden[2]", "final_norm", "logits"));
   // Up to layer 0: the embedding and layer 0's steps, down's hidden[1] included.
-  EXPECT_EQ(bisect_buffers(graph_, weights_, input_, run_.buffers, run_.buffers, 0).size(), 6u);
+  EXPECT_EQ(bisect_buffers(graph_, weights_, input_, run_.buffers, run_.buffers, 0).size(), 8u);
 
   // A wrong attention output in layer 1 is the first op to fail; the ops after it are judged on its output.
   std::vector<ref::Matrix> broken = run_.buffers;

@@ -46,14 +46,6 @@ Rows rmsnorm(const Rows& x, const std::vector<mk::bf16>& weight, double eps) {
 }
 
 // x (T, in) @ w (out, in)^T
-// The layer norms' weights live in the next GEMM's, rounded to bf16 (FlashNorm, as mk computes): w[o][i] g[i].
-std::vector<mk::bf16> folded(const std::vector<mk::bf16>& weight, const std::vector<mk::bf16>& norm) {
-  std::vector<mk::bf16> out(weight.size());
-  for (size_t i = 0; i < weight.size(); ++i)
-    out[i] = mk::to_bf16(mk::to_float(weight[i]) * mk::to_float(norm[i % norm.size()]));
-  return out;
-}
-
 Rows matmul(const Rows& x, const std::vector<mk::bf16>& weight, int64_t out_features) {
   const std::vector<double> w = widen(weight);
   const size_t in = x[0].size();
@@ -128,18 +120,17 @@ Rows naive_forward(const mk::ModelWeights& w, const mk::ref::ModelInput& input) 
     for (size_t i = 0; i < size_t(c.d_model); ++i)
       h[t][i] = c.has_embedding ? double(mk::to_float(w.embedding[size_t(input.tokens[t]) * size_t(c.d_model) + i]))
                                 : double(input.hidden.row(int64_t(t))[i]);
-  const std::vector<mk::bf16> no_weight(size_t(c.d_model), mk::to_bf16(1.0f));
   for (const mk::LayerWeights& layer : w.layers) {
-    const Rows x = rmsnorm(h, no_weight, eps);
-    Rows q = matmul(x, folded(layer.wq, layer.attn_norm), c.q_dim());
-    Rows k = matmul(x, folded(layer.wk, layer.attn_norm), c.kv_dim());
-    const Rows v = matmul(x, folded(layer.wv, layer.attn_norm), c.kv_dim());
+    const Rows x = rmsnorm(h, layer.attn_norm, eps);
+    Rows q = matmul(x, layer.wq, c.q_dim());
+    Rows k = matmul(x, layer.wk, c.kv_dim());
+    const Rows v = matmul(x, layer.wv, c.kv_dim());
     rope(q, c, S);
     rope(k, c, S);
     add(h, matmul(attention(q, k, v, c, S), layer.wo, c.d_model));
-    const Rows x2 = rmsnorm(h, no_weight, eps);
-    Rows gate = matmul(x2, folded(layer.w_gate, layer.mlp_norm), c.d_ff);
-    const Rows up = matmul(x2, folded(layer.w_up, layer.mlp_norm), c.d_ff);
+    const Rows x2 = rmsnorm(h, layer.mlp_norm, eps);
+    Rows gate = matmul(x2, layer.w_gate, c.d_ff);
+    const Rows up = matmul(x2, layer.w_up, c.d_ff);
     for (size_t t = 0; t < gate.size(); ++t)
       for (size_t i = 0; i < gate[t].size(); ++i) gate[t][i] = gate[t][i] / (1 + std::exp(-gate[t][i])) * up[t][i];
     add(h, matmul(gate, layer.w_down, c.d_model));

@@ -199,10 +199,9 @@ TEST(TraceSummary, SplitsDependencyWaitDataWaitMathEpilogueAndStore) {
 namespace mk {
 namespace {
 
-// The "what the waits ended on" table from a hand-timed gpu-style trace: the qkv tiles of layer 1 wait (producer)
-// for layer 0's down tiles, published 300 ns after their consumers turned to them and 300 ns before their wait ends;
-// layer 0's qkv tiles wait as long, but for their ring, their input (the embedding) having been published long
-// before: not counted.
+// The "what the waits ended on" table from a hand-timed gpu-style trace: the qkv tiles of layer 0 wait (producer)
+// for their attn_norm tile, published 300 ns after their consumers turned to them and 300 ns before their wait ends;
+// layer 1's qkv tiles wait as long, but for their ring, their input having been published long before: not counted.
 TEST(TraceSummary, WaitsCountOnlyInputsPublishedWhileTheyWaited) {
   const Graph graph(find_preset("tiny").config, {1, 32});
   const Schedule schedule = make_schedule(graph, derive_dependencies(graph), SchedulePolicy::kRoundRobin, 1);
@@ -219,14 +218,13 @@ TEST(TraceSummary, WaitsCountOnlyInputsPublishedWhileTheyWaited) {
     r.math_done = r.start + 5;
     r.end = r.start + 10;
     const double at = 1e6 * (1 + in.layer);  // layer 0's qkv phase at 1 ms, layer 1's at 2 ms
-    if (in.opcode == Opcode::kDown && in.layer == 0) {
-      const double next_layer = at + 1e6;  // layer 1's qkv phase
-      r.start = r.waits_done = next_layer;
-      r.math_done = next_layer + 390;
-      r.end = next_layer + 400;
+    if (in.opcode == Opcode::kAttnNorm && in.layer == 0) {
+      r.start = r.waits_done = at;
+      r.math_done = at + 390;
+      r.end = at + 400;
     }
     if (in.opcode == Opcode::kQkv) {
-      waiting_tiles += in.layer == 1;
+      waiting_tiles += in.layer == 0;
       r.producer_start = at;
       r.producer_waits_done = at + 700;
       r.producer_loads_issued = at + 750;
@@ -245,7 +243,7 @@ TEST(TraceSummary, WaitsCountOnlyInputsPublishedWhileTheyWaited) {
   ASSERT_EQ(summary.waited_on.size(), 1u);
   const TraceSummary::WaitedOn& w = summary.waited_on[0];
   EXPECT_EQ(w.op, "qkv");
-  EXPECT_EQ(w.input, "down");
+  EXPECT_EQ(w.input, "attn_norm");
   EXPECT_EQ(w.tiles, waiting_tiles);
   EXPECT_DOUBLE_EQ(w.late_ns, 300);
   EXPECT_DOUBLE_EQ(w.hop_ns, 300);

@@ -350,21 +350,3 @@ TEST(Weights, LoadConvertsF32Checkpoints) {
   mk::write_safetensors(dir.path() / "model.safetensors", tensors);
   expect_bitwise_equal(weights, mk::load_weights(dir.path(), weights.config));
 }
-
-// FlashNorm's load-time fold: element (n, k) of the matrix times the norm's weight k, rounded to bf16 once.
-TEST(Weights, FoldNormScalesEachColumnByItsNormWeight) {
-  const std::vector<mk::bf16> matrix = {mk::to_bf16(1.0f), mk::to_bf16(-2.0f), mk::to_bf16(0.5f),
-                                        mk::to_bf16(3.0f), mk::to_bf16(0.1f),  mk::to_bf16(-7.0f)};  // (2, 3)
-  const std::vector<mk::bf16> norm = {mk::to_bf16(0.5f), mk::to_bf16(1.5f), mk::to_bf16(1.1f)};
-  const std::vector<mk::bf16> folded = mk::fold_norm(matrix, norm);
-  ASSERT_EQ(folded.size(), matrix.size());
-  for (size_t i = 0; i < matrix.size(); ++i) {
-    const float want = mk::round_to_bf16(mk::to_float(matrix[i]) * mk::to_float(norm[i % 3]));
-    EXPECT_EQ(mk::to_float(folded[i]), want) << "element " << i;
-  }
-  EXPECT_EQ(mk::to_float(folded[5]), mk::round_to_bf16(-7.0f * mk::to_float(mk::to_bf16(1.1f))));
-  EXPECT_NE(mk::to_float(folded[5]), -7.0f * 1.1f) << "the product is rounded to bf16";
-  EXPECT_THAT(error_of([&] { mk::fold_norm(matrix, {mk::to_bf16(1.0f), mk::to_bf16(1.0f), mk::to_bf16(1.0f),
-                                                    mk::to_bf16(1.0f)}); }),
-              HasSubstr("has no rows of 4"));
-}

@@ -54,27 +54,19 @@ __device__ __forceinline__ bool load_output_tile(const MegakernelParams& p, cons
   return true;
 }
 
-// The first of the two rows of a tile's 128 (a warpgroup's 64 each) whose accumulators this thread holds in an
-// m64nN wgmma; the other is 8 further.
-__device__ __forceinline__ int32_t accumulator_row(int warpgroup, int thread_in_wg) {
-  return warpgroup * 64 + (thread_in_wg / 32) * 16 + (thread_in_wg % 32) / 4;
-}
-
 // Consumers: writes this thread's values value_of(i), i < 4 kGroups (in the m64nN wgmma accumulator order: rows
 // 16 (t / 32) + (t % 32) / 4 + {0, 8} of its warpgroup's 64, columns 8 j + 2 (t % 4) + {0, 1}), adding what the tile
 // already holds when `accumulate` (a residual). Layout: box b of 64 columns at b * kOutputBoxBytes, row r at
 // r * 128 bytes, 16-byte chunk c at c ^ (r % 8) (the 128-byte swizzle of the TMA boxes): a warp's 32 four-byte
 // accesses hit 32 distinct banks.
 // NOTE: values are computed as they are written (value_of), so that e.g. SwiGLU's registers die as it goes.
-// Returns the sums of squares of the bf16 values this thread wrote in its two rows (unused ones cost nothing).
 template <int kGroups, typename ValueOf>
-__device__ __forceinline__ float2 write_output_tile(const SharedState& s, bool accumulate, ValueOf value_of,
-                                                    int warpgroup, int thread_in_wg) {
+__device__ __forceinline__ void write_output_tile(const SharedState& s, bool accumulate, ValueOf value_of, int warpgroup,
+                                                  int thread_in_wg) {
   // Row within the tile of half 0; half 1 is 8 rows (1024 bytes) further, with the same row % 8.
-  const uint32_t row0 = uint32_t(accumulator_row(warpgroup, thread_in_wg));
+  const uint32_t row0 = warpgroup * 64 + (thread_in_wg / 32) * 16 + (thread_in_wg % 32) / 4;
   const uint32_t row_bytes = row0 * 128 + 4 * (thread_in_wg % 4);
   const uint32_t chunk_xor = row0 % 8;
-  float squares[2] = {0.0f, 0.0f};
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
 #pragma unroll
@@ -88,13 +80,9 @@ __device__ __forceinline__ float2 write_output_tile(const SharedState& s, bool a
         value.x += add.x;
         value.y += add.y;
       }
-      const __nv_bfloat162 stored = __floats2bfloat162_rn(value.x, value.y);
-      *pair = stored;
-      const float2 rounded = __bfloat1622float2(stored);
-      squares[half] += rounded.x * rounded.x + rounded.y * rounded.y;
+      *pair = __floats2bfloat162_rn(value.x, value.y);
     }
   }
-  return make_float2(squares[0], squares[1]);
 }
 
 // Consumers, after write_output_tile: hands the tile to the storer.

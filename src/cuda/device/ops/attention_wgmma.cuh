@@ -227,7 +227,7 @@ __device__ __forceinline__ bool attention_mainloop(const MegakernelParams& p, co
   const ModelDims& d = p.dims;
   const int32_t query_begin = in.row_begin - in.sequence * d.seq_len;
   // position (within the sequence) of this thread's first accumulator row; the second is 8 further
-  const int32_t query0 = query_begin + accumulator_row(warpgroup, thread_in_wg);
+  const int32_t query0 = query_begin + warpgroup * 64 + (thread_in_wg / 32) * 16 + (thread_in_wg % 32) / 4;
   const int32_t kv_blocks = attention_kv_blocks(p, in);
   float row_max[2] = {-INFINITY, -INFINITY};
   // Only the last block meets the diagonal: earlier blocks end before the tile's first query.
@@ -241,7 +241,11 @@ __device__ __forceinline__ bool attention_mainloop(const MegakernelParams& p, co
   float score[kScoreValues];
   ProbabilityFragments probability;
 
-  bool ok = wait_barrier(p, s.loaded, output.loaded_parity(), site);  // Q
+  // NOTE: output_free's wait passes at once (the producer loaded Q only after the previous use's store had read the
+  // tile), but every phase the storer completes must be waited on: compute-sanitizer synccheck reports a phase
+  // completed over an unwaited one ("Missing wait") where an attention tile follows a GEMM tile on an SM.
+  bool ok = wait_barrier(p, s.output_free, output.free_parity(), site);
+  ok &= wait_barrier(p, s.loaded, output.loaded_parity(), site);  // Q
   if (trace) trace[kTraceDataReady] = clock64();
   ok &= wait_barrier(p, &s.full[key.stage], key.phase, site);
   const IssueTurns turns(warpgroup);

@@ -28,8 +28,7 @@ static_assert(kDecodeMaxRows * 4 <= KernelConfig::kDecodeInvRmsBytes,
 // One decode GEMM task: out (rows, pairs) from a (batch, k) @ w^T, two weight rows per output pair.
 struct DecodeGemmTask {
   const __nv_bfloat16* a;            // (batch, k) the layer's input rows
-  bool normalize;                    // a's rows are RMSNormed first
-  const __nv_bfloat16* norm_weight;  // (k) the norm's weight, or null: folded into w (qkv, gate_up: fold_norm)
+  const __nv_bfloat16* norm_weight;  // (k) RMSNorm weight applied to a first, or null
   const __nv_bfloat16* w;            // (rows, k) the layer's weights
   int32_t k;
   int32_t row_stride;   // elements from one row of a, and of w, to the next: k, more for a K range (decode_k_range)
@@ -45,23 +44,24 @@ __device__ __forceinline__ DecodeGemmTask decode_gemm_task(const MegakernelParam
   const int32_t width = in.col_end - in.col_begin;
   switch (in.opcode) {
     case Opcode::kDecodeQ:
-      return {p.hidden + layer * B * D, true, nullptr, w.wqkv + layer * d.qkv_dim * D, d.d_model, d.d_model,
-              in.row_begin, in.row_end, width / 2};
+      return {p.hidden + layer * B * D, w.attn_norm_weight + layer * D, w.wqkv + layer * d.qkv_dim * D, d.d_model,
+              d.d_model, in.row_begin, in.row_end, width / 2};
     case Opcode::kDecodeKv:  // rows are cache rows [b0 C, b1 C)
-      return {p.hidden + layer * B * D, true, nullptr, w.wqkv + layer * d.qkv_dim * D, d.d_model, d.d_model,
-              in.row_begin / d.max_context, (in.row_end + d.max_context - 1) / d.max_context, width / 2};
+      return {p.hidden + layer * B * D, w.attn_norm_weight + layer * D, w.wqkv + layer * d.qkv_dim * D, d.d_model,
+              d.d_model, in.row_begin / d.max_context, (in.row_end + d.max_context - 1) / d.max_context, width / 2};
     case Opcode::kDecodeOProj:
     case Opcode::kDecodeOProjCombine:  // a: the partials, combined as they are staged
-      return {p.attn + layer * B * d.q_dim, false, nullptr, w.wo + layer * D * d.q_dim, d.q_dim, d.q_dim,
-              in.row_begin, in.row_end, width / 2};
+      return {p.attn + layer * B * d.q_dim, nullptr, w.wo + layer * D * d.q_dim, d.q_dim, d.q_dim, in.row_begin,
+              in.row_end, width / 2};
     case Opcode::kDecodeGateUp:  // a pair is the gate and the up row of one output column
-      return {p.hidden_mid + layer * B * D, true, nullptr, w.w_gate_up + layer * int64_t(d.gate_up_rows) * D,
-              d.d_model, d.d_model, in.row_begin, in.row_end, width};
+      return {p.hidden_mid + layer * B * D, w.mlp_norm_weight + layer * D,
+              w.w_gate_up + layer * int64_t(d.gate_up_rows) * D, d.d_model, d.d_model, in.row_begin, in.row_end,
+              width};
     case Opcode::kDecodeDown:
-      return {p.act + layer * B * d.d_ff, false, nullptr, w.w_down + layer * D * d.d_ff, d.d_ff, d.d_ff,
-              in.row_begin, in.row_end, width / 2};
+      return {p.act + layer * B * d.d_ff, nullptr, w.w_down + layer * D * d.d_ff, d.d_ff, d.d_ff, in.row_begin,
+              in.row_end, width / 2};
     default:  // kDecodeLmHead: the final norm fused
-      return {p.hidden + int64_t(d.n_layers) * B * D, true, w.final_norm_weight, w.lm_head, d.d_model, d.d_model,
+      return {p.hidden + int64_t(d.n_layers) * B * D, w.final_norm_weight, w.lm_head, d.d_model, d.d_model,
               in.row_begin, in.row_end, width / 2};
   }
 }
@@ -164,9 +164,7 @@ __device__ __forceinline__ int32_t staged_index(int32_t row, int32_t chunks, int
 }
 
 // Input rows [b0, b0 + rows) into shared memory as bf16 (rows, k) in staged_index order, normalized when the task
-// fuses a norm (the final norm as the forward's norm op rounds it; the layers' norms, whose weights w has folded in,
-// as x / rms rounded to bf16, where the forward's GEMMs scale their fp32 sums instead: within the tolerance policy),
-// combined from the partials for decode_o_proj_combine.
+// fuses a norm (the way the forward's norm op rounds them), combined from the partials for decode_o_proj_combine.
 // `scratch` (the output tile: kDecodeInvRmsBytes + 2 k bytes) holds each row's 1 / rms and the norm weight. Ends
 // with the consumers synchronized. NOTE: the rows and the norm weight arrive in one round of cp.async copies, and
 // the sums of squares are taken from shared memory: reading the rows twice from L2 (sums, then staging) put an extra
@@ -196,7 +194,7 @@ __device__ __forceinline__ void stage_decode_rows(const MegakernelParams& p, con
   ptx::cp_async_commit();
   ptx::cp_async_wait<0>();
   ptx::named_barrier_sync(1, kThreads);
-  if (!t.normalize) return;
+  if (t.norm_weight == nullptr) return;
   for (int32_t r = warp; r < rows; r += KernelConfig::kConsumerWarps) {  // a sum needs no unswizzling
     float sum = 0.0f;
     for (int32_t chunk = lane; chunk < chunks; chunk += 32)
@@ -207,8 +205,7 @@ __device__ __forceinline__ void stage_decode_rows(const MegakernelParams& p, con
   ptx::named_barrier_sync(1, kThreads);
   for (int32_t i = consumer_thread; i < rows * chunks; i += kThreads) {
     const int32_t r = i / chunks, chunk = i % chunks, at = staged_index(r, chunks, chunk);
-    staged[at] = t.norm_weight != nullptr ? normalize_chunk(staged[at], norm_weight[chunk], inv_rms[r])
-                                          : scale_chunk(staged[at], inv_rms[r]);
+    staged[at] = normalize_chunk(staged[at], norm_weight[chunk], inv_rms[r]);
   }
   ptx::named_barrier_sync(1, kThreads);
 }

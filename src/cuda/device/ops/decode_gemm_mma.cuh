@@ -255,7 +255,7 @@ __device__ __forceinline__ DecodeGemmTask decode_k_range(DecodeGemmTask t, int32
 __device__ __forceinline__ int32_t decode_k_ranges(const Instruction& in, const DecodeGemmTask& t, int32_t rows) {
   const int32_t bytes = rows * 2 * t.k;
   if (bytes <= kStagedRowBytes) return 1;
-  if (t.normalize || in.opcode == Opcode::kDecodeOProjCombine || mma_groups_per_warp(t) != 1) return 0;
+  if (t.norm_weight != nullptr || in.opcode == Opcode::kDecodeOProjCombine || mma_groups_per_warp(t) != 1) return 0;
   const int32_t fewest = (bytes + kStagedRowBytes - 1) / kStagedRowBytes;
   for (int32_t ranges = fewest; ranges <= 2 * fewest && ranges * 64 <= t.k; ++ranges)
     if (t.k % (ranges * 64) == 0) return ranges;

@@ -1,5 +1,5 @@
-// The GEMM epilogue: a folded norm's scale, RoPE or SwiGLU in registers, then the tile written (residual added) into
-// the output tile, whose TMA store and publication by the storer overlap the consumers' next main loop.
+// The GEMM epilogue: RoPE or SwiGLU in registers, then the tile written (residual added) into the output tile, whose
+// TMA store and publication by the storer overlap the consumers' next main loop.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -26,7 +26,7 @@ __device__ __forceinline__ void epilogue_rope(const MegakernelParams& p, const I
   constexpr int kPartner = kHeadDim / 16;  // column groups between x1 and x2
   constexpr int kHalf = kHeadDim / 2;
   const int32_t rotated_cols = p.dims.q_dim + p.dims.kv_dim;
-  const int32_t row0 = in.row_begin + accumulator_row(warpgroup, thread_in_wg);
+  const int32_t row0 = in.row_begin + warpgroup * 64 + (thread_in_wg / 32) * 16 + (thread_in_wg % 32) / 4;
 #pragma unroll
   for (int j = 0; j < kGroups; ++j) {
     if ((j % (2 * kPartner)) >= kPartner) continue;  // x2 columns are rotated with their x1
@@ -53,29 +53,6 @@ __device__ __forceinline__ void epilogue_rope(const MegakernelParams& p, const I
   }
 }
 
-// A value summed over the 4 threads that hold the same accumulator rows (lanes 4 r .. 4 r + 3).
-__device__ __forceinline__ float sum_over_row_threads(float value) {
-  value += __shfl_xor_sync(0xffffffffu, value, 1);
-  return value + __shfl_xor_sync(0xffffffffu, value, 2);
-}
-
-// The folded norm's scale (gemm_sm90.cuh): each of this thread's two rows' sums times the row's 1 / rms, its sum of
-// squares gathered from the 4 threads that share the row.
-template <int kValues>
-__device__ __forceinline__ void scale_by_inverse_rms(const MegakernelParams& p, float (&acc)[kValues],
-                                                     float (&squares)[2]) {
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const float sum = sum_over_row_threads(squares[half]);
-    const float inv_rms = 1.0f / sqrtf(sum / float(p.dims.d_model) + p.dims.rms_norm_eps);
-#pragma unroll
-    for (int j = 0; j < kValues / 4; ++j) {
-      acc[4 * j + 2 * half] *= inv_rms;
-      acc[4 * j + 2 * half + 1] *= inv_rms;
-    }
-  }
-}
-
 // silu(gate) * up of output value i: gate in column groups j < 16 of the 256-wide accumulator, up in j + 16.
 __device__ __forceinline__ float swiglu_value(const float (&acc)[2 * kOutputValues], int i) {
   const float gate = acc[i];
@@ -84,46 +61,16 @@ __device__ __forceinline__ float swiglu_value(const float (&acc)[2 * kOutputValu
   return __fdividef(gate, 1.0f + __expf(-gate)) * acc[i + kOutputValues];
 }
 
-// Where an o_proj or down tile's 128 output columns leave their rows' sums of squares: column block `block` of the
-// output plane's (T, square_blocks) sums, rows from row_begin (the norm folded into the next qkv or gate_up reads
-// them).
-struct RowSquaresOut {
-  float* plane = nullptr;  // none for the other GEMMs
-  int32_t block = 0;
-  int32_t row_begin = 0;
-};
-
-__device__ __forceinline__ RowSquaresOut row_squares_out(const MegakernelParams& p, const Instruction& in, int half) {
-  const ModelDims& d = p.dims;
-  const int64_t plane_size = int64_t(d.tokens) * d.square_blocks;
-  const int32_t block = in.col_begin / KernelConfig::kBlockN + half;
-  if (in.opcode == Opcode::kOProj) return {p.mid_squares + in.layer * plane_size, block, in.row_begin};
-  if (in.opcode == Opcode::kDown) return {p.hidden_squares + (in.layer + 1) * plane_size, block, in.row_begin};
-  return {};
-}
-
-// The sums of this thread's two rows (write_output_tile), summed over the 4 threads that share them, out.
-__device__ __forceinline__ void store_row_squares(const MegakernelParams& p, const RowSquaresOut& out, float2 sums,
-                                                  int warpgroup, int thread_in_wg) {
-  sums = make_float2(sum_over_row_threads(sums.x), sum_over_row_threads(sums.y));
-  const int32_t row = out.row_begin + accumulator_row(warpgroup, thread_in_wg);
-  if (thread_in_wg % 4 != 0) return;
-  if (row < p.dims.tokens) out.plane[int64_t(row) * p.dims.square_blocks + out.block] = sums.x;
-  if (row + 8 < p.dims.tokens) out.plane[int64_t(row + 8) * p.dims.square_blocks + out.block] = sums.y;
-}
-
 // Writes the tile's values value_of(i) into the output tile, onto the residual the producer loaded there for o_proj
-// and down, and hands it to the storer; with `squares`, the rows' sums of squares first (their stores then precede
-// the storer's publication: the staged barrier orders them). trace: stamped once the tile is free, when not null.
+// and down, and hands it to the storer. trace: stamped once the tile is free, when not null.
 template <typename ValueOf>
 __device__ __forceinline__ bool stage_output(const MegakernelParams& p, const SharedState& s, OutputState& output,
                                              bool residual, ValueOf value_of, int warpgroup, int thread_in_wg,
-                                             Site site, uint64_t* trace, const RowSquaresOut& squares = {}) {
+                                             Site site, uint64_t* trace) {
   bool ok = wait_barrier(p, s.output_free, output.free_parity(), site);
   if (residual) ok &= wait_barrier(p, s.loaded, output.loaded_parity(), site);
   if (trace) trace[kTraceTileFree] = clock64();
-  const float2 sums = write_output_tile<kOutputGroups>(s, residual, value_of, warpgroup, thread_in_wg);
-  if (squares.plane != nullptr) store_row_squares(p, squares, sums, warpgroup, thread_in_wg);
+  write_output_tile<kOutputGroups>(s, residual, value_of, warpgroup, thread_in_wg);
   stage_output_tile(s, output, residual, thread_in_wg);
   return ok;
 }
@@ -137,10 +84,8 @@ __device__ __forceinline__ bool consume_plain_gemm(const MegakernelParams& p, co
                                                    const Instruction& in, PipelineState& state, OutputState& output,
                                                    Site site, int warpgroup, int thread_in_wg, uint64_t* trace) {
   float acc[kValues];
-  float squares[2];
-  bool ok = gemm_mainloop<2 * kValues>(p, s, in, state, site, warpgroup, thread_in_wg, acc, squares, trace);
+  bool ok = gemm_mainloop<2 * kValues>(p, s, in, state, site, warpgroup, acc, trace);
   if (trace) trace[kTraceMathDone] = clock64();
-  if (folds_norm(in.opcode)) scale_by_inverse_rms(p, acc, squares);
   if (in.opcode == Opcode::kQkv && p.dims.rope) {
     if (p.dims.head_dim == 128) {
       epilogue_rope<128>(p, in, acc, warpgroup, thread_in_wg);
@@ -152,7 +97,7 @@ __device__ __forceinline__ bool consume_plain_gemm(const MegakernelParams& p, co
 #pragma unroll
   for (int half = 0; half < kValues / kOutputValues; ++half) {
     ok &= stage_output(p, s, output, residual, [&](int i) { return acc[kOutputValues * half + i]; }, warpgroup,
-                       thread_in_wg, site, half == 0 ? trace : nullptr, row_squares_out(p, in, half));
+                       thread_in_wg, site, half == 0 ? trace : nullptr);
   }
   return ok;
 }
@@ -163,10 +108,8 @@ __device__ __forceinline__ bool consume_gemm(const MegakernelParams& p, const Sh
                                              int thread_in_wg, uint64_t* trace) {
   if (in.opcode == Opcode::kGateUp) {
     float acc[2 * kOutputValues];
-    float squares[2];
-    bool ok = gemm_mainloop<256>(p, s, in, state, site, warpgroup, thread_in_wg, acc, squares, trace);
+    bool ok = gemm_mainloop<256>(p, s, in, state, site, warpgroup, acc, trace);
     if (trace) trace[kTraceMathDone] = clock64();
-    scale_by_inverse_rms(p, acc, squares);
     ok &= stage_output(p, s, output, false, [&](int i) { return swiglu_value(acc, i); }, warpgroup, thread_in_wg,
                        site, trace);
     return ok;

@@ -1,10 +1,7 @@
 // GEMM tiles (qkv, o_proj, gate_up, down, lm_head), 128 rows x 128 output columns, or 256 for a wide plain GEMM
 // tile (include/mk/tiles.h): TMA loads of 128 x 64 A and 128- or 256-row B slices into the stage ring by the producer
 // (weights first, A as soon as the activations' counters are met), wgmma by two consumer warpgroups (64 rows each),
-// then the epilogue of gemm_epilogue.cuh. qkv and gate_up have their layer's RMSNorm folded in: their weights carry
-// the norm's weight (fold_norm), they read the residual stream itself, and their consumers gather each row's sum of
-// squares (written by the tiles that wrote the row) while the tensor cores work, to scale the row's sums by its
-// 1 / rms in the epilogue.
+// then the epilogue of gemm_epilogue.cuh.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -53,9 +50,9 @@ __device__ __forceinline__ GemmOperands gemm_operands(const MegakernelParams& p,
   const int32_t boxes = is_wide_gemm(in) ? 2 : 1;
   const int32_t rows = 128 * boxes;
   switch (in.opcode) {
-    case Opcode::kQkv: return {kMapHidden, kMapWqkv, kMapQkv, -1, d.d_model, rows, boxes, l, col, l, 0};
+    case Opcode::kQkv: return {kMapAttnNorm, kMapWqkv, kMapQkv, -1, d.d_model, rows, boxes, l, col, l, 0};
     case Opcode::kOProj: return {kMapAttn, kMapWo, kMapHiddenMid, kMapHidden, d.q_dim, rows, boxes, l, col, l, l};
-    case Opcode::kGateUp: return {kMapHiddenMid, kMapWgateUp, kMapAct, -1, d.d_model, 256, 1, l, 2 * col, l, 0};
+    case Opcode::kGateUp: return {kMapMlpNorm, kMapWgateUp, kMapAct, -1, d.d_model, 256, 1, l, 2 * col, l, 0};
     case Opcode::kDown: return {kMapAct, kMapWdown, kMapHidden, kMapHiddenMid, d.d_ff, rows, boxes, l, col, l + 1, l};
     default: return {kMapFinalNorm, kMapLmHead, kMapLogits, -1, d.d_model, rows, boxes, 0, col, 0, 0};
   }
@@ -141,75 +138,13 @@ __device__ __forceinline__ bool produce_gemm(const MegakernelParams& p, const Sh
 
 // ---- consumer main loop ----
 
-// Whether the tile's A rows are RMSNormed through the folded weights (the epilogue scales each row by its 1 / rms).
-__device__ __forceinline__ bool folds_norm(Opcode opcode) {
-  return opcode == Opcode::kQkv || opcode == Opcode::kGateUp;
-}
-
-// The sums of squares a qkv or gate_up tile's rows need, by 128-column block: written with the rows it reads
-// (RowSquaresOut), (T, square_blocks).
-__device__ __forceinline__ const float* row_squares_in(const MegakernelParams& p, const Instruction& in) {
-  const int64_t plane_size = int64_t(p.dims.tokens) * p.dims.square_blocks;
-  return (in.opcode == Opcode::kQkv ? p.hidden_squares : p.mid_squares) + in.layer * plane_size;
-}
-
-// Gathers this thread's share of the block sums of its two accumulator rows (rows 16 w + (t % 32) / 4 + {0, 8} of
-// the warpgroup's 64, w its warp) into squares: item i is row i % 2's block 4 (i / 2) + t % 4, so that the 4 threads
-// sharing the rows take every block between them. NOTE: loaded from L2 one a k-step under the MMAs, two in flight,
-// never from the stages: the main loop is bound by shared-memory bandwidth (docs/perf.md, eleventh session, run 5).
-// The first load waits for the first stage the producer armed after the counters were met (stage kNumStages): its
-// barrier carries their acquire to the consumers; the prefetched stages' barriers were armed before it.
-struct RowSquaresGather {
-  const float* plane;  // (T, square_blocks), or null: the tile folds no norm
-  int32_t row;         // the first of this thread's two rows
-  int32_t items;       // 2 ceil(square_blocks / 4)
-  int32_t first_step;  // the k-step of item 0
-  float older = 0.0f, newer = 0.0f;  // the items asked for two and one k-steps ago
-
-  __device__ __forceinline__ float load(const MegakernelParams& p, int32_t item, int thread_in_wg) const {
-    const int32_t block = 4 * (item / 2) + thread_in_wg % 4, at_row = row + 8 * (item % 2);
-    if (item < 0 || item >= items || block >= p.dims.square_blocks || at_row >= p.dims.tokens) return 0.0f;
-    return __ldcg(plane + int64_t(at_row) * p.dims.square_blocks + block);
-  }
-  // At k-step kb: item kb - first_step - 2 has arrived; item kb - first_step is asked for.
-  __device__ __forceinline__ void step(const MegakernelParams& p, int32_t kb, int thread_in_wg, float (&squares)[2]) {
-    const int32_t item = kb - first_step;
-    add(item, older, squares);
-    older = newer;
-    newer = load(p, item, thread_in_wg);
-  }
-  // After the main loop of k_blocks steps: the two items in flight, then any the loop had no steps for.
-  __device__ __forceinline__ void finish(const MegakernelParams& p, const Instruction& in, Site site, int32_t k_blocks,
-                                         int thread_in_wg, float (&squares)[2]) {
-    const int32_t next = k_blocks - first_step;  // the first item not asked for
-    add(next - 2, older, squares);
-    add(next - 1, newer, squares);
-    if (next >= items) return;
-    // Every stage was armed before the counters were met: acquire them here. A load synchronizes with their
-    // publication only when it reads them met (they are, unless the kernel is aborting: then the wait gives up).
-    if (next <= 0) wait_all_counters(p, in, site);
-    for (int32_t item = max(next, 0); item < items; ++item) add(item, load(p, item, thread_in_wg), squares);
-  }
-  __device__ __forceinline__ static void add(int32_t item, float value, float (&squares)[2]) {
-    squares[0] += item % 2 == 0 ? value : 0.0f;  // an item below 0 was none: its value is 0
-    squares[1] += item % 2 != 0 ? value : 0.0f;
-  }
-};
-
-// acc (64 x kBRows per warpgroup) <- A rows [64 wg, 64 wg + 64) of the tile times the kBRows weight rows; for a tile
-// that folds a norm, squares gets this thread's part of its two rows' sums of squares (RowSquaresGather).
+// acc (64 x kBRows per warpgroup) <- A rows [64 wg, 64 wg + 64) of the tile times the kBRows weight rows.
 // trace: this thread's trace slots when it records (consumer thread 0 with tracing on), else null.
 template <int kBRows>
 __device__ __forceinline__ bool gemm_mainloop(const MegakernelParams& p, const SharedState& s, const Instruction& in,
-                                              PipelineState& state, Site site, int warpgroup, int thread_in_wg,
-                                              float (&acc)[kBRows / 2], float (&squares)[2], uint64_t* trace) {
-  const bool norm_rows = folds_norm(in.opcode);
-  squares[0] = squares[1] = 0.0f;
+                                              PipelineState& state, Site site, int warpgroup,
+                                              float (&acc)[kBRows / 2], uint64_t* trace) {
   const int32_t num_k_blocks = gemm_operands(p, in).k / KernelConfig::kBlockK;
-  RowSquaresGather gather{norm_rows ? row_squares_in(p, in) : nullptr,
-                          in.row_begin + accumulator_row(warpgroup, thread_in_wg),
-                          norm_rows ? 2 * ((p.dims.square_blocks + 3) / 4) : 0,
-                          min(num_k_blocks, KernelConfig::kNumStages)};
 #pragma unroll
   for (int i = 0; i < kBRows / 2; ++i) acc[i] = 0.0f;
   uint32_t previous_stage = 0;
@@ -234,7 +169,6 @@ __device__ __forceinline__ bool gemm_mainloop(const MegakernelParams& p, const S
       }
     }
     ptx::wgmma_commit_group();
-    if (norm_rows) gather.step(p, kb, thread_in_wg, squares);  // under the MMAs
     // Keep one group in flight: the previous stage's MMAs are done once at most one group is pending.
     ptx::wgmma_wait_group<1>();
     ptx::fence_registers(acc);
@@ -245,7 +179,6 @@ __device__ __forceinline__ bool gemm_mainloop(const MegakernelParams& p, const S
   ptx::wgmma_wait_group<0>();
   ptx::fence_registers(acc);
   if (num_k_blocks > 0) release_stage(s, previous_stage);
-  if (norm_rows) gather.finish(p, in, site, num_k_blocks, thread_in_wg, squares);
   return ok;
 }
 

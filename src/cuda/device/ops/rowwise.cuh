@@ -8,6 +8,19 @@
 
 namespace mk::gpu {
 
+// hidden[0][rows] <- embedding[tokens[rows]]; one warp per row.
+__device__ __forceinline__ void run_embed(const MegakernelParams& p, const Instruction& in, int consumer_thread) {
+  const int32_t d_model = p.dims.d_model;
+  const int warp = consumer_thread / 32;
+  const int lane = consumer_thread % 32;
+  for (int32_t row = in.row_begin + warp; row < in.row_end; row += KernelConfig::kConsumerWarps) {
+    const int32_t token = p.tokens[row];
+    const uint4* source = reinterpret_cast<const uint4*>(p.weights.embedding + int64_t(token) * d_model);
+    uint4* target = reinterpret_cast<uint4*>(p.hidden + int64_t(row) * d_model);
+    for (int32_t chunk = lane; chunk < d_model / 8; chunk += 32) target[chunk] = source[chunk];
+  }
+}
+
 // 8 bf16 of a row times inv_rms times the matching 8 norm weights.
 __device__ __forceinline__ uint4 normalize_chunk(const uint4& packed, const uint4& packed_weight, float inv_rms) {
   const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&packed);
@@ -23,19 +36,6 @@ __device__ __forceinline__ uint4 normalize_chunk(const uint4& packed, const uint
   return result;
 }
 
-// x inv_rms over 8 bf16: the norm of rows whose weight is folded into the GEMM's (fold_norm).
-__device__ __forceinline__ uint4 scale_chunk(const uint4& packed, float inv_rms) {
-  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&packed);
-  uint4 result;
-  __nv_bfloat162* results = reinterpret_cast<__nv_bfloat162*>(&result);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 v = __bfloat1622float2(pairs[i]);
-    results[i] = __floats2bfloat162_rn(v.x * inv_rms, v.y * inv_rms);
-  }
-  return result;
-}
-
 __device__ __forceinline__ float sum_of_squares_of_chunk(const uint4& packed) {
   const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&packed);
   float sum = 0.0f;
@@ -47,42 +47,10 @@ __device__ __forceinline__ float sum_of_squares_of_chunk(const uint4& packed) {
   return sum;
 }
 
-// One step of a warp walking a bf16 row 32 chunks of 8 at a time (chunk = first + lane): this lane's chunk's sum of
-// squares (0 past the row) summed over each half warp's 16 chunks, one 128-column block of the row's sums of squares
-// (out: square_blocks), which the half's first lane stores. The folded norms of qkv and gate_up read them.
-__device__ __forceinline__ void store_block_squares(float sum, int32_t chunk, int32_t chunks, float* out, int lane) {
-#pragma unroll
-  for (int offset = 8; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  if (lane % 16 == 0 && chunk < chunks) out[chunk / 16] = sum;
-}
-
 __device__ __forceinline__ float warp_sum(float value) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffff, value, offset);
   return value;
-}
-
-// hidden[0][rows] <- embedding[tokens[rows]], with the rows' sums of squares (forward and prefill); one warp a row.
-__device__ __forceinline__ void run_embed(const MegakernelParams& p, const Instruction& in, int consumer_thread) {
-  const int32_t d_model = p.dims.d_model, chunks = d_model / 8;
-  const int warp = consumer_thread / 32;
-  const int lane = consumer_thread % 32;
-  for (int32_t row = in.row_begin + warp; row < in.row_end; row += KernelConfig::kConsumerWarps) {
-    const int32_t token = p.tokens[row];
-    const uint4* source = reinterpret_cast<const uint4*>(p.weights.embedding + int64_t(token) * d_model);
-    uint4* target = reinterpret_cast<uint4*>(p.hidden + int64_t(row) * d_model);
-    float* squares = p.hidden_squares != nullptr ? p.hidden_squares + int64_t(row) * p.dims.square_blocks : nullptr;
-    for (int32_t first = 0; first < chunks; first += 32) {  // whole warps: the sums below shuffle
-      const int32_t chunk = first + lane;
-      float sum = 0.0f;
-      if (chunk < chunks) {
-        const uint4 packed = source[chunk];
-        target[chunk] = packed;
-        sum = sum_of_squares_of_chunk(packed);
-      }
-      if (squares != nullptr) store_block_squares(sum, chunk, chunks, squares, lane);
-    }
-  }
 }
 
 // This lane's 16-byte chunks first + lane + 32 c (c < kCount) of a row of `chunks`, zero past its end or when the
@@ -168,13 +136,30 @@ __device__ __forceinline__ void rmsnorm_long_row(const __nv_bfloat16* x, const _
   }
 }
 
-// The final norm: out[rows] <- x * rsqrt(mean(x^2) + eps) * weight; each warp takes every kConsumerWarps-th row.
-// (The layers' norms are folded into qkv and gate_up: gemm_sm90.cuh.)
+// out[rows] <- x * rsqrt(mean(x^2) + eps) * weight; each warp takes every kConsumerWarps-th row.
 __device__ __forceinline__ void run_rmsnorm(const MegakernelParams& p, const Instruction& in, int consumer_thread) {
   const ModelDims& d = p.dims;
-  const __nv_bfloat16* x = p.hidden + d.n_layers * int64_t(d.tokens) * d.d_model;
-  const __nv_bfloat16* weight = p.weights.final_norm_weight;
-  __nv_bfloat16* out = p.final_norm;
+  const int64_t T = d.tokens;
+  const __nv_bfloat16* x;
+  const __nv_bfloat16* weight;
+  __nv_bfloat16* out;
+  switch (in.opcode) {
+    case Opcode::kAttnNorm:
+      x = p.hidden + in.layer * T * d.d_model;
+      weight = p.weights.attn_norm_weight + in.layer * d.d_model;
+      out = p.attn_norm + in.layer * T * d.d_model;
+      break;
+    case Opcode::kMlpNorm:
+      x = p.hidden_mid + in.layer * T * d.d_model;
+      weight = p.weights.mlp_norm_weight + in.layer * d.d_model;
+      out = p.mlp_norm + in.layer * T * d.d_model;
+      break;
+    default:  // kFinalNorm
+      x = p.hidden + d.n_layers * T * d.d_model;
+      weight = p.weights.final_norm_weight;
+      out = p.final_norm;
+      break;
+  }
   const int warp = consumer_thread / 32;
   const int lane = consumer_thread % 32;
   const int32_t first = in.row_begin + warp;
