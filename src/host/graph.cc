@@ -26,9 +26,10 @@ const ModelConfig& addressable(const ModelConfig& c, const RunShape& shape) {
 
 }  // namespace
 
-// NOTE: `mk schedule` peaks at 170-230 bytes per task (seed 64 x 1024, tiny 256 x 1024, llama-3.2-1b 16 x 2048,
-// measured as peak RSS over tasks); twice that leaves room for --explain and the engines' own tables.
-constexpr double kScheduleBytesPerTask = 400.0;
+// NOTE: `mk schedule` peaks at 250-260 bytes per task (seed 64 x 1024, llama-3.2-1b 16 x 2048, measured as peak
+// RSS over tasks; 170-230 before the cost-model policy also scheduled backward); twice that leaves room for
+// --explain and the engines' own tables.
+constexpr double kScheduleBytesPerTask = 520.0;
 
 double schedule_host_bytes(int64_t num_tasks) { return kScheduleBytesPerTask * double(num_tasks); }
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <numeric>
 #include <queue>
 #include <set>
 #include <span>
@@ -47,6 +48,7 @@ GroupGraph group_graph(const Dependencies& deps, ListDirection direction) {
   const size_t num_tasks = deps.counter_of_task.size();
   Csr waited;  // per task, the counters it waits on
   waited.begin.assign(num_tasks + 1, 0);
+  waited.items.reserve(std::accumulate(deps.num_waits.begin(), deps.num_waits.end(), size_t(0)));
   for (size_t t = 0; t < num_tasks; ++t) {
     waited.begin[t + 1] = waited.begin[t] + deps.num_waits[t];
     for (uint32_t k = 0; k < deps.num_waits[t]; ++k) waited.items.push_back(deps.waits[deps.wait_begin[t] + k].counter);

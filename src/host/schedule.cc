@@ -80,6 +80,16 @@ double estimated_task_ns(const TaskWork& work) {
 
 namespace {
 
+// (num_tasks) each task's estimated ns.
+std::vector<double> estimated_costs(const Graph& graph) {
+  const std::vector<Task>& tasks = graph.tasks();
+  std::vector<double> cost(tasks.size());
+  for (size_t t = 0; t < tasks.size(); ++t) cost[t] = estimated_task_ns(graph.work(tasks[t]));
+  return cost;
+}
+
+ScheduleEstimate estimate_with_costs(const Graph& graph, const Schedule& schedule, const std::vector<double>& cost);
+
 // The schedule of per-SM task lists (each in execution order).
 Schedule schedule_of_lists(const Graph& graph, const Dependencies& deps, SchedulePolicy policy,
                            const std::vector<std::vector<uint32_t>>& lists) {
@@ -106,10 +116,8 @@ Schedule schedule_of_lists(const Graph& graph, const Dependencies& deps, Schedul
 
 Schedule make_list_schedule(const Graph& graph, const Dependencies& deps, int32_t num_sms, ListDirection direction) {
   MK_CHECK(num_sms > 0 && num_sms <= 4096, "SM count must be in [1, 4096], got {}", num_sms);
-  const std::vector<Task>& tasks = graph.tasks();
-  std::vector<double> cost(tasks.size());  // (num_tasks) estimated ns
-  for (size_t t = 0; t < tasks.size(); ++t) cost[t] = estimated_task_ns(graph.work(tasks[t]));
-  return schedule_of_lists(graph, deps, SchedulePolicy::kCostModel, list_schedule(cost, deps, num_sms, direction));
+  return schedule_of_lists(graph, deps, SchedulePolicy::kCostModel,
+                           list_schedule(estimated_costs(graph), deps, num_sms, direction));
 }
 
 Schedule make_schedule(const Graph& graph, const Dependencies& deps, SchedulePolicy policy, int32_t num_sms) {
@@ -121,10 +129,16 @@ Schedule make_schedule(const Graph& graph, const Dependencies& deps, SchedulePol
   }
   // NOTE: backward only where the model sees a tail worth a round's fraction: it misses L2 reuse and the producers'
   // early weight loads, which favour the forward order the tiles were tuned in, by more than 1%.
-  Schedule forward = make_list_schedule(graph, deps, num_sms, ListDirection::kForward);
-  Schedule backward = make_list_schedule(graph, deps, num_sms, ListDirection::kBackward);
-  const double forward_ns = estimate_schedule(graph, forward).makespan_ns;
-  return estimate_schedule(graph, backward).makespan_ns < (1.0 - kBackwardMinGain) * forward_ns ? backward : forward;
+  // NOTE: one Schedule at a time (the lists are a tenth of its size): holding both raised `mk schedule`'s peak to
+  // ~310 bytes a task; this way ~260 (schedule_host_bytes).
+  const std::vector<double> cost = estimated_costs(graph);
+  const std::vector<std::vector<uint32_t>> forward = list_schedule(cost, deps, num_sms, ListDirection::kForward);
+  const double forward_ns =
+      estimate_with_costs(graph, schedule_of_lists(graph, deps, policy, forward), cost).makespan_ns;
+  Schedule backward =
+      schedule_of_lists(graph, deps, policy, list_schedule(cost, deps, num_sms, ListDirection::kBackward));
+  if (estimate_with_costs(graph, backward, cost).makespan_ns < (1.0 - kBackwardMinGain) * forward_ns) return backward;
+  return schedule_of_lists(graph, deps, policy, forward);
 }
 
 double ScheduleEstimate::idle_fraction() const {
@@ -135,10 +149,15 @@ double ScheduleEstimate::idle_fraction() const {
 }
 
 ScheduleEstimate estimate_schedule(const Graph& graph, const Schedule& schedule) {
+  return estimate_with_costs(graph, schedule, estimated_costs(graph));
+}
+
+namespace {
+
+// estimate_schedule, with the tasks' estimated ns (num_tasks) given.
+ScheduleEstimate estimate_with_costs(const Graph& graph, const Schedule& schedule, const std::vector<double>& cost) {
   const std::vector<Task>& tasks = graph.tasks();
   const size_t num_sms = size_t(schedule.num_sms);
-  std::vector<double> cost(tasks.size());
-  for (size_t t = 0; t < tasks.size(); ++t) cost[t] = estimated_task_ns(graph.work(tasks[t]));
 
   ScheduleEstimate estimate;
   estimate.busy_ns.assign(num_sms, 0.0);
@@ -190,6 +209,8 @@ ScheduleEstimate estimate_schedule(const Graph& graph, const Schedule& schedule)
   }
   return estimate;
 }
+
+}  // namespace
 
 std::string explain_schedule(const Graph& graph, const Schedule& schedule, const ScheduleEstimate& estimate) {
   std::string out;
