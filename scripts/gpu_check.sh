@@ -2,7 +2,7 @@
 # One call on the GPU machine: configure, build with all cores, then run the requested steps, logging into a folder.
 # Usage: scripts/gpu_check.sh OUT_DIR [steps...]
 #        steps: smoke tests decode bench_decode hf_generate text sanitize_decode trace traces ab hf bench bench_ops
-#               sanitize ablation ab_decode sass
+#               sanitize ablation ab_decode ncu sass
 # (run scripts/prepare_gpu_deps.sh here first and carry .gpu-deps: the GPU machine cannot install PCRE2)
 #        (default: smoke tests trace hf bench sass)
 # NOTE: a GPU machine keeps at most 8 files of OUT_DIR: pack it (tar) before the call ends.
@@ -256,6 +256,22 @@ for s in $steps; do
           status=1
         fi
         grep -E "^trace \(gpu\)|p50" "$out/decode-trace-$tree.log" | sed "s/^/$tree: /"
+      done
+      ;;
+    ncu)
+      # Nsight Compute on one megakernel launch per NCU_RUNS entry (;-separated NAME|LAUNCHES_TO_SKIP|MK_ARGS, default
+      # the seed's timed launch): the full set with source counters, so that the stall reasons are read per SASS
+      # instruction. Keeps the report and the source page as CSV (both compressed). Clocks are left alone.
+      IFS=';' read -ra runs <<<"${NCU_RUNS:-seed|1|run --preset seed --engine gpu --iterations 1}"
+      for entry in "${runs[@]}"; do
+        IFS='|' read -r name skip args <<<"$entry"
+        # shellcheck disable=SC2086  # the mk arguments are flags, split on purpose
+        step "ncu-$name" timeout 400 ncu --set full --import-source yes --clock-control none -k regex:megakernel \
+          --launch-skip "$skip" --launch-count 1 -f -o "$out/ncu-$name" "$build/mk" $args
+        ncu --import "$out/ncu-$name.ncu-rep" --page source --csv --print-source sass 2>&1 |
+          gzip >"$out/ncu-$name-source.csv.gz"
+        ncu --import "$out/ncu-$name.ncu-rep" --page details >"$out/ncu-$name-details.txt" 2>&1
+        gzip -f "$out/ncu-$name.ncu-rep"
       done
       ;;
     sass)
