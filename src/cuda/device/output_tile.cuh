@@ -57,30 +57,60 @@ __device__ __forceinline__ bool load_output_tile(const MegakernelParams& p, cons
 // Consumers: writes this thread's values value_of(i), i < 4 kGroups (in the m64nN wgmma accumulator order: rows
 // 16 (t / 32) + (t % 32) / 4 + {0, 8} of its warpgroup's 64, columns 8 j + 2 (t % 4) + {0, 1}), adding what the tile
 // already holds when `accumulate` (a residual). Layout: box b of 64 columns at b * kOutputBoxBytes, row r at
-// r * 128 bytes, 16-byte chunk c at c ^ (r % 8) (the 128-byte swizzle of the TMA boxes): a warp's 32 four-byte
-// accesses hit 32 distinct banks.
+// r * 128 bytes, 16-byte chunk c at c ^ (r % 8) (the 128-byte swizzle of the TMA boxes).
+// Each 8 x 8 block of a warp's values (8 rows, column group j) is one stmatrix matrix in exactly that register order,
+// so a warp moves four blocks an instruction: (j, rows 0-7), (j, rows 8-15), (j + 1, ...). Each block's 8 rows hit 8
+// distinct 16-byte chunks, so the stores are free of bank conflicts.
+// NOTE: kGroups / 2 stmatrix (and ldmatrix) instead of 2 kGroups 4-byte accesses: the residual's loads go out in
+// batches before their stores (32 load-to-store round trips in sequence had been a third of o_proj's and down's
+// epilogue, ncu, thirteenth session), and the unrolled code is a quarter as long.
 // NOTE: values are computed as they are written (value_of), so that e.g. SwiGLU's registers die as it goes.
 template <int kGroups, typename ValueOf>
 __device__ __forceinline__ void write_output_tile(const SharedState& s, bool accumulate, ValueOf value_of, int warpgroup,
                                                   int thread_in_wg) {
-  // Row within the tile of half 0; half 1 is 8 rows (1024 bytes) further, with the same row % 8.
-  const uint32_t row0 = warpgroup * 64 + (thread_in_wg / 32) * 16 + (thread_in_wg % 32) / 4;
-  const uint32_t row_bytes = row0 * 128 + 4 * (thread_in_wg % 4);
-  const uint32_t chunk_xor = row0 % 8;
+  static_assert(kGroups % 8 == 0 || kGroups < 8, "column groups fill whole 64-column boxes or stay in the first");
+  static_assert(kGroups % 2 == 0, "a stmatrix takes two column groups");
+  constexpr int kSteps = kGroups / 2;
+  // NOTE: opaque: the lane's addresses are derived here, after the main loop; hoisted out of the consumers' loop
+  // they stayed live across the accumulators and spilled.
+  const uint32_t lane = uint32_t(ptx::opaque(int32_t(thread_in_wg))) % 32;
+  const uint32_t block = lane / 8;  // which of an instruction's four 8 x 8 blocks this lane gives the row address of
+  const uint32_t row = warpgroup * 64 + (thread_in_wg / 32) * 16 + (block % 2) * 8 + lane % 8;
+  // Bits 4-6 of a chunk's address are its swizzled index (2 step) % 8 + block / 2, XOR row % 8; the output tile is
+  // 1024-byte aligned, so step 0's address XOR ((2 step) % 8) << 4 is step's within the box.
+  const uint32_t first_address =
+      ptx::smem_address(s.output) + row * 128 + (((block / 2) ^ (lane % 8)) << 4);
+  auto address = [&](int step) {  // of this lane's row of block `block` in step `step` (column groups 2 step, + 1)
+    return (first_address ^ (((2 * step) % 8) << 4)) + (2 * step / 8) * KernelConfig::kOutputBoxBytes;
+  };
+  // The residual is read a batch of steps ahead of its stores: one load round trip a batch, in registers the wide
+  // tiles' 128 accumulators leave free (batches of four steps spilled).
+  constexpr int kBatch = kSteps < 2 ? kSteps : 2;
+  static_assert(kSteps % kBatch == 0, "whole batches of steps");
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
+  for (int first = 0; first < kSteps; first += kBatch) {
+    uint32_t residual[kBatch][4];
+    if (accumulate) {
 #pragma unroll
-    for (int j = 0; j < kGroups; ++j) {
-      const uint32_t offset =
-          (j / 8) * KernelConfig::kOutputBoxBytes + half * 1024 + row_bytes + (((j % 8) ^ chunk_xor) << 4);
-      __nv_bfloat162* pair = reinterpret_cast<__nv_bfloat162*>(s.output + offset);
-      float2 value = make_float2(value_of(4 * j + 2 * half), value_of(4 * j + 2 * half + 1));
-      if (accumulate) {
-        const float2 add = __bfloat1622float2(*pair);
-        value.x += add.x;
-        value.y += add.y;
+      for (int b = 0; b < kBatch; ++b) ptx::ldmatrix_x4(residual[b], address(first + b));
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int step = first + b;
+      uint32_t packed[4];
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        const int i = 4 * (2 * step + m / 2) + 2 * (m % 2);  // value index of block m's first element
+        float2 value = make_float2(value_of(i), value_of(i + 1));
+        if (accumulate) {
+          const float2 add = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&residual[b][m]));
+          value.x += add.x;
+          value.y += add.y;
+        }
+        const __nv_bfloat162 pair = __floats2bfloat162_rn(value.x, value.y);
+        packed[m] = *reinterpret_cast<const uint32_t*>(&pair);
       }
-      *pair = __floats2bfloat162_rn(value.x, value.y);
+      ptx::stmatrix_x4(address(step), packed);
     }
   }
 }

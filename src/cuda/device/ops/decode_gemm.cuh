@@ -140,7 +140,7 @@ __device__ __forceinline__ void decode_epilogue(const MegakernelParams& p, const
       break;
     }
     case Opcode::kDecodeGateUp: {
-      const float act = __fdividef(x0, 1.0f + __expf(-x0)) * x1;
+      const float act = ptx::silu_fast(x0) * x1;
       p.act[(layer * B + b) * d.d_ff + in.col_begin + pair] = __float2bfloat16_rn(act);
       break;
     }
