@@ -278,6 +278,9 @@ TraceSummary summarize_trace(const Graph& graph, const Schedule& schedule, const
     op.epilogue_ns += r.end - r.math_done;
     op.tile_wait_ns += r.tile_free >= 0 ? r.tile_free - r.math_done : 0.0;
     op.store_ns += r.published >= 0 ? r.published - r.end : 0.0;
+    const TaskWork work = graph.work(task);
+    op.flops += work.flops;
+    op.bytes += work.bytes;
     TraceSummary::Sm& sm = summary.sms[r.sm];
     sm.busy_ns += r.end - r.waits_done;
     sm.waiting_ns += r.waits_done - r.start;
@@ -324,24 +327,29 @@ nlohmann::json trace_summary_json(const TraceSummary& summary) {
                    {"math_ns", op.math_ns},
                    {"epilogue_ns", op.epilogue_ns},
                    {"tile_wait_ns", op.tile_wait_ns},
-                   {"store_ns", op.store_ns}});
+                   {"store_ns", op.store_ns},
+                   {"flops", op.flops},
+                   {"bytes", op.bytes}});
   return {{"span_ns", summary.span_ns}, {"sms", summary.sms.size()}, {"ops", ops}};
 }
 
 std::string format_trace_summary(const Graph& graph, const TraceSummary& s, const Trace& trace) {
   std::string out = fmt::format("trace ({}): span {:.1f} us, launch measured {:.1f} us\n", trace.engine,
                                 s.span_ns / 1e3, trace.launch_ns / 1e3);
-  out += "per op: count, busy total (consumer, counter waits excluded), and the mean us per tile of each phase\n";
-  out += fmt::format("  {:<11} {:>7} {:>18}  {:>9} {:>9} {:>8} {:>8} {:>9} {:>8}\n", "op", "count", "busy",
-                     "dep.wait", "data.wait", "math", "epilogue", "tile.wait", "store");
+  out += "per op: count, busy total (consumer, counter waits excluded), and the mean us per tile of each phase; then\n"
+         "the rates an SM ran its tiles at over data wait and math: TFLOP/s and operand bytes per ns\n";
+  out += fmt::format("  {:<11} {:>7} {:>18}  {:>9} {:>9} {:>8} {:>8} {:>9} {:>8} {:>6} {:>5}\n", "op", "count", "busy",
+                     "dep.wait", "data.wait", "math", "epilogue", "tile.wait", "store", "TF/s", "B/ns");
   double busy_total = 0;
   for (const TraceSummary::Op& op : s.ops) busy_total += op.total_ns;
   for (const TraceSummary::Op& op : s.ops) {
     const double tiles = double(op.count) * 1e3;  // mean per tile, in us
-    out += fmt::format("  {:<11} {:>7} {:>10.1f} us {:>4.1f}%  {:>9.2f} {:>9.2f} {:>8.2f} {:>8.2f} {:>9.2f} {:>8.2f}\n",
-                       op.name, op.count, op.total_ns / 1e3, 100.0 * op.total_ns / busy_total,
-                       op.dependency_wait_ns / tiles, op.data_wait_ns / tiles, op.math_ns / tiles,
-                       op.epilogue_ns / tiles, op.tile_wait_ns / tiles, op.store_ns / tiles);
+    const double working_ns = std::max(op.data_wait_ns + op.math_ns, 1.0);
+    out += fmt::format(
+        "  {:<11} {:>7} {:>10.1f} us {:>4.1f}%  {:>9.2f} {:>9.2f} {:>8.2f} {:>8.2f} {:>9.2f} {:>8.2f} {:>6.2f} {:>5.0f}\n",
+        op.name, op.count, op.total_ns / 1e3, 100.0 * op.total_ns / busy_total, op.dependency_wait_ns / tiles,
+        op.data_wait_ns / tiles, op.math_ns / tiles, op.epilogue_ns / tiles, op.tile_wait_ns / tiles,
+        op.store_ns / tiles, op.flops / working_ns / 1e3, op.bytes / working_ns);
   }
   double busy = 0, waiting = 0, idle = 0;
   for (const TraceSummary::Sm& sm : s.sms) {

@@ -1,4 +1,5 @@
 // Tests of the trace: the cpu-vm records one, the Chrome JSON is well formed, and the summary adds up.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -137,6 +138,7 @@ TEST(TraceSummary, SplitsDependencyWaitDataWaitMathEpilogueAndStore) {
   trace.num_sms = 1;
   double clock = 0;
   size_t gemm_records = 0;
+  double gemm_flops = 0, gemm_bytes = 0;
   for (size_t i = 0; i < schedule.instructions.size(); ++i) {
     TraceRecord r;
     r.index = uint32_t(i);
@@ -144,6 +146,9 @@ TEST(TraceSummary, SplitsDependencyWaitDataWaitMathEpilogueAndStore) {
     r.start = clock;
     if (schedule.instructions[i].opcode == Opcode::kQkv) {
       ++gemm_records;
+      const TaskWork work = graph.work(graph.tasks()[r.task]);
+      gemm_flops += work.flops;
+      gemm_bytes += work.bytes;
       r.producer_start = clock;
       r.producer_waits_done = clock + 100;  // dependency wait 100
       r.producer_loads_issued = clock + 150;
@@ -175,9 +180,18 @@ TEST(TraceSummary, SplitsDependencyWaitDataWaitMathEpilogueAndStore) {
     EXPECT_DOUBLE_EQ(op.epilogue_ns, 50 * n);
     EXPECT_DOUBLE_EQ(op.tile_wait_ns, 20 * n);
     EXPECT_DOUBLE_EQ(op.store_ns, 1000 * n);
+    EXPECT_GT(gemm_bytes, 0.0);
+    EXPECT_DOUBLE_EQ(op.flops, gemm_flops);
+    EXPECT_DOUBLE_EQ(op.bytes, gemm_bytes);
   }
   EXPECT_TRUE(found);
-  EXPECT_NE(format_trace_summary(graph, summary, trace).find("dep.wait"), std::string::npos);
+  const std::string text = format_trace_summary(graph, summary, trace);
+  EXPECT_NE(text.find("dep.wait"), std::string::npos);
+  // qkv's rates over its 300 ns of data wait and 1000 of math a tile
+  const double working_ns = 1300.0 * double(gemm_records);
+  EXPECT_NE(text.find(fmt::format("{:>6.2f} {:>5.0f}\n", gemm_flops / working_ns / 1e3, gemm_bytes / working_ns)),
+            std::string::npos)
+      << text;
   const nlohmann::json json = trace_summary_json(summary);
   EXPECT_EQ(json.at("sms"), 1);
   bool found_in_json = false;
