@@ -260,18 +260,13 @@ for s in $steps; do
       ;;
     ncu)
       # Nsight Compute on one megakernel launch per NCU_RUNS entry (;-separated NAME|LAUNCHES_TO_SKIP|MK_ARGS, default
-      # the seed's timed launch): the full set with source counters, so that the stall reasons are read per SASS
-      # instruction. Keeps the report and the source page as CSV (both compressed). Clocks are left alone.
-      IFS=';' read -ra runs <<<"${NCU_RUNS:-seed|1|run --preset seed --engine gpu --iterations 1}"
+      # the seed's warm launch), through scripts/ncu_profile.sh: read the result with scripts/ncu_stalls.py.
+      IFS=';' read -ra runs <<<"${NCU_RUNS:-seed|1|run --preset seed --engine gpu --iterations 2}"
       for entry in "${runs[@]}"; do
         IFS='|' read -r name skip args <<<"$entry"
         # shellcheck disable=SC2086  # the mk arguments are flags, split on purpose
-        step "ncu-$name" timeout 400 ncu --set full --import-source yes --clock-control none -k regex:megakernel \
-          --launch-skip "$skip" --launch-count 1 -f -o "$out/ncu-$name" "$build/mk" $args
-        ncu --import "$out/ncu-$name.ncu-rep" --page source --csv --print-source sass 2>&1 |
-          gzip >"$out/ncu-$name-source.csv.gz"
-        ncu --import "$out/ncu-$name.ncu-rep" --page details >"$out/ncu-$name-details.txt" 2>&1
-        gzip -f "$out/ncu-$name.ncu-rep"
+        step "ncu-$name" env NCU_SKIP="$skip" timeout 400 bash "$root/scripts/ncu_profile.sh" "$out" "ncu-$name" \
+          "$build/mk" $args
       done
       ;;
     sass)

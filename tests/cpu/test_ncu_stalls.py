@@ -1,0 +1,80 @@
+"""Tests of scripts/ncu_stalls.py on a small made-up profile: samples join their source lines by SASS offset, helper
+files are charged to their caller, and a listing of another build is refused."""
+import gzip
+import importlib.util
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "ncu_stalls.py"
+spec = importlib.util.spec_from_file_location("ncu_stalls", SCRIPT)
+ncu_stalls = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ncu_stalls)
+
+HEADER = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Warp Stall Sampling (Not-issued Samples)",
+          "stall_long_sb", "stall_wait", "stall_long_sb (Not Issued)", "stall_wait (Not Issued)"]
+# (address, SASS, samples, long_sb, wait): three instructions at offsets 0x0, 0x10, 0x20 of a kernel at 0x7f00
+PROFILE = [("0x7f00", "      STS [R2], R3", 7, 2, 5),
+           ("0x7f10", "@P0   SYNCS.PHASECHK.TRANS64.TRYWAIT P1, [R4], R5", 30, 30, 0),
+           ("0x7f20", "      HGMMA.64x128x16.F32.BF16 R8, gdesc[UR8], R8", 3, 0, 3)]
+LISTING = """\t//## File "/src/ops/gemm_epilogue.cuh", line 73
+        /*0000*/                   STS [R2], R3 ;
+\t//## File "/src/device/ptx.cuh", line 47 inlined at "/src/device/sync.cuh", line 130
+\t//## File "/src/device/sync.cuh", line 130 inlined at "/src/ops/gemm_sm90.cuh", line 155
+\t//## File "/src/ops/gemm_sm90.cuh", line 155
+        /*0010*/              @P0  SYNCS.PHASECHK.TRANS64.TRYWAIT P1, [R4+URZ], R5 ;
+\t//## File "/src/ops/gemm_sm90.cuh", line 166
+        /*0020*/                   HGMMA.64x128x16.F32.BF16 R8, gdesc[UR8], R8 ;
+"""
+
+
+def write_fixture(work, listing=LISTING):
+    csv_path = pathlib.Path(work) / "source.csv.gz"
+    with gzip.open(csv_path, "wt") as f:
+        f.write('"Kernel Name","megakernel",\n')
+        f.write(",".join(f'"{h}"' for h in HEADER) + "\n")
+        for address, sass, samples, long_sb, wait in PROFILE:
+            f.write(f'"{address}","{sass}","{samples}","{samples}","{long_sb}","{wait}","0","0"\n')
+    lines_path = pathlib.Path(work) / "sass-lines.txt"
+    lines_path.write_text(listing)
+    return str(csv_path), str(lines_path)
+
+
+def test_samples_go_to_the_innermost_line_outside_the_helpers():
+    with tempfile.TemporaryDirectory() as work:
+        csv_path, lines_path = write_fixture(work)
+        samples = ncu_stalls.read_samples(csv_path)
+        chains = ncu_stalls.read_lines(lines_path)
+        ncu_stalls.check_same_code(samples, chains, lines_path)
+        lines = ncu_stalls.by_line(samples, chains)
+    assert [s[0] for s in samples] == [0x0, 0x10, 0x20]
+    assert lines["gemm_sm90.cuh:155"] == [30, {"long_sb": 30, "wait": 0}]  # the barrier wait, not ptx.cuh's line
+    assert lines["gemm_epilogue.cuh:73"] == [7, {"long_sb": 2, "wait": 5}]
+    assert lines["gemm_sm90.cuh:166"][0] == 3
+    assert "ptx.cuh:47" not in lines and "sync.cuh:130" not in lines
+
+
+def test_a_listing_of_another_build_is_refused():
+    other = LISTING.replace("STS [R2], R3", "LDS R3, [R2]").replace("HGMMA.64x128x16", "IMAD.MOV")
+    with tempfile.TemporaryDirectory() as work:
+        csv_path, lines_path = write_fixture(work, other)
+        result = subprocess.run([sys.executable, str(SCRIPT), csv_path, lines_path], capture_output=True, text=True)
+    assert result.returncode != 0
+    assert "another build" in result.stderr
+
+
+def test_a_range_lists_its_instructions_with_their_lines():
+    with tempfile.TemporaryDirectory() as work:
+        csv_path, lines_path = write_fixture(work)
+        result = subprocess.run([sys.executable, str(SCRIPT), csv_path, lines_path, "--range", "10-20"],
+                                capture_output=True, text=True, check=True)
+    assert "000010     30" in result.stdout and "gemm_sm90.cuh:155" in result.stdout.splitlines()[0]
+    assert "2 instructions, 33 samples (82.5% of the kernel's)" in result.stdout
+
+
+if __name__ == "__main__":
+    for name, test in list(globals().items()):
+        if name.startswith("test_"):
+            test()
+    print("ncu_stalls tests passed")
