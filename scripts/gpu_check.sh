@@ -264,9 +264,9 @@ for s in $steps; do
       IFS=';' read -ra runs <<<"${NCU_RUNS:-seed|1|run --preset seed --engine gpu --iterations 2}"
       for entry in "${runs[@]}"; do
         IFS='|' read -r name skip args <<<"$entry"
-        # shellcheck disable=SC2086  # the mk arguments are flags, split on purpose
+        read -ra mk_args <<<"$args"
         step "ncu-$name" env NCU_SKIP="$skip" timeout 400 bash "$root/scripts/ncu_profile.sh" "$out" "ncu-$name" \
-          "$build/mk" $args
+          "$build/mk" "${mk_args[@]}"
       done
       ;;
     sass)

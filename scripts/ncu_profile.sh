@@ -12,7 +12,7 @@
 set -uo pipefail
 out=${1:?usage: scripts/ncu_profile.sh OUT_DIR NAME MK_BINARY MK_COMMAND [options...]}
 name=${2:?name}
-mk=${3:?mk binary}
+mk=$(realpath "${3:?mk binary}")  # absolute: cuobjdump runs in another directory below
 shift 3
 [ $# -gt 0 ] || { echo "ncu_profile.sh: no mk command (run, generate, ...)" >&2; exit 2; }
 mkdir -p "$out"

@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""Where the megakernel's warps wait, by source line: Nsight Compute's per-SASS-instruction stall samples joined with
-the source lines (inlining included) of an `nvdisasm -gi` listing of the same cubin.
+"""Prints where the megakernel's warps wait, by source line.
 
-scripts/ncu_profile.sh writes both (NAME-source.csv.gz and NAME-sass-lines.txt.gz). Each instruction's samples go to
-the innermost frame of its inline chain that is not a helper file (ptx.cuh, sync.cuh, the CUDA headers), so that a
-barrier wait counts for the op that waits, not for ptx.cuh. --range LO-HI (SASS offsets, hex) instead prints the
+It joins Nsight Compute's per-SASS-instruction stall samples with the source lines (inlining included) of an
+`nvdisasm -gi` listing of the same cubin; scripts/ncu_profile.sh writes both (NAME-source.csv.gz and
+NAME-sass-lines.txt.gz). Each instruction's samples go to the innermost frame of its inline chain that is not a
+helper: the CUDA headers and the project's mechanism files (ptx.cuh, sync.cuh, and output_tile.cuh, whose tile
+writes are charged to the epilogue that calls them), so that a barrier wait counts for the op that waits, not for
+ptx.cuh; --range shows the helpers' lines. --range LO-HI (SASS offsets, hex) instead prints the
 instructions of one stretch of code with their samples: the view that found the epilogue's load-store chains
 (docs/perf.md, thirteenth session, run 1).
 
@@ -17,9 +19,9 @@ import io
 import re
 import sys
 
-# Files whose lines are the mechanism, not the op: their samples go to the caller's line.
-HELPER_FILES = ("ptx.cuh", "sync.cuh", "output_tile.cuh", "cuda_bf16.hpp", "device_atomic_functions.hpp")
-HELPER_PREFIXES = ("sm_",)  # sm_20_intrinsics.hpp, sm_30_intrinsics.hpp, ...
+# The project's files whose lines are the mechanism, not the op: their samples go to the caller's line, as do those
+# of every file outside the project's src/ (the CUDA headers).
+HELPER_FILES = ("ptx.cuh", "sync.cuh", "output_tile.cuh")
 FRAME = re.compile(r'File "([^"]*)", line (\d+)')
 INSTRUCTION = re.compile(r"^\s*/\*([0-9a-f]+)\*/\s+([@A-Z{].*?)\s*;?\s*$")
 
@@ -35,6 +37,9 @@ def read_samples(path):
     if at is None:
         raise SystemExit(f"{path}: no 'Address' header: not ncu's --page source --csv output")
     header = rows[at]
+    if "Warp Stall Sampling (All Samples)" not in header:
+        raise SystemExit(f"{path}: no 'Warp Stall Sampling (All Samples)' column: profile with the SourceCounters "
+                         f"section (ncu --set full)")
     samples_column = header.index("Warp Stall Sampling (All Samples)")
     stall_columns = [(i, name[len("stall_"):]) for i, name in enumerate(header)
                      if name.startswith("stall_") and "(Not Issued)" not in name]
@@ -53,24 +58,34 @@ def opcode(sass):
     return words[0].split(".")[0] if words else ""
 
 
+def is_helper(path):
+    name = path.rsplit("/", 1)[-1]
+    return name in HELPER_FILES or "/src/" not in path
+
+
 def read_lines(path):
-    """SASS offset -> (the instruction's inline chain of source lines, innermost first; its opcode), from
-    `nvdisasm -gi`."""
-    chains, chain, fresh = {}, [], True
+    """SASS offset -> (the instruction's inline chain of (file:line, helper?) frames, innermost first; its opcode),
+    from `nvdisasm -gi`, over the megakernel's code alone (a listing has one .text section per function)."""
+    chains, chain, fresh, in_kernel = {}, [], True, False
     for line in open_text(path):
+        if line.startswith("//-----") and " .text." in line:
+            in_kernel = "megakernel" in line
+            continue
+        if not in_kernel:
+            continue
         if "//## File" in line:
             if fresh:
                 chain, fresh = [], False
             frames = FRAME.findall(line)
             if frames:
-                chain.append(f"{frames[0][0].rsplit('/', 1)[-1]}:{frames[0][1]}")
+                chain.append((f"{frames[0][0].rsplit('/', 1)[-1]}:{frames[0][1]}", is_helper(frames[0][0])))
             continue
         match = INSTRUCTION.match(line)
         if match:
             fresh = True
             chains[int(match.group(1), 16)] = (tuple(chain), opcode(match.group(2)))
     if not chains:
-        raise SystemExit(f"{path}: no instructions: not an `nvdisasm -gi` listing")
+        raise SystemExit(f"{path}: no megakernel instructions: not an `nvdisasm -gi` listing of its cubin")
     return chains
 
 
@@ -83,12 +98,11 @@ def check_same_code(samples, chains, path):
 
 
 def owner(chain):
-    """The innermost frame outside the helper files, else the innermost."""
-    for frame in chain:
-        name = frame.split(":")[0]
-        if name not in HELPER_FILES and not name.startswith(HELPER_PREFIXES):
+    """The innermost frame outside the helpers, else the innermost."""
+    for frame, helper in chain:
+        if not helper:
             return frame
-    return chain[0] if chain else "?"
+    return chain[0][0] if chain else "?"
 
 
 def by_line(samples, chains):
@@ -123,7 +137,7 @@ def main():
         chosen = [s for s in samples if low <= s[0] <= high]
         for offset, sass, count, stalls in chosen:
             if count >= args.min_samples:
-                chain = ",".join(chains.get(offset, ((), ""))[0][:3])
+                chain = ",".join(frame for frame, _ in chains.get(offset, ((), ""))[0][:3])
                 print(f"{offset:06x} {count:6d} {sass[:48]:48s} {top_stalls(stalls, 3):40s} {chain}")
         inside = sum(s[2] for s in chosen)
         print(f"{len(chosen)} instructions, {inside} samples ({100 * inside / total:.1f}% of the kernel's)")

@@ -62,10 +62,12 @@ struct TraceSummary {
     double epilogue_ns = 0;         // math done to end
     double tile_wait_ns = 0;        // of the epilogue: math done to the output tile free (gpu GEMM)
     double store_ns = 0;            // end to published
-    // Its tiles' FLOPs and bytes (TaskWork), so that the summary prints the rates an SM ran them at over data wait and
-    // math: a GEMM tile bound by the delivery of its operands shows the same bytes per ns however it is shaped.
+    // Its tiles' FLOPs and bytes (TaskWork: operands, output and residual), and the time from the tile's inputs being
+    // published (or the consumers turning to it, if later) to math done: the rates an SM ran them at. A GEMM tile bound
+    // by the delivery of its operands shows the same bytes per ns however it is shaped.
     double flops = 0;
     double bytes = 0;
+    double delivery_ns = 0;
   };
   std::vector<Op> ops;
   struct Sm {

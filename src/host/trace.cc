@@ -281,6 +281,9 @@ TraceSummary summarize_trace(const Graph& graph, const Schedule& schedule, const
     const TaskWork work = graph.work(task);
     op.flops += work.flops;
     op.bytes += work.bytes;
+    // NOTE: from the later of the consumers' start and the end of the counter wait, so that a tile held up by other
+    // SMs does not read as one starved of bandwidth.
+    op.delivery_ns += std::max(0.0, r.math_done - std::max(r.start, wait_end(r)));
     TraceSummary::Sm& sm = summary.sms[r.sm];
     sm.busy_ns += r.end - r.waits_done;
     sm.waiting_ns += r.waits_done - r.start;
@@ -329,7 +332,8 @@ nlohmann::json trace_summary_json(const TraceSummary& summary) {
                    {"tile_wait_ns", op.tile_wait_ns},
                    {"store_ns", op.store_ns},
                    {"flops", op.flops},
-                   {"bytes", op.bytes}});
+                   {"bytes", op.bytes},
+                   {"delivery_ns", op.delivery_ns}});
   return {{"span_ns", summary.span_ns}, {"sms", summary.sms.size()}, {"ops", ops}};
 }
 
@@ -337,19 +341,22 @@ std::string format_trace_summary(const Graph& graph, const TraceSummary& s, cons
   std::string out = fmt::format("trace ({}): span {:.1f} us, launch measured {:.1f} us\n", trace.engine,
                                 s.span_ns / 1e3, trace.launch_ns / 1e3);
   out += "per op: count, busy total (consumer, counter waits excluded), and the mean us per tile of each phase; then\n"
-         "the rates an SM ran its tiles at over data wait and math: TFLOP/s and operand bytes per ns\n";
+         "the rates an SM ran its tiles at from their inputs' publication to math done: TFLOP/s, bytes moved per ns\n";
   out += fmt::format("  {:<11} {:>7} {:>18}  {:>9} {:>9} {:>8} {:>8} {:>9} {:>8} {:>6} {:>5}\n", "op", "count", "busy",
                      "dep.wait", "data.wait", "math", "epilogue", "tile.wait", "store", "TF/s", "B/ns");
   double busy_total = 0;
   for (const TraceSummary::Op& op : s.ops) busy_total += op.total_ns;
   for (const TraceSummary::Op& op : s.ops) {
     const double tiles = double(op.count) * 1e3;  // mean per tile, in us
-    const double working_ns = std::max(op.data_wait_ns + op.math_ns, 1.0);
-    out += fmt::format(
-        "  {:<11} {:>7} {:>10.1f} us {:>4.1f}%  {:>9.2f} {:>9.2f} {:>8.2f} {:>8.2f} {:>9.2f} {:>8.2f} {:>6.2f} {:>5.0f}\n",
-        op.name, op.count, op.total_ns / 1e3, 100.0 * op.total_ns / busy_total, op.dependency_wait_ns / tiles,
-        op.data_wait_ns / tiles, op.math_ns / tiles, op.epilogue_ns / tiles, op.tile_wait_ns / tiles,
-        op.store_ns / tiles, op.flops / working_ns / 1e3, op.bytes / working_ns);
+    const bool timed = op.delivery_ns > 0;
+    const std::string rates = timed ? fmt::format("{:>6.2f} {:>5.0f}", op.flops / op.delivery_ns / 1e3,
+                                                  op.bytes / op.delivery_ns)
+                                    : fmt::format("{:>6} {:>5}", "-", "-");
+    out += fmt::format("  {:<11} {:>7} {:>10.1f} us {:>4.1f}%  ", op.name, op.count, op.total_ns / 1e3,
+                       100.0 * op.total_ns / busy_total);
+    out += fmt::format("{:>9.2f} {:>9.2f} {:>8.2f} {:>8.2f} {:>9.2f} {:>8.2f} {}\n", op.dependency_wait_ns / tiles,
+                       op.data_wait_ns / tiles, op.math_ns / tiles, op.epilogue_ns / tiles, op.tile_wait_ns / tiles,
+                       op.store_ns / tiles, rates);
   }
   double busy = 0, waiting = 0, idle = 0;
   for (const TraceSummary::Sm& sm : s.sms) {

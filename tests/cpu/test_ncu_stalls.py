@@ -1,5 +1,6 @@
-"""Tests of scripts/ncu_stalls.py on a small made-up profile: samples join their source lines by SASS offset, helper
-files are charged to their caller, and a listing of another build is refused."""
+"""Tests of scripts/ncu_stalls.py on a small made-up profile: samples join their source lines by SASS offset (in the
+megakernel's section of the listing alone), helpers are charged to their caller, and a listing of another build is
+refused."""
 import gzip
 import importlib.util
 import pathlib
@@ -18,14 +19,19 @@ HEADER = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Warp Stall 
 PROFILE = [("0x7f00", "      STS [R2], R3", 7, 2, 5),
            ("0x7f10", "@P0   SYNCS.PHASECHK.TRANS64.TRYWAIT P1, [R4], R5", 30, 30, 0),
            ("0x7f20", "      HGMMA.64x128x16.F32.BF16 R8, gdesc[UR8], R8", 3, 0, 3)]
-LISTING = """\t//## File "/src/ops/gemm_epilogue.cuh", line 73
+LISTING = """//--------------------- .text._ZN2mk3gpu10megakernelENS0_16MegakernelParamsE --------------------------
+\t//## File "/src/ops/gemm_epilogue.cuh", line 73
         /*0000*/                   STS [R2], R3 ;
 \t//## File "/src/device/ptx.cuh", line 47 inlined at "/src/device/sync.cuh", line 130
 \t//## File "/src/device/sync.cuh", line 130 inlined at "/src/ops/gemm_sm90.cuh", line 155
 \t//## File "/src/ops/gemm_sm90.cuh", line 155
         /*0010*/              @P0  SYNCS.PHASECHK.TRANS64.TRYWAIT P1, [R4+URZ], R5 ;
+\t//## File "/usr/local/cuda/include/sm_30_intrinsics.hpp", line 110 inlined at "/src/ops/gemm_sm90.cuh", line 166
 \t//## File "/src/ops/gemm_sm90.cuh", line 166
         /*0020*/                   HGMMA.64x128x16.F32.BF16 R8, gdesc[UR8], R8 ;
+//--------------------- .text._Z6helperv --------------------------
+\t//## File "/src/ops/other.cuh", line 9
+        /*0010*/                   LDS R3, [R2] ;
 """
 
 
@@ -52,11 +58,13 @@ def test_samples_go_to_the_innermost_line_outside_the_helpers():
     assert lines["gemm_sm90.cuh:155"] == [30, {"long_sb": 30, "wait": 0}]  # the barrier wait, not ptx.cuh's line
     assert lines["gemm_epilogue.cuh:73"] == [7, {"long_sb": 2, "wait": 5}]
     assert lines["gemm_sm90.cuh:166"][0] == 3
-    assert "ptx.cuh:47" not in lines and "sync.cuh:130" not in lines
+    assert "ptx.cuh:47" not in lines and "sync.cuh:130" not in lines and "sm_30_intrinsics.hpp:110" not in lines
+    assert "other.cuh:9" not in lines  # another function's instruction at the same offset
 
 
 def test_a_listing_of_another_build_is_refused():
-    other = LISTING.replace("STS [R2], R3", "LDS R3, [R2]").replace("HGMMA.64x128x16", "IMAD.MOV")
+    other = LISTING.replace("                   STS [R2], R3", "                   LDS R3, [R2]").replace(
+        "HGMMA.64x128x16", "IMAD.MOV")
     with tempfile.TemporaryDirectory() as work:
         csv_path, lines_path = write_fixture(work, other)
         result = subprocess.run([sys.executable, str(SCRIPT), csv_path, lines_path], capture_output=True, text=True)

@@ -183,12 +183,13 @@ TEST(TraceSummary, SplitsDependencyWaitDataWaitMathEpilogueAndStore) {
     EXPECT_GT(gemm_bytes, 0.0);
     EXPECT_DOUBLE_EQ(op.flops, gemm_flops);
     EXPECT_DOUBLE_EQ(op.bytes, gemm_bytes);
+    EXPECT_DOUBLE_EQ(op.delivery_ns, 1200 * n);
   }
   EXPECT_TRUE(found);
   const std::string text = format_trace_summary(graph, summary, trace);
   EXPECT_NE(text.find("dep.wait"), std::string::npos);
-  // qkv's rates over its 300 ns of data wait and 1000 of math a tile
-  const double working_ns = 1300.0 * double(gemm_records);
+  // qkv's rates from its counter wait's end (100 ns after the consumers' start) to math done (1300 after): 1200 a tile
+  const double working_ns = 1200.0 * double(gemm_records);
   EXPECT_NE(text.find(fmt::format("{:>6.2f} {:>5.0f}\n", gemm_flops / working_ns / 1e3, gemm_bytes / working_ns)),
             std::string::npos)
       << text;
