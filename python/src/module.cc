@@ -213,8 +213,8 @@ void bind_model(nb::module_& m) {
                                     .max_context = max_context};
             return generate(model, std::move(request), std::move(on_step));
           },
-          nb::arg("engine"), nb::arg("prompts"), nb::arg("max_new_tokens"), nb::arg("sampling"), nb::arg("eos_ids").none(),
-          nb::arg("max_context"), nb::arg("on_step").none())
+          nb::arg("engine"), nb::arg("prompts"), nb::arg("max_new_tokens"), nb::arg("sampling"),
+          nb::arg("eos_ids").none(), nb::arg("max_context"), nb::arg("on_step").none())
       // Without the GIL: it waits for the model's mutex, which a generation holds while its callback takes the GIL.
       .def("clear_engines", &CoreModel::clear_engines, nb::call_guard<nb::gil_scoped_release>());
 }

@@ -138,7 +138,8 @@ std::vector<int32_t> json_token_ids(const nlohmann::json& value, const std::stri
   for (const nlohmann::json& id : value.is_array() ? value : nlohmann::json::array({value})) {
     const std::optional<int64_t> number = id.is_number_integer() ? json_to_int64(id) : std::nullopt;
     MK_CHECK(number && *number >= 0 && *number <= INT32_MAX,
-             "{} must be a token id (a whole number in [0, 2^31)) or a list of them, got {}", what, json_excerpt(value));
+             "{} must be a token id (a whole number in [0, 2^31)) or a list of them, got {}", what,
+             json_excerpt(value));
     ids.push_back(int32_t(*number));
   }
   return ids;

@@ -9,9 +9,6 @@
 #include <cstring>
 #include <map>
 #include <optional>
-#include <limits>
-#include <queue>
-#include <set>
 
 #include "in_order.h"
 #include "list_schedule.h"
