@@ -56,6 +56,23 @@ clock_summary() {
     }'
 }
 
+# clocked COMMAND...: the `time` line of an `mk run` command, with the SM clock sampled while it ran ("failed" and
+# false if it failed).
+clocked() {
+  local samples time_line code=0
+  samples=$(mktemp)
+  nvidia-smi --query-gpu=clocks.sm,clocks_throttle_reasons.sw_power_cap --format=csv,noheader,nounits -lms 20 \
+    >"$samples" 2>/dev/null &
+  local sampler=$!
+  time_line=$("$@" 2>&1 | grep -E '^time') || code=1
+  kill "$sampler" 2>/dev/null
+  wait "$sampler" 2>/dev/null
+  [ "$code" -eq 0 ] || time_line=failed
+  echo "$time_line; $(clock_summary "$samples" | sed 's/^clocks: //')"
+  rm -f "$samples"
+  return "$code"
+}
+
 # build_old: builds mk from each tree under old/ and old2/ (scripts/gpu_snapshot.sh REF OLD_REF [OLD2_REF]) once,
 # into build-old/ and build-old2/; false if there is no old/. Sets ab_trees: new, old, and old2 when there is one.
 build_old() {
@@ -193,19 +210,20 @@ for s in $steps; do
       ;;
     ab)
       # The trees under old/ and old2/ (scripts/gpu_snapshot.sh REF OLD_REF [OLD2_REF]) against this one, alternating
-      # in this call, twice:
-      # `mk run --preset seed` with each of AB_ARGS' ;-separated shape flags (default: the seed and S=4096).
+      # in this call, AB_ROUNDS times (default 2): `mk run --preset seed` with each of AB_ARGS' ;-separated shape flags
+      # (default: the seed and S=4096), each run with the SM clock it ran at.
+      # NOTE: the trees take turns going first (a rotation a round), so that a clock still rising from idle, or one
+      # falling to the power cap, does not always favour the same tree (thirteenth session, run 7: one tree +7% at
+      # 100 launches, 0% at 20).
       build_old || continue
       IFS=';' read -ra shapes <<<"${AB_ARGS:---seq 256 --iterations 200;--seq 4096 --iterations 30}"
-      for _ in 1 2; do
+      read -ra order <<<"$ab_trees"
+      for ((round = 0; round < ${AB_ROUNDS:-2}; round++)); do
         for shape in "${shapes[@]}"; do
-          for tree in $ab_trees; do
-            binary=$(tree_binary "$tree")
+          for ((i = 0; i < ${#order[@]}; i++)); do
+            tree=${order[$(((i + round) % ${#order[@]}))]}
             # shellcheck disable=SC2086  # the shape is flags, split on purpose
-            time_line=$(timeout 300 "$binary" run --preset seed $shape --engine gpu 2>&1 | grep -E '^time') || {
-              time_line=failed
-              status=1
-            }
+            time_line=$(clocked timeout 300 "$(tree_binary "$tree")" run --preset seed $shape --engine gpu) || status=1
             echo "$tree ($shape): $time_line" | tee -a "$out/ab.log"
           done
         done
