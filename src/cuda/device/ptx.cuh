@@ -25,6 +25,11 @@ __device__ __forceinline__ void mbarrier_arrive(uint64_t* barrier) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_address(barrier)) : "memory");
 }
 
+// `count` arrivals at once: the storer releases a ring stage on behalf of every consumer warp.
+__device__ __forceinline__ void mbarrier_arrive_count(uint64_t* barrier, uint32_t count) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;" ::"r"(smem_address(barrier)), "r"(count) : "memory");
+}
+
 __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* barrier, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_address(barrier)), "r"(bytes)
                : "memory");
