@@ -155,13 +155,23 @@ __device__ __forceinline__ bool store_output_tile(const MegakernelParams& p, con
                                                   bool held = false) {
   if (!wait_barrier(p, s.staged, output.staged_parity(), site)) return false;
   store_tile_boxes(map, s.output, boxes, col, col_end, row, plane);
-  const uint32_t held_stage = held ? *s.held_stage : 0;
-  if (held) store_tile_boxes(map, s.stage(held_stage), boxes, col + KernelConfig::kBlockN, col_end, row, plane);
   ptx::bulk_commit_group();
-  ptx::bulk_wait_group_read_all();
+  // NOTE: the output tile is freed as soon as its own boxes are read, before the held half's: the producer may be
+  // waiting to load the next tile's residual into it.
+  const uint32_t held_stage = held ? *s.held_stage : 0;
+  if (held) {
+    store_tile_boxes(map, s.stage(held_stage), boxes, col + KernelConfig::kBlockN, col_end, row, plane);
+    ptx::bulk_commit_group();
+    ptx::bulk_wait_group_read<1>();
+  } else {
+    ptx::bulk_wait_group_read_all();
+  }
   ptx::mbarrier_arrive(s.output_free);
   ptx::atomic_add_release_shared(s.freed, 1);
-  if (held) ptx::mbarrier_arrive_count(&s.empty[held_stage], KernelConfig::kConsumerWarps);
+  if (held) {
+    ptx::bulk_wait_group_read_all();
+    ptx::mbarrier_arrive_count(&s.empty[held_stage], KernelConfig::kConsumerWarps);
+  }
   ++output.uses;
   return true;
 }
