@@ -5,7 +5,10 @@ Each SM has five actors, as in src/cuda/megakernel.cu: the counter poller (waits
 instructions in order and reports each through a ring of ready / ready_free mbarriers), the producer (stage-ring and
 output-tile loads, activations only once the poller reported their counters met), two consumer warpgroups (stage
 waits and releases, output-tile waits, row-wise counter waits behind a named barrier) and the storer (stores staged
-output tiles, frees the tile, publishes). Their mbarriers are modelled with
+output tiles, frees the tile, publishes). A wide GEMM tile (256 plain columns) keeps the stage of its last k-step
+for its second output half: the consumers do not release it (they load its second residual half into it themselves,
+behind their named barrier), and the storer releases it for every consumer warp once it has stored the tile. Their
+mbarriers are modelled with
 phases and parity waits, exactly as mbarrier.try_wait.parity behaves: a waiter two phases behind sees the wrong
 phase. Actors advance in random interleavings (seeded, so a result repeats); a round in which no actor can move is a
 deadlock, reported with what the blocked actors wait on, and a load or write into the output tile before the store
@@ -21,11 +24,13 @@ stage_output, store_output_tile, run_counter_poller, poll_and_report, take_ready
 through consumers_wait in src/cuda/device/sync.cuh): change it with them. It found the fifth session's
 stall, where the producer waited for the output tile by parity (`--producer-waits parity` brings that rule back);
 `--poller laps` lets the poller report without waiting for a free slot of its ring and `--poller early` report
-before the counters are met, which must fail too, in forward and decode passes. Attention's consumers take turns
+before the counters are met, which must fail too, in forward and decode passes; `--held-stage unreleased` has the
+storer keep a wide tile's held stage, which must deadlock. Attention's consumers take turns
 issuing their MMAs (IssueTurns, named barriers 2 and 3) among their stage waits and releases, as the kernel does.
 
 Usage: pipeline_model.py --mk build/mk --preset tiny --batch 18 --seq 384 [--sms 132] [--interleavings 16]
-           [--producer-waits count|parity] [--poller kernel|laps|early] [--expect clean|failure]
+           [--producer-waits count|parity] [--poller kernel|laps|early] [--held-stage kernel|unreleased]
+           [--expect clean|failure]
        pipeline_model.py --decode --preset llama-3.2-1b --batch 1 --max-context 1024 [...]
 """
 import argparse
@@ -75,8 +80,8 @@ def load_schedule(path):
     for _ in range(header["num_instructions"]):
         f = struct.unpack("<BBHIiiiiiiIII5I", data[at:at + 64])
         at += 64
-        instructions.append({"op": names[f[0]], "layer": f[2], "rows": (f[4], f[5]), "sequence": f[8],
-                             "signal": f[10], "waits": (f[11], f[12])})
+        instructions.append({"op": names[f[0]], "layer": f[2], "rows": (f[4], f[5]), "cols": (f[6], f[7]),
+                             "sequence": f[8], "signal": f[10], "waits": (f[11], f[12])})
     waits = [struct.unpack("<II", data[at + 8 * i:at + 8 * i + 8]) for i in range(header["num_waits"])]
     return header, sm_begin, instructions, waits
 
@@ -148,18 +153,22 @@ class ProtocolViolation(Exception):
 
 
 class Model:
-    def __init__(self, header, sm_begin, instructions, waits, producer_parity, poller="kernel"):
+    def __init__(self, header, sm_begin, instructions, waits, producer_parity, poller="kernel", held_stage="kernel"):
         self.header, self.sm_begin, self.ins, self.waits = header, sm_begin, instructions, waits
         self.stages = stage_count()
-        self.producer_parity, self.poller_mode = producer_parity, poller
+        self.producer_parity, self.poller_mode, self.held_mode = producer_parity, poller, held_stage
         c = header["config"]
         q_dim = c["n_heads"] * c["head_dim"]
         self.k = {"kQkv": c["d_model"], "kOProj": q_dim, "kGateUp": c["d_model"], "kDown": c["d_ff"],
                   "kLmHead": c["d_model"]}
         self.block_k = header["tiles"]["block_k"]
+        self.block_n = header["tiles"]["block_n"]
         self.block_kv = header["tiles"]["block_kv"]
         self.counters = {}
         self.decode = header["pass"] == "decode"
+
+    def wide(self, x):  # is_wide_gemm: a plain GEMM tile of more than kBlockN columns
+        return x["op"] in GEMMS and x["op"] != "kGateUp" and x["cols"][1] - x["cols"][0] > self.block_n
 
     def met(self, x):
         begin, count = x["waits"]
@@ -321,13 +330,17 @@ class Model:
                         release(previous)
                     previous = ring.stage
                     ring.advance()
-                release(previous)
+                held = previous if self.wide(x) else None  # kept for the second half; the storer releases it
+                if held is None:
+                    release(previous)
                 yield (f"consumers {warpgroup}: output tile free", i), \
                     (lambda p=(uses & 1) ^ 1: sm.free.passed(p))
                 if x["op"] in RESIDUAL:
                     yield (f"consumers {warpgroup}: residual loaded", i), (lambda p=loads & 1: sm.loaded.passed(p))
                     loads += 1
                 self.check_freed(sm, uses, i, f"consumers {warpgroup} write")
+                if held is not None:
+                    sm.held[warpgroup] = held  # the held_stage word, published by the staged arrive
             sm.staged.arrive(4)
             uses += 1
 
@@ -369,6 +382,11 @@ class Model:
                 continue
             yield ("storer: staged", i), (lambda p=uses & 1: sm.staged.passed(p))
             sm.free.arrive()
+            if self.wide(x) and self.held_mode == "kernel":
+                if sm.held[0] != sm.held[1]:
+                    raise ProtocolViolation(f"schedule instruction {i}: the warpgroups held different stages "
+                                            f"{sm.held}")
+                sm.empty[sm.held[0]].arrive(8)  # on behalf of every consumer warp
             uses += 1
             self.publish(x)
 
@@ -383,13 +401,14 @@ class SmState:
         self.reported = [None] * stages  # the instruction each ready slot last reported
         self.turns = [NamedBarrier(), NamedBarrier()]  # named barriers 2 and 3: warpgroup 0's and 1's issue turn
         self.arrived, self.published = [0, 0], [0, 0]
+        self.held = [None, None]  # each warpgroup's held stage of its current wide GEMM tile
 
 
-def interleave(schedule, producer_parity, seed, poller="kernel"):
+def interleave(schedule, producer_parity, seed, poller="kernel", held_stage="kernel"):
     """One random interleaving: None if every actor finishes, else what went wrong: the blocked actors' waits (a
     deadlock), or the output tile overwritten before its store read it."""
     header, sm_begin, instructions, _ = schedule
-    model = Model(*schedule, producer_parity, poller)
+    model = Model(*schedule, producer_parity, poller, held_stage)
     rng = random.Random(seed)
     actors = []
     for sm_index in range(header["num_sms"]):
@@ -447,6 +466,8 @@ def main():
     parser.add_argument("--poller", choices=("kernel", "laps", "early"), default="kernel",
                         help="the kernel's counter poller, or a mutation: it reports without waiting for a free slot "
                              "of its ring (laps) or before the counters are met (early)")
+    parser.add_argument("--held-stage", choices=("kernel", "unreleased"), default="kernel",
+                        help="the storer releases a wide tile's held stage as the kernel does, or (a mutation) not")
     parser.add_argument("--expect", choices=("clean", "failure"),
                         help="exit 1 unless every interleaving is clean, or unless one fails")
     args = parser.parse_args()
@@ -458,7 +479,7 @@ def main():
         schedule = load_schedule(path)
     failures = 0
     for seed in range(args.interleavings):
-        blocked = interleave(schedule, args.producer_waits == "parity", seed, args.poller)
+        blocked = interleave(schedule, args.producer_waits == "parity", seed, args.poller, args.held_stage)
         if blocked is not None:
             failures += 1
             if failures == 1:
@@ -466,6 +487,7 @@ def main():
                 for line in blocked[:6]:
                     print("  " + line)
     poller = "" if args.poller == "kernel" else f", poller mutation '{args.poller}'"
+    poller += "" if args.held_stage == "kernel" else f", held stage '{args.held_stage}'"
     shape = f"decode batch {args.batch} max context {args.max_context}" if args.decode else \
         f"batch {args.batch} seq {args.seq}, producer waits by {args.producer_waits}"  # decode: the producer idles
     print(f"{args.preset} {shape} on {args.sms} SMs{poller}: {args.interleavings - failures} of "

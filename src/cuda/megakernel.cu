@@ -38,8 +38,10 @@ __device__ __forceinline__ SharedState shared_state() {
   s.loaded = s.output_free + 1;
   s.ready = s.loaded + 1;
   s.ready_free = s.ready + KernelConfig::kNumStages;
-  s.flag = reinterpret_cast<volatile uint32_t*>(s.ready_free + KernelConfig::kNumStages);
+  s.held_loaded = s.ready_free + KernelConfig::kNumStages;
+  s.flag = reinterpret_cast<volatile uint32_t*>(s.held_loaded + 1);
   s.freed = s.flag + 1;
+  s.held_stage = s.freed + 1;
   return s;
 }
 
@@ -255,6 +257,7 @@ __global__ void __launch_bounds__(KernelConfig::kThreads, 1) megakernel(const __
     ptx::mbarrier_init(s.staged, KernelConfig::kConsumerWarps);
     ptx::mbarrier_init(s.output_free, 1);
     ptx::mbarrier_init(s.loaded, 1);
+    ptx::mbarrier_init(s.held_loaded, 1);
     *s.freed = 0;
     ptx::fence_mbarrier_init();
   }

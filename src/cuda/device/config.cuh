@@ -49,9 +49,11 @@ struct KernelConfig {
   static constexpr int kDecodeInvRmsBytes = 256;
 
   // full/empty per stage, then staged (consumers -> storer), output_free (storer -> consumers), loaded (TMA ->
-  // consumers), then ready/ready_free per slot of the counter poller's ring (poller -> producer, of kNumStages slots)
-  static constexpr int kNumBarriers = 2 * kNumStages + 3 + 2 * kNumStages;
-  static constexpr int kBarrierBytes = kNumBarriers * 8 + 16;  // + the consumers' broadcast flag, the freed count
+  // consumers), then ready/ready_free per slot of the counter poller's ring (poller -> producer, of kNumStages slots),
+  // then held_loaded (a wide tile's second residual half, TMA -> consumers)
+  static constexpr int kNumBarriers = 2 * kNumStages + 3 + 2 * kNumStages + 1;
+  // + the consumers' broadcast flag, the freed count, the held stage (a word each), padding
+  static constexpr int kBarrierBytes = kNumBarriers * 8 + 16;
   static constexpr int kSmemBytes = 1024 + kNumStages * kStageBytes + kOutputBytes + kBarrierBytes;  // + alignment
 };
 

@@ -25,6 +25,11 @@ __device__ __forceinline__ void mbarrier_arrive(uint64_t* barrier) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_address(barrier)) : "memory");
 }
 
+// `count` arrivals at once: the storer releases a ring stage on behalf of every consumer warp.
+__device__ __forceinline__ void mbarrier_arrive_count(uint64_t* barrier, uint32_t count) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;" ::"r"(smem_address(barrier)), "r"(count) : "memory");
+}
+
 __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* barrier, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_address(barrier)), "r"(bytes)
                : "memory");
@@ -74,10 +79,14 @@ __device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, const void*
 
 __device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 
-// Waits until the calling thread's bulk stores have read their shared-memory sources (the buffer may be reused).
-__device__ __forceinline__ void bulk_wait_group_read_all() {
-  asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+// Waits until the calling thread's bulk stores, all but the newest kPending groups, have read their shared-memory
+// sources (those buffers may be reused).
+template <int kPending = 0>
+__device__ __forceinline__ void bulk_wait_group_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(kPending) : "memory");
 }
+
+__device__ __forceinline__ void bulk_wait_group_read_all() { bulk_wait_group_read<0>(); }
 
 // Waits until the calling thread's bulk stores are complete in global memory.
 __device__ __forceinline__ void bulk_wait_group_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }

@@ -33,8 +33,11 @@ struct SharedState {
   uint64_t* ready;           // (kNumStages) the counter poller saw all of one instruction's counters met
   uint64_t* ready_free;      // (kNumStages) its reader (the producer; consumer thread 0 in decode passes) took that
                              // report: the slot can carry a later one
+  uint64_t* held_loaded;     // the second residual half of a wide GEMM tile has landed in the held stage
   volatile uint32_t* flag;   // consumer broadcast: did the counter waits succeed
   volatile uint32_t* freed;  // uses of the output tile whose store has read it (the storer counts; see output_tile.cuh)
+  volatile uint32_t* held_stage;  // the ring stage a wide GEMM tile's second output half is staged in (consumers ->
+                                  // storer, published by the staged arrive)
   __device__ __forceinline__ uint8_t* stage(uint32_t index) const { return stages + index * KernelConfig::kStageBytes; }
 };
 

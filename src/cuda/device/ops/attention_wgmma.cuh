@@ -319,7 +319,7 @@ __device__ __forceinline__ bool consume_attention_head_dim(const MegakernelParam
     inverse[half] = 1.0f / row_sum[half];
   }
   // NOTE: O overwrites this warpgroup's own Q rows, which its last QK^T (complete) was the last to read.
-  write_output_tile<kHeadDim / 8>(s, false, [&](int i) { return o[i] * inverse[(i / 2) % 2]; }, warpgroup,
+  write_output_tile<kHeadDim / 8>(s.output, false, [&](int i) { return o[i] * inverse[(i / 2) % 2]; }, warpgroup,
                                   thread_in_wg);
   stage_output_tile(s, output, true, thread_in_wg);
   return ok;

@@ -60,31 +60,58 @@ __device__ __forceinline__ float swiglu_value(const float (&acc)[2 * kOutputValu
   return ptx::silu_fast(acc[i]) * acc[i + kOutputValues];
 }
 
+// Waits until the output tile is free and, for o_proj and down, holds the residual the producer loaded there.
+// trace: stamped once it does, when not null.
+__device__ __forceinline__ bool wait_output_tile(const MegakernelParams& p, const SharedState& s,
+                                                 const OutputState& output, bool residual, Site site, uint64_t* trace) {
+  bool ok = wait_barrier(p, s.output_free, output.free_parity(), site);
+  if (residual) ok &= wait_barrier(p, s.loaded, output.loaded_parity(), site);
+  if (trace) trace[kTraceTileFree] = clock64();
+  return ok;
+}
+
 // Writes the tile's values value_of(i) into the output tile, onto the residual the producer loaded there for o_proj
 // and down, and hands it to the storer. trace: stamped once the tile is free, when not null.
 template <typename ValueOf>
 __device__ __forceinline__ bool stage_output(const MegakernelParams& p, const SharedState& s, OutputState& output,
                                              bool residual, ValueOf value_of, int warpgroup, int thread_in_wg,
                                              Site site, uint64_t* trace) {
-  bool ok = wait_barrier(p, s.output_free, output.free_parity(), site);
-  if (residual) ok &= wait_barrier(p, s.loaded, output.loaded_parity(), site);
-  if (trace) trace[kTraceTileFree] = clock64();
-  write_output_tile<kOutputGroups>(s, residual, value_of, warpgroup, thread_in_wg);
+  const bool ok = wait_output_tile(p, s, output, residual, site, trace);
+  write_output_tile<kOutputGroups>(s.output, residual, value_of, warpgroup, thread_in_wg);
   stage_output_tile(s, output, residual, thread_in_wg);
   return ok;
 }
 
+// A wide tile keeps the stage of its last k-step for its second 128 output columns. Once both warpgroups' last MMAs
+// have read that stage, consumer thread 0 loads the second residual half into it (o_proj, down).
+__device__ __forceinline__ void take_held_stage(const MegakernelParams& p, const SharedState& s,
+                                                const Instruction& in, const GemmOperands& g, uint32_t held,
+                                                int warpgroup, int thread_in_wg) {
+  ptx::fence_proxy_async_shared();  // the MMAs' reads (async proxy) before this thread's writes into the stage
+  ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
+  if (g.residual_map < 0 || warpgroup != 0 || thread_in_wg != 0) return;
+  ptx::fence_proxy_async_global();  // the residual was published by other SMs' stores; TMA reads it
+  issue_tile_load(s.stage(held), s.held_loaded, &p.maps[g.residual_map], KernelConfig::kOutputBoxes,
+                  in.col_begin + KernelConfig::kBlockN, in.row_begin, g.residual_plane);
+}
+
 // ---- the consumer side of one GEMM instruction ----
 
-// A plain GEMM tile of kValues accumulators per thread (64 x 2 kValues per warpgroup): RoPE for qkv, then its output,
-// 128 columns (one use of the output tile) at a time.
+// A plain GEMM tile of kValues accumulators per thread (64 x 2 kValues per warpgroup): RoPE for qkv, then its output:
+// the first 128 columns through the output tile, a wide tile's second 128 through the stage of its last k-step, both
+// handed to the storer at once (one use of the output tile).
 template <int kValues>
 __device__ __forceinline__ bool consume_plain_gemm(const MegakernelParams& p, const SharedState& s,
                                                    const Instruction& in, PipelineState& state, OutputState& output,
                                                    Site site, int warpgroup, int thread_in_wg, uint64_t* trace) {
+  constexpr bool kWide = kValues > kOutputValues;
   float acc[kValues];
-  bool ok = gemm_mainloop<2 * kValues>(p, s, in, state, site, warpgroup, acc, trace);
+  uint32_t held = 0;
+  bool ok = gemm_mainloop<2 * kValues>(p, s, in, state, site, warpgroup, acc, trace, kWide ? &held : nullptr);
   if (trace) trace[kTraceMathDone] = clock64();
+  const GemmOperands g = gemm_operands(p, in);
+  const bool residual = g.residual_map >= 0;
+  if constexpr (kWide) take_held_stage(p, s, in, g, held, warpgroup, thread_in_wg);
   if (in.opcode == Opcode::kQkv && p.dims.rope) {
     if (p.dims.head_dim == 128) {
       epilogue_rope<128>(p, in, acc, warpgroup, thread_in_wg);
@@ -92,12 +119,16 @@ __device__ __forceinline__ bool consume_plain_gemm(const MegakernelParams& p, co
       epilogue_rope<64>(p, in, acc, warpgroup, thread_in_wg);
     }
   }
-  const bool residual = gemm_operands(p, in).residual_map >= 0;
-#pragma unroll
-  for (int half = 0; half < kValues / kOutputValues; ++half) {
-    ok &= stage_output(p, s, output, residual, [&](int i) { return acc[kOutputValues * half + i]; }, warpgroup,
-                       thread_in_wg, site, half == 0 ? trace : nullptr);
+  ok &= wait_output_tile(p, s, output, residual, site, trace);
+  write_output_tile<kOutputGroups>(s.output, residual, [&](int i) { return acc[i]; }, warpgroup, thread_in_wg);
+  if constexpr (kWide) {
+    if (residual) ok &= wait_barrier(p, s.held_loaded, output.held_loaded_parity(), site);
+    write_output_tile<kOutputGroups>(s.stage(held), residual, [&](int i) { return acc[kOutputValues + i]; },
+                                     warpgroup, thread_in_wg);
+    if (warpgroup == 0 && thread_in_wg == 0) *s.held_stage = held;  // published by the staged arrive
+    if (residual) ++output.held_loads;
   }
+  stage_output_tile(s, output, residual, thread_in_wg);
   return ok;
 }
 
@@ -120,23 +151,13 @@ __device__ __forceinline__ bool consume_gemm(const MegakernelParams& p, const Sh
 
 // ---- the storer: one thread of warpgroup 0 ----
 
-// A wide tile's halves are stored one after the other, its second residual half loaded in between, and the tile
-// published once.
+// A wide tile's second half is stored from the held stage with its first (store_output_tile), and published once.
 __device__ __forceinline__ bool store_gemm(const MegakernelParams& p, const SharedState& s, const Instruction& in,
                                            OutputState& output, Site site) {
   const GemmOperands g = gemm_operands(p, in);
   if (!store_output_tile(p, s, output, &p.maps[g.out_map], KernelConfig::kOutputBoxes, in.col_begin, in.col_end,
-                         in.row_begin, g.out_plane, site))
+                         in.row_begin, g.out_plane, site, is_wide_gemm(in)))
     return false;
-  if (is_wide_gemm(in)) {
-    const int32_t col = in.col_begin + KernelConfig::kBlockN;
-    if (g.residual_map >= 0)
-      issue_output_tile_load(s, &p.maps[g.residual_map], KernelConfig::kOutputBoxes, col, in.row_begin,
-                             g.residual_plane);
-    if (!store_output_tile(p, s, output, &p.maps[g.out_map], KernelConfig::kOutputBoxes, col, in.col_end, in.row_begin,
-                           g.out_plane, site))
-      return false;
-  }
   publish_stored(p, in.signal_counter);
   return true;
 }

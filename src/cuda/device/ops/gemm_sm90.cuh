@@ -24,9 +24,6 @@ __device__ __forceinline__ bool is_wide_gemm(const Instruction& in) {
   return in.opcode != Opcode::kGateUp && in.col_end - in.col_begin > KernelConfig::kBlockN;
 }
 
-// Output-tile uses of a GEMM instruction: one per 128 output columns.
-__device__ __forceinline__ uint32_t gemm_output_uses(const Instruction& in) { return is_wide_gemm(in) ? 2 : 1; }
-
 // Where a GEMM tile's operands and output live: tensor maps and their outermost (plane) coordinates.
 struct GemmOperands {
   int a_map;
@@ -123,16 +120,15 @@ __device__ __forceinline__ bool produce_gemm(const MegakernelParams& p, const Sh
     load_b_slice(p, g, stage, &s.full[state.stage], k);
     state.advance();
   }
-  const uint32_t uses = gemm_output_uses(in);
   if (g.residual_map >= 0) {
     // The residual lands in the output tile, where the consumers add the product to it in place. A wide tile's
-    // second half is loaded by the storer once the first half's store has read the tile (store_gemm).
+    // second half is loaded by the consumers into the stage they hold (consume_plain_gemm).
     if (!load_output_tile(p, s, output, &p.maps[g.residual_map], KernelConfig::kOutputBoxes, in.col_begin,
                           in.row_begin, g.residual_plane, site))
       return false;
-    output.loads += uses;
+    ++output.loads;
   }
-  output.uses += uses;
+  ++output.uses;
   return true;
 }
 
@@ -140,10 +136,12 @@ __device__ __forceinline__ bool produce_gemm(const MegakernelParams& p, const Sh
 
 // acc (64 x kBRows per warpgroup) <- A rows [64 wg, 64 wg + 64) of the tile times the kBRows weight rows.
 // trace: this thread's trace slots when it records (consumer thread 0 with tracing on), else null.
+// held: when not null, the last k-step's stage is kept, not released (a wide tile stages its second output half
+// there), and its index returned there.
 template <int kBRows>
 __device__ __forceinline__ bool gemm_mainloop(const MegakernelParams& p, const SharedState& s, const Instruction& in,
                                               PipelineState& state, Site site, int warpgroup,
-                                              float (&acc)[kBRows / 2], uint64_t* trace) {
+                                              float (&acc)[kBRows / 2], uint64_t* trace, uint32_t* held = nullptr) {
   const int32_t num_k_blocks = gemm_operands(p, in).k / KernelConfig::kBlockK;
 #pragma unroll
   for (int i = 0; i < kBRows / 2; ++i) acc[i] = 0.0f;
@@ -178,7 +176,11 @@ __device__ __forceinline__ bool gemm_mainloop(const MegakernelParams& p, const S
   }
   ptx::wgmma_wait_group<0>();
   ptx::fence_registers(acc);
-  if (num_k_blocks > 0) release_stage(s, previous_stage);
+  if (held != nullptr) {
+    *held = previous_stage;
+  } else if (num_k_blocks > 0) {
+    release_stage(s, previous_stage);
+  }
   return ok;
 }
 
