@@ -187,6 +187,12 @@ for s in $steps; do
         step "sanitize-$tool" timeout 600 compute-sanitizer --tool "$tool" --error-exitcode 1 \
           "$build/mk" run --preset tiny --engine gpu --iterations 2
       done
+      # The tiny preset has no 256-column GEMM tile: one layer of d_model 2048 at 1 x 2176 has wide o_proj and down
+      # tiles, whose second half is staged in a held ring stage with its residual (thirteenth session, run 7).
+      for tool in racecheck synccheck; do
+        step "sanitize-wide-$tool" timeout 600 compute-sanitizer --tool "$tool" --error-exitcode 1 \
+          "$build/mk" run --preset seed --layers 1 --d-model 2048 --batch 1 --seq 2176 --engine gpu --iterations 1
+      done
       ;;
     trace)
       step trace timeout 300 "$build/mk" trace --preset seed --engine gpu --out "$out/trace-seed.json" --overhead 20
