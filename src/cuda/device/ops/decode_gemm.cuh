@@ -281,9 +281,22 @@ struct WeightStream {
   }
   __device__ __forceinline__ void issue_prologue(const MegakernelParams& p, const Instruction& in,
                                                  const DecodeGemmTask& t) const {
-    for (int32_t step = 0; step < kStepBuffers - 1; ++step) issue(p, in, t, step);
+    for (int32_t step = 0; step < kStepBuffers; ++step) issue(p, in, t, step);
   }
 };
+
+// The step a stream's loop sends at step `step`: step + kStepBuffers - 1, into the buffer the previous step used. At
+// step 0 that is the prologue's last, already sent (a prologue fills every buffer: nothing is computed before the
+// first step), and an empty group keeps one group per step.
+template <typename Stream>
+__device__ __forceinline__ void issue_next_step(const Stream& stream, const MegakernelParams& p,
+                                                const Instruction& in, const DecodeGemmTask& t, int32_t step) {
+  if (step == 0) {
+    ptx::cp_async_commit();
+  } else {
+    stream.issue(p, in, t, step + kStepBuffers - 1);
+  }
+}
 
 // Every output pair of the task for staged rows [b0, b0 + rows), rows <= kRows. `prologue_issued`: the stream's
 // first steps are already on their way (sent before the task's counter wait: weights depend on nothing).
@@ -299,7 +312,7 @@ __device__ __forceinline__ void decode_gemm_rows(const MegakernelParams& p, cons
   if (!prologue_issued) stream.issue_prologue(p, in, t);
   float acc[kRows][2] = {};
   for (int32_t step = 0; step < steps; ++step) {
-    stream.issue(p, in, t, step + kStepBuffers - 1);  // into the buffer the previous step used
+    issue_next_step(stream, p, in, t, step);
     ptx::cp_async_wait<kStepBuffers - 1>();
     const uint4* buffer = own + step % kStepBuffers * kStepUint4s;
     const int32_t k_step = step % steps_per_pair;

@@ -96,21 +96,10 @@ struct MmaStream {
   }
   // NOTE: the prologue fills every buffer (kStepBuffers - 1 stay in flight once one is computed on): it goes out
   // before the counter wait, and 128 KB of a tile's weights instead of 96 then arrive during it. Batch 8 on the 1B
-  // shape -2.7% (ninth session, run 5). Not on the CUDA-core path (WeightStream): batch 1 went +2.7%, its tiles
-  // faster but the counter waits' hops 1.1 -> 2.2 us, the polls' loads queued behind the SM's outstanding copies.
+  // shape -2.7% (ninth session, run 5); batch 1 (WeightStream) +2.7% while the consumers polled their own counters.
   __device__ __forceinline__ void issue_prologue(const MegakernelParams& p, const Instruction& in,
                                                  const DecodeGemmTask& t) const {
     for (int32_t step = 0; step < kStepBuffers; ++step) issue(p, in, t, step);
-  }
-  // The loop's step `step` sends step + kStepBuffers - 1 into the buffer the previous step used; at step 0 that is
-  // the prologue's last, already sent, and an empty group keeps one group per step.
-  __device__ __forceinline__ void issue_next(const MegakernelParams& p, const Instruction& in,
-                                             const DecodeGemmTask& t, int32_t step) const {
-    if (step == 0) {
-      ptx::cp_async_commit();
-    } else {
-      issue(p, in, t, step + kStepBuffers - 1);
-    }
   }
 };
 
@@ -208,7 +197,7 @@ __device__ __forceinline__ void mma_steps(const MegakernelParams& p, const Instr
   if (!prologue_issued) stream.issue_prologue(p, in, t);
   for (int32_t step = 0; step < stream.steps; ++step) {
     __syncwarp();  // every lane's reads of the buffer refilled next (the previous step's) are done
-    stream.issue_next(p, in, t, step);
+    issue_next_step(stream, p, in, t, step);
     ptx::cp_async_wait<kStepBuffers - 1>();
     __syncwarp();  // and the other lanes' copies of this step have landed
     mma_step<kGroups>(fragment_addresses, stream.own + step % kStepBuffers * kStepUint4s, stream.first_chunk(step),
