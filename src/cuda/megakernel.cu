@@ -49,18 +49,29 @@ __device__ uint64_t* trace_slots(const MegakernelParams& p, uint32_t instruction
   return p.trace_records != nullptr ? p.trace_records + uint64_t(instruction) * kTraceSlots : nullptr;
 }
 
-// Walks the SM's GEMM and attention instructions in order, the ones that go through the stage ring and the output
-// tile: run(in, index, site) for each, until it returns false. The producer, the counter poller (outside decode
-// passes) and the storer walk the same instructions (one report, one load and one store each), so they share it.
-template <typename Run>
-__device__ __forceinline__ void for_each_tile_instruction(const MegakernelParams& p, uint32_t sm, Run run) {
+// Walks the SM's instructions in order that `keep(opcode)` takes: run(in, index, site) for each, until it returns
+// false.
+template <typename Keep, typename Run>
+__device__ __forceinline__ void for_each_instruction(const MegakernelParams& p, uint32_t sm, Keep keep, Run run) {
   const uint32_t begin = p.sm_begin[sm];
   const uint32_t end = p.sm_begin[sm + 1];
   for (uint32_t i = begin; i < end; ++i) {
     const Instruction in = p.instructions[i];
-    if (!is_gemm(in.opcode) && in.opcode != Opcode::kAttention) continue;
+    if (!keep(in.opcode)) continue;
     if (!run(in, i, Site{sm, i - begin, in.task})) return;
   }
+}
+
+// The instructions that go through the stage ring and the output tile.
+__device__ __forceinline__ bool is_tile_instruction(Opcode opcode) {
+  return is_gemm(opcode) || opcode == Opcode::kAttention;
+}
+
+// The SM's tile instructions, in order. The producer, the counter poller (outside decode passes) and the storer walk
+// the same instructions (one report, one load and one store each), so they share it.
+template <typename Run>
+__device__ __forceinline__ void for_each_tile_instruction(const MegakernelParams& p, uint32_t sm, Run run) {
+  for_each_instruction(p, sm, [](Opcode opcode) { return is_tile_instruction(opcode); }, run);
 }
 
 __device__ void run_producer(const MegakernelParams& p, const SharedState& s, uint32_t sm) {
@@ -106,21 +117,14 @@ __device__ __forceinline__ bool poll_and_report(const MegakernelParams& p, const
 // a tile and mostly after the previous tile's last loads, so the consumers waited for it (trace, seventh session).
 __device__ void run_counter_poller(const MegakernelParams& p, const SharedState& s, uint32_t sm, uint32_t lane) {
   PipelineState ready;  // the next slot of the ready ring
-  if (p.dims.decode) {
-    // Decode passes have no tile instructions; the poller serves the consumers instead (consumers_wait).
-    // NOTE: the consumer thread that polled its counters itself is in a warp whose weight copies are in flight,
-    // and its acquire loads took longer the more were: one more 4 KB step a warp before the wait made batch 1's hops
-    // 1.1 -> 2.2 us (docs/perf.md, ninth session, run 5). This warp has no copies of its own.
-    const uint32_t begin = p.sm_begin[sm];
-    for (uint32_t i = begin; i < p.sm_begin[sm + 1]; ++i) {
-      const Instruction in = p.instructions[i];
-      if (!poll_and_report(p, s, in, Site{sm, i - begin, in.task}, lane, ready)) return;
-    }
-    return;
-  }
-  for_each_tile_instruction(p, sm, [&](const Instruction& in, uint32_t, Site site) {
-    return poll_and_report(p, s, in, site, lane, ready);
-  });
+  // Decode passes have no tile instructions; the poller serves the consumers instead (consumers_wait), every
+  // instruction. NOTE: the consumer thread that polled its counters itself is in a warp whose weight copies are in
+  // flight, and its acquire loads took longer the more were: one more 4 KB step a warp before the wait made batch 1's
+  // hops 1.1 -> 2.2 us (docs/perf.md, ninth session, run 5). This warp has no copies of its own.
+  const bool decode = p.dims.decode;
+  for_each_instruction(
+      p, sm, [&](Opcode opcode) { return decode || is_tile_instruction(opcode); },
+      [&](const Instruction& in, uint32_t, Site site) { return poll_and_report(p, s, in, site, lane, ready); });
 }
 
 __device__ void run_storer(const MegakernelParams& p, const SharedState& s, uint32_t sm) {

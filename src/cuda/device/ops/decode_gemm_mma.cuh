@@ -96,7 +96,8 @@ struct MmaStream {
   }
   // NOTE: the prologue fills every buffer (kStepBuffers - 1 stay in flight once one is computed on): it goes out
   // before the counter wait, and 128 KB of a tile's weights instead of 96 then arrive during it. Batch 8 on the 1B
-  // shape -2.7% (ninth session, run 5); batch 1 (WeightStream) +2.7% while the consumers polled their own counters.
+  // shape -2.7% (ninth session, run 5); batch 1 (WeightStream) +2.7% while the consumers polled their own counters,
+  // -0.6% since the counter poller polls for them (fourteenth session, run 3).
   __device__ __forceinline__ void issue_prologue(const MegakernelParams& p, const Instruction& in,
                                                  const DecodeGemmTask& t) const {
     for (int32_t step = 0; step < kStepBuffers; ++step) issue(p, in, t, step);
