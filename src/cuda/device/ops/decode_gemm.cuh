@@ -256,10 +256,14 @@ __device__ __forceinline__ void issue_weight_step(const MegakernelParams& p, con
 }
 
 // One warp's stream of weight steps through its ring: warp w takes pairs w, w + 8, ..., their steps one stream.
+// NOTE: the pair and k-step of a step are counted along, not divided out: steps_per_pair is known only at run time,
+// and the divisions by it drew a quarter of the step loop's stall samples (ncu, fourteenth session, run 5).
 struct WeightStream {
   int warp, lane;
   int32_t steps_per_pair, steps;
-  uint4* own;  // this warp's kStepBuffers steps
+  uint4* own;              // this warp's kStepBuffers steps
+  int32_t next_pair = 0;   // the pair and k-step of the step issue() sends next (it sends them in order)
+  int32_t next_k_step = 0;
 
   __device__ __forceinline__ WeightStream(const DecodeGemmTask& t, uint4* ring, int consumer_thread) {
     constexpr int kWarps = KernelConfig::kConsumerWarps;
@@ -269,19 +273,32 @@ struct WeightStream {
     steps_per_pair = (chunks + kStepChunks * 32 - 1) / (kStepChunks * 32);
     steps = (warp < t.pairs ? (t.pairs - warp + kWarps - 1) / kWarps : 0) * steps_per_pair;
     own = ring + warp * kStepBuffers * kStepUint4s;
+    next_pair = warp;
   }
-  __device__ __forceinline__ int32_t pair_of(int32_t step) const {
-    return warp + step / steps_per_pair * KernelConfig::kConsumerWarps;
-  }
+  // Sends step `step`, the one after the last sent (0 first).
   __device__ __forceinline__ void issue(const MegakernelParams& p, const Instruction& in, const DecodeGemmTask& t,
-                                        int32_t step) const {
+                                        int32_t step) {
     if (step < steps)
-      issue_weight_step(p, in, t, pair_of(step), step % steps_per_pair, own + step % kStepBuffers * kStepUint4s, lane);
+      issue_weight_step(p, in, t, next_pair, next_k_step, own + step % kStepBuffers * kStepUint4s, lane);
     ptx::cp_async_commit();  // empty groups too: one group per step keeps the wait count exact
+    step_past();
   }
   __device__ __forceinline__ void issue_prologue(const MegakernelParams& p, const Instruction& in,
-                                                 const DecodeGemmTask& t) const {
+                                                 const DecodeGemmTask& t) {
     for (int32_t step = 0; step < kStepBuffers; ++step) issue(p, in, t, step);
+  }
+  // The prologue went out from another WeightStream of the same task (before the counter wait): this one goes on
+  // after it.
+  __device__ __forceinline__ void prologue_sent() {
+    for (int32_t step = 0; step < kStepBuffers; ++step) step_past();
+  }
+
+ private:
+  __device__ __forceinline__ void step_past() {
+    if (++next_k_step == steps_per_pair) {
+      next_k_step = 0;
+      next_pair += KernelConfig::kConsumerWarps;
+    }
   }
 };
 
@@ -289,8 +306,8 @@ struct WeightStream {
 // step 0 that is the prologue's last, already sent (a prologue fills every buffer: nothing is computed before the
 // first step), and an empty group keeps one group per step.
 template <typename Stream>
-__device__ __forceinline__ void issue_next_step(const Stream& stream, const MegakernelParams& p,
-                                                const Instruction& in, const DecodeGemmTask& t, int32_t step) {
+__device__ __forceinline__ void issue_next_step(Stream& stream, const MegakernelParams& p, const Instruction& in,
+                                                const DecodeGemmTask& t, int32_t step) {
   if (step == 0) {
     ptx::cp_async_commit();
   } else {
@@ -305,17 +322,21 @@ __device__ __forceinline__ void decode_gemm_rows(const MegakernelParams& p, cons
                                                  const DecodeGemmTask& t, const uint4* staged, uint4* ring,
                                                  int32_t b0, int32_t rows, bool prologue_issued,
                                                  int consumer_thread) {
-  const WeightStream stream(t, ring, consumer_thread);
+  WeightStream stream(t, ring, consumer_thread);
   const int lane = stream.lane;
   const int32_t chunks = t.k / 8, steps = stream.steps, steps_per_pair = stream.steps_per_pair;
-  uint4* own = stream.own;
-  if (!prologue_issued) stream.issue_prologue(p, in, t);
+  const uint4* own = stream.own;
+  if (prologue_issued) {
+    stream.prologue_sent();
+  } else {
+    stream.issue_prologue(p, in, t);
+  }
   float acc[kRows][2] = {};
+  int32_t pair = stream.warp, k_step = 0;  // of the step computed
   for (int32_t step = 0; step < steps; ++step) {
     issue_next_step(stream, p, in, t, step);
     ptx::cp_async_wait<kStepBuffers - 1>();
     const uint4* buffer = own + step % kStepBuffers * kStepUint4s;
-    const int32_t k_step = step % steps_per_pair;
 #pragma unroll
     for (int u = 0; u < kStepChunks; ++u) {
       const int32_t chunk = (k_step * kStepChunks + u) * 32 + lane;
@@ -328,14 +349,15 @@ __device__ __forceinline__ void decode_gemm_rows(const MegakernelParams& p, cons
         acc[r][1] = dot_chunk(a, w1, acc[r][1]);
       }
     }
-    if (k_step + 1 < steps_per_pair) continue;
-    const int32_t pair = stream.pair_of(step);
+    if (++k_step < steps_per_pair) continue;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       const float x0 = warp_sum(acc[r][0]), x1 = warp_sum(acc[r][1]);
       if (lane == r && r < rows) decode_epilogue(p, in, pair, b0 + r, x0, x1);
       acc[r][0] = acc[r][1] = 0.0f;
     }
+    k_step = 0;
+    pair += KernelConfig::kConsumerWarps;
   }
   ptx::cp_async_wait<0>();  // the trailing empty groups
 }
