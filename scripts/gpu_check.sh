@@ -28,21 +28,30 @@ step() {  # step NAME COMMAND...: runs the command, logs to $out/NAME.log, remem
   tail -n 25 "$out/$name.log"
 }
 
+# start_clock_sampler MS: samples the SM clock and the power cap every MS ms into $clock_samples, until
+# stop_clock_sampler, which prints clock_summary's line of them.
+start_clock_sampler() {
+  clock_samples=$(mktemp)
+  nvidia-smi --query-gpu=clocks.sm,clocks_throttle_reasons.sw_power_cap --format=csv,noheader,nounits -lms "$1" \
+    >"$clock_samples" 2>/dev/null &
+  clock_sampler=$!
+}
+
+stop_clock_sampler() {
+  kill "$clock_sampler" 2>/dev/null
+  wait "$clock_sampler" 2>/dev/null
+  clock_summary "$clock_samples"
+  rm -f "$clock_samples"
+}
+
 # step_with_clocks NAME COMMAND...: step, with the SM clock sampled every 100 ms and summarized at its log's end.
 # NOTE: long timed runs are power-capped (docs/perf.md, fourth session, run 7: 1740-1755 MHz against a 1980 MHz
 # boost), so a benchmark's figures carry the clock they ran at.
 step_with_clocks() {
   local name=$1
-  local samples
-  samples=$(mktemp)
-  nvidia-smi --query-gpu=clocks.sm,clocks_throttle_reasons.sw_power_cap --format=csv,noheader,nounits -lms 100 \
-    >"$samples" 2>/dev/null &
-  local sampler=$!
+  start_clock_sampler 100
   step "$@"
-  kill "$sampler" 2>/dev/null
-  wait "$sampler" 2>/dev/null
-  clock_summary "$samples" | tee -a "$out/$name.log"
-  rm -f "$samples"
+  stop_clock_sampler | tee -a "$out/$name.log"
 }
 
 # clock_summary CSV: the SM clock of the samples under load (above 1 GHz) and how often the power cap held it.
@@ -56,20 +65,14 @@ clock_summary() {
     }'
 }
 
-# clocked COMMAND...: the `time` line of an `mk run` command, with the SM clock sampled while it ran ("failed" and
-# false if it failed).
+# clocked COMMAND...: the `time` line of an `mk run` command, with the SM clock sampled every 20 ms while it ran
+# ("failed" and false if it failed).
 clocked() {
-  local samples time_line code=0
-  samples=$(mktemp)
-  nvidia-smi --query-gpu=clocks.sm,clocks_throttle_reasons.sw_power_cap --format=csv,noheader,nounits -lms 20 \
-    >"$samples" 2>/dev/null &
-  local sampler=$!
+  local time_line code=0
+  start_clock_sampler 20
   time_line=$("$@" 2>&1 | grep -E '^time') || code=1
-  kill "$sampler" 2>/dev/null
-  wait "$sampler" 2>/dev/null
   [ "$code" -eq 0 ] || time_line=failed
-  echo "$time_line; $(clock_summary "$samples" | sed 's/^clocks: //')"
-  rm -f "$samples"
+  echo "$time_line; $(stop_clock_sampler | sed 's/^clocks: //')"
   return "$code"
 }
 

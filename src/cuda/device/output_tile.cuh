@@ -146,7 +146,7 @@ __device__ __forceinline__ void store_tile_boxes(const CUtensorMap* map, const u
 
 // Storer: stores the staged tile's first `boxes` boxes with TMA and frees the tile as soon as the store has read it.
 // `held`: a wide GEMM tile, whose second 128 columns the consumers staged in a ring stage they kept (held_stage):
-// stored from there in the same bulk group, and the stage released to the producer once read, for every consumer
+// stored from there in a second bulk group, and the stage released to the producer once read, for every consumer
 // warp. NOTE: a wide tile is one use of the output tile; its second half in the output tile waited ~2 us for the
 // first half's store to read it (docs/perf.md, thirteenth session, run 4).
 __device__ __forceinline__ bool store_output_tile(const MegakernelParams& p, const SharedState& s,

@@ -261,8 +261,8 @@ __device__ __forceinline__ void issue_weight_step(const MegakernelParams& p, con
 struct WeightStream {
   int warp, lane;
   int32_t steps_per_pair, steps;
-  uint4* own;              // this warp's kStepBuffers steps
-  int32_t next_pair = 0;   // the pair and k-step of the step issue() sends next (it sends them in order)
+  uint4* own;               // this warp's kStepBuffers steps
+  int32_t next_pair;        // the pair and k-step of the step issue() sends next (it sends them in order)
   int32_t next_k_step = 0;
 
   __device__ __forceinline__ WeightStream(const DecodeGemmTask& t, uint4* ring, int consumer_thread) {
