@@ -77,6 +77,10 @@ double estimated_task_ns(const TaskWork& work) {
 
 namespace {
 
+void check_sm_count(int32_t num_sms) {
+  MK_CHECK(num_sms > 0 && num_sms <= 4096, "SM count must be in [1, 4096], got {}", num_sms);
+}
+
 // (num_tasks) each task's estimated ns.
 std::vector<double> estimated_costs(const Graph& graph) {
   const std::vector<Task>& tasks = graph.tasks();
@@ -112,13 +116,13 @@ Schedule schedule_of_lists(const Graph& graph, const Dependencies& deps, Schedul
 }  // namespace
 
 Schedule make_list_schedule(const Graph& graph, const Dependencies& deps, int32_t num_sms, ListDirection direction) {
-  MK_CHECK(num_sms > 0 && num_sms <= 4096, "SM count must be in [1, 4096], got {}", num_sms);
+  check_sm_count(num_sms);
   return schedule_of_lists(graph, deps, SchedulePolicy::kCostModel,
                            list_schedule(estimated_costs(graph), deps, num_sms, direction));
 }
 
 Schedule make_schedule(const Graph& graph, const Dependencies& deps, SchedulePolicy policy, int32_t num_sms) {
-  MK_CHECK(num_sms > 0 && num_sms <= 4096, "SM count must be in [1, 4096], got {}", num_sms);
+  check_sm_count(num_sms);
   if (policy == SchedulePolicy::kRoundRobin) {
     std::vector<std::vector<uint32_t>> lists(static_cast<size_t>(num_sms));  // task indices per SM, in order
     for (size_t t = 0; t < graph.tasks().size(); ++t) lists[t % size_t(num_sms)].push_back(uint32_t(t));

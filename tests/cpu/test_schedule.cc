@@ -104,6 +104,17 @@ TEST(Graph, AttentionWaitsOnlyForItsOwnSequence) {
   EXPECT_EQ(waits_per_block.back(), 4u);   // keys [0, 512): four row blocks, none of sequence 0
 }
 
+TEST(Scheduler, EveryEntryRefusesAnSmCountOutOfRange) {
+  const Graph graph(find_preset("tiny").config, {1, 16});
+  const Dependencies deps = derive_dependencies(graph);
+  for (const int32_t sms : {0, 4097}) {
+    const auto refused = testing::ThrowsMessage<Error>(HasSubstr(fmt::format("got {}", sms)));
+    EXPECT_THAT([&] { make_schedule(graph, deps, SchedulePolicy::kCostModel, sms); }, refused);
+    EXPECT_THAT([&] { make_schedule(graph, deps, SchedulePolicy::kRoundRobin, sms); }, refused);
+    EXPECT_THAT([&] { make_list_schedule(graph, deps, sms, ListDirection::kBackward); }, refused);
+  }
+}
+
 TEST(Graph, UnsupportedShapesNameTheConstraint) {
   ModelConfig config = find_preset("tiny").config;
   config.head_dim = 96;
