@@ -18,37 +18,45 @@ __device__ __forceinline__ void keep_best(float& value, int32_t& id, float other
   }
 }
 
-// This thread's best (logit, id) of one row of logits. The row goes through shared memory in passes of
-// kSamplePassBytes, double-buffered: the next pass's 16-byte copies are in flight while this one is scanned. NOTE:
-// loads into registers, even 8 deep, left the 128k logits of a Llama vocabulary a chain of round trips on this one SM
-// (27-63 us); one 128 KB pass at a time, copied and then scanned, took 12.2 us (fourteenth session, run 3), most of
-// it in the scan's one dependent chain of comparisons a thread: kSampleChains independent ones now, merged at the end
-// (the better of two is associative and commutative, so any grouping picks the same logit and id). The loops stay
-// rolled: unrolled, they pushed the kernel past its 168 registers (ptxas spilled kernel-wide values, not these).
+// The row goes through shared memory in passes of kSamplePassBytes, double-buffered after a 256-byte header
+// (run_sample's per-warp candidates).
 constexpr int kSamplePassBytes = 64 * 1024;
+constexpr int32_t kSamplePassChunks = kSamplePassBytes / 16;
 constexpr int kSampleChains = 4;
-constexpr int kSampleHeaderBytes = 256;  // run_sample's per-warp candidates, before the buffers
+constexpr int kSampleHeaderBytes = 256;
+static_assert(2 * KernelConfig::kConsumerWarps * 4 <= kSampleHeaderBytes, "a value and an id a warp fit the header");
 static_assert(kSampleHeaderBytes + 2 * kSamplePassBytes <= KernelConfig::kNumStages * KernelConfig::kStageBytes,
               "both pass buffers fit the ring");
 
-// Pass `pass` of a row of `chunks` 16-byte chunks into its buffer: this thread's copies, one commit group.
-__device__ __forceinline__ void issue_sample_pass(const uint4* row, int32_t chunks, int32_t pass, uint4* buffers,
-                                                  int consumer_thread) {
-  constexpr int32_t kPassChunks = kSamplePassBytes / 16;
-  const int32_t first = pass * kPassChunks, pass_chunks = min(kPassChunks, chunks - first);
-  uint4* buffer = buffers + pass % 2 * kPassChunks;
+// Pass `pass` of a row of `chunks` 16-byte chunks: its first chunk, its chunk count and its buffer.
+struct SamplePass {
+  int32_t first, chunks;
+  uint4* buffer;
+  __device__ __forceinline__ SamplePass(int32_t row_chunks, int32_t pass, uint4* buffers)
+      : first(pass * kSamplePassChunks),
+        chunks(min(kSamplePassChunks, row_chunks - pass * kSamplePassChunks)),
+        buffer(buffers + pass % 2 * kSamplePassChunks) {}
+};
+
+// This thread's copies of one pass, one commit group.
+__device__ __forceinline__ void issue_sample_pass(const uint4* row, const SamplePass& pass, int consumer_thread) {
 #pragma unroll 1
-  for (int32_t c = consumer_thread; c < pass_chunks; c += KernelConfig::kConsumerThreads)
-    ptx::cp_async_16(buffer + c, row + first + c, 16);
+  for (int32_t c = consumer_thread; c < pass.chunks; c += KernelConfig::kConsumerThreads)
+    ptx::cp_async_16(pass.buffer + c, row + pass.first + c, 16);
   ptx::cp_async_commit();
 }
 
+// This thread's best (logit, id) of one row of logits: the next pass's 16-byte copies are in flight while this one is
+// scanned. NOTE: loads into registers, even 8 deep, left the 128k logits of a Llama vocabulary a chain of round trips
+// on this one SM (27-63 us); one 128 KB pass at a time, copied and then scanned, took 12.2 us (fourteenth session,
+// run 3), most of it in the scan's one dependent chain of comparisons a thread: kSampleChains independent ones now,
+// merged at the end. The better of two (keep_best) is associative and commutative over the values a chain can hold
+// (a NaN never becomes a candidate: both comparisons are false for it), so any grouping picks the same logit and id.
+// The loops stay rolled: unrolled, they pushed the kernel past its 168 registers (ptxas spilled kernel-wide values).
 __device__ __forceinline__ void best_of_row(const __nv_bfloat16* logits, int32_t vocab, uint4* buffers,
                                             int consumer_thread, float& value, int32_t& id) {
-  constexpr int kThreads = KernelConfig::kConsumerThreads;
-  constexpr int32_t kPassChunks = kSamplePassBytes / 16;
   const int32_t chunks = vocab % 8 == 0 ? vocab / 8 : 0;  // rows are 16-byte aligned only then
-  const int32_t passes = (chunks + kPassChunks - 1) / kPassChunks;
+  const int32_t passes = (chunks + kSamplePassChunks - 1) / kSamplePassChunks;
   const uint4* row = reinterpret_cast<const uint4*>(logits);
   float values[kSampleChains];
   int32_t ids[kSampleChains];
@@ -57,31 +65,30 @@ __device__ __forceinline__ void best_of_row(const __nv_bfloat16* logits, int32_t
     values[k] = value;
     ids[k] = id;
   }
-  if (passes > 0) issue_sample_pass(row, chunks, 0, buffers, consumer_thread);
+  if (passes > 0) issue_sample_pass(row, SamplePass(chunks, 0, buffers), consumer_thread);
 #pragma unroll 1
-  for (int32_t pass = 0; pass < passes; ++pass) {
+  for (int32_t p = 0; p < passes; ++p) {
     // NOTE: each thread scans only the chunks it copied, so neither wait needs a barrier; the next pass refills
     // the buffer this thread scanned last.
-    if (pass + 1 < passes) {
-      issue_sample_pass(row, chunks, pass + 1, buffers, consumer_thread);
+    if (p + 1 < passes) {
+      issue_sample_pass(row, SamplePass(chunks, p + 1, buffers), consumer_thread);
       ptx::cp_async_wait<1>();
     } else {
       ptx::cp_async_wait<0>();
     }
-    const int32_t first = pass * kPassChunks, pass_chunks = min(kPassChunks, chunks - first);
-    const uint4* buffer = buffers + pass % 2 * kPassChunks;
+    const SamplePass pass(chunks, p, buffers);
 #pragma unroll 1
-    for (int32_t c = consumer_thread; c < pass_chunks; c += kThreads) {
-      const uint4 packed = buffer[c];
+    for (int32_t c = consumer_thread; c < pass.chunks; c += KernelConfig::kConsumerThreads) {
+      const uint4 packed = pass.buffer[c];
       const __nv_bfloat16* x = reinterpret_cast<const __nv_bfloat16*>(&packed);
 #pragma unroll
       for (int e = 0; e < 8; ++e)
-        keep_best(values[e % kSampleChains], ids[e % kSampleChains], __bfloat162float(x[e]), 8 * (first + c) + e);
+        keep_best(values[e % kSampleChains], ids[e % kSampleChains], __bfloat162float(x[e]), 8 * (pass.first + c) + e);
     }
   }
 #pragma unroll
   for (int k = 0; k < kSampleChains; ++k) keep_best(value, id, values[k], ids[k]);
-  for (int32_t i = 8 * chunks + consumer_thread; i < vocab; i += kThreads)
+  for (int32_t i = 8 * chunks + consumer_thread; i < vocab; i += KernelConfig::kConsumerThreads)
     keep_best(value, id, __bfloat162float(__ldcg(logits + i)), i);
 }
 
