@@ -38,6 +38,11 @@ class DecodeEngine {
   virtual void prefill(const std::vector<int32_t>& tokens, int64_t seq_len) = 0;
   // One decode step: sequence b feeds tokens[b] at positions[b] (its cache row); returns each sequence's next token.
   virtual std::vector<int32_t> step(const std::vector<int32_t>& tokens, const std::vector<int32_t>& positions) = 0;
+  // `count` steps, each sequence feeding the previous step's token at the next position (the first step as step());
+  // every step's tokens, step after step. The caller keeps every position below the cache's end. The gpu engine runs
+  // greedy steps without the host in between; this default calls step() for each.
+  virtual std::vector<std::vector<int32_t>> steps(std::vector<int32_t> tokens, std::vector<int32_t> positions,
+                                                  int64_t count);
   virtual const ref::Matrix& logits() const = 0;  // (batch, vocab) of the last step
   virtual const DecodeSetup& setup() const = 0;
   virtual std::string describe() const = 0;  // the engine and its decode step, for `mk generate`
@@ -74,6 +79,9 @@ const char* stop_reason_text(StopReason reason);  // "EOS", "max new tokens", "t
 
 struct GenerationOptions {
   int64_t max_new_tokens = 16;
+  // Decode steps a wait for the engine at most, while every sequence is generating: the tokens of such a group reach
+  // the caller together, and its time is spread evenly over its steps. 1: a wait every step.
+  int64_t steps_per_sync = 8;
   std::vector<int32_t> eos_ids;  // a sequence stops once it makes one of these
   bool keep_logits = false;      // keep every step's logits in the result (tests)
   int32_t pad_id = 0;            // fills prefill rows past a shorter prompt; never read
@@ -88,17 +96,19 @@ struct SequenceResult {
 struct GenerationResult {
   std::vector<SequenceResult> sequences;
   double prefill_s = 0;             // the prefill pass (0 when every prompt is one token)
-  std::vector<double> step_s;       // each decode step
+  std::vector<double> step_s;       // each decode step (a group's time spread over its steps: steps_per_sync)
   std::vector<ref::Matrix> logits;  // (steps) of (batch, vocab), with GenerationOptions::keep_logits
 };
 
-// Called after each decode step with the step's new token of each sequence, -1 for sequences that had stopped.
+// Called after each decode step with the step's new token of each sequence, -1 for sequences that had stopped (once
+// its group of steps is back: GenerationOptions::steps_per_sync).
 using StepCallback = std::function<void(int64_t step, const std::vector<int32_t>& new_tokens)>;
 
 // Prefill takes every prompt but its last token (right-padded to the longest); each decode step then feeds one token
 // per sequence at the sequence's own position, the first step the prompts' last tokens. A sequence that stopped
 // keeps feeding its last token at its last position (rewriting the same cache row with the same values), its new
-// tokens ignored: the batch is static, one schedule for every step.
+// tokens ignored: the batch is static, one schedule for every step. While every sequence is generating, up to
+// steps_per_sync steps go to the engine at once (DecodeEngine::steps), the same steps as one at a time.
 GenerationResult generate(DecodeEngine& engine, const std::vector<std::vector<int32_t>>& prompts,
                           const GenerationOptions& options, const StepCallback& on_step = {});
 

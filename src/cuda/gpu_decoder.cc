@@ -65,6 +65,19 @@ class GpuDecoder final : public DecodeEngine {
     return ids;
   }
 
+  std::vector<std::vector<int32_t>> steps(std::vector<int32_t> tokens, std::vector<int32_t> positions,
+                                          int64_t count) override {
+    if (setup_.sampling.temperature != 0.0f || count == 1)
+      return DecodeEngine::steps(std::move(tokens), std::move(positions), count);
+    decode_.set_input(step_input(setup_, tokens, positions));
+    logits_stale_ = true;
+    const std::vector<int32_t> ids = decode_.run_steps_and_read_ids({BufferKind::kSampled}, int(count));
+    const int64_t batch = setup_.batch;
+    std::vector<std::vector<int32_t>> made;
+    for (int64_t i = 0; i < count; ++i) made.emplace_back(ids.begin() + i * batch, ids.begin() + (i + 1) * batch);
+    return made;
+  }
+
   const ref::Matrix& logits() const override {
     if (logits_stale_) {
       logits_ = decode_.buffer({BufferKind::kLogits});

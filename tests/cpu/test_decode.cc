@@ -5,6 +5,8 @@
 
 #include <cstring>
 
+#include <fmt/format.h>
+
 #include "mk/generate.h"
 #include "mk/gpu.h"
 #include "mk/random.h"
@@ -159,6 +161,70 @@ TEST(Sampling, DrawsFromTheTopKAndTopPCandidatesInOrder) {
     sum += u;
   }
   EXPECT_NEAR(sum / 4000, 0.5, 0.02);
+}
+
+// A decode engine whose next token of each sequence is a function of its token and position, recording how many
+// steps each call to steps() asked for.
+class CountingEngine final : public DecodeEngine {
+ public:
+  explicit CountingEngine(const DecodeSetup& setup) : setup_(setup) {}
+  void prefill(const std::vector<int32_t>&, int64_t) override {}
+  std::vector<int32_t> step(const std::vector<int32_t>& tokens, const std::vector<int32_t>& positions) override {
+    std::vector<int32_t> next;
+    for (size_t b = 0; b < tokens.size(); ++b) next.push_back((tokens[b] * 7 + positions[b] * 3 + 1) % 50);
+    return next;
+  }
+  std::vector<std::vector<int32_t>> steps(std::vector<int32_t> tokens, std::vector<int32_t> positions,
+                                          int64_t count) override {
+    counts.push_back(count);
+    return DecodeEngine::steps(std::move(tokens), std::move(positions), count);
+  }
+  const ref::Matrix& logits() const override { return logits_; }
+  const DecodeSetup& setup() const override { return setup_; }
+  std::string describe() const override { return "counting"; }
+  std::vector<int64_t> counts;
+
+ private:
+  DecodeSetup setup_;
+  ref::Matrix logits_;
+};
+
+TEST(Generate, GroupsOfStepsMakeWhatSingleStepsMake) {
+  const std::vector<std::vector<int32_t>> prompts = {{3, 9, 4}, {1}, {7, 2, 8, 8, 5, 6}};
+  for (const int64_t max_context : {int64_t(12), int64_t(40)}) {
+    for (const std::vector<int32_t>& eos : {std::vector<int32_t>{}, std::vector<int32_t>{11}}) {
+      SCOPED_TRACE(fmt::format("max context {}, {} EOS ids", max_context, eos.size()));
+      GenerationOptions options;
+      options.max_new_tokens = 23;
+      options.eos_ids = eos;
+      options.steps_per_sync = 1;
+      CountingEngine single(setup_for(3, max_context));
+      std::vector<std::vector<int32_t>> single_streamed, grouped_streamed;
+      const GenerationResult expected = generate(single, prompts, options, [&](int64_t, const auto& made) {
+        single_streamed.push_back(made);
+      });
+      EXPECT_THAT(single.counts, ::testing::Each(1));
+      options.steps_per_sync = 5;
+      CountingEngine grouped(setup_for(3, max_context));
+      const GenerationResult result = generate(grouped, prompts, options, [&](int64_t, const auto& made) {
+        grouped_streamed.push_back(made);
+      });
+      for (size_t b = 0; b < prompts.size(); ++b) {
+        EXPECT_EQ(result.sequences[b].tokens, expected.sequences[b].tokens) << "sequence " << b;
+        EXPECT_EQ(result.sequences[b].stop, expected.sequences[b].stop) << "sequence " << b;
+      }
+      EXPECT_EQ(grouped_streamed, single_streamed);
+      EXPECT_EQ(result.step_s.size(), expected.step_s.size());
+      // Groups of up to 5 while all three generate (the longest prompt has 12 - 5 = 7 rows of cache left, so at 12
+      // the second group is cut to 2), then one step at a time.
+      ASSERT_FALSE(grouped.counts.empty());
+      EXPECT_EQ(grouped.counts[0], 5);
+      if (max_context == 12 && eos.empty()) {
+        EXPECT_EQ(grouped.counts[1], 2);
+      }
+      EXPECT_LT(grouped.counts.size(), single.counts.size());
+    }
+  }
 }
 
 TEST(Generate, StopsAtEosAtTheTokenBudgetAndAtTheCachesEnd) {
