@@ -73,10 +73,10 @@ void report(const GenerationResult& result, const ModelConfig& config, const Dec
   const double p50 = percentile(result.step_s, 0.5);
   fmt::print("decode: {} steps, per-token latency p50 {}, p99 {}; {:.2f} tokens/s ({} tokens)\n", result.step_s.size(),
              time_text(p50), time_text(percentile(result.step_s, 0.99)), double(generated) / decode_s, generated);
-  if (options.steps_per_sync > 1)
-    fmt::print("steps per sync: up to {} (while every sequence generates, a group of steps is one wait for the engine; "
-               "its time is spread evenly over its steps)\n",
-               options.steps_per_sync);
+  if (result.waits < int64_t(result.step_s.size()))
+    fmt::print("steps per wait: {} steps in {} waits for the engine (--steps-per-sync {}): the latencies above are "
+               "each group's time spread evenly over its steps\n",
+               result.step_s.size(), result.waits, options.steps_per_sync);
   const double weights = forward_cost(config, {setup.batch, 1, PassKind::kDecode, setup.max_context}).weights_read;
   const double floor_s = weights / (bandwidth_gbs * 1e9);
   fmt::print("bandwidth floor: {:.4g} GB of weights per step at {:.0f} GB/s = {}; p50 is {:.3g}% of the floor\n",
@@ -106,8 +106,8 @@ CLI::App* GenerateCommand::add(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(int64_t(0), kMaxTokens));
   command->add_option("--steps-per-sync", steps_per_sync,
-                      "decode steps a wait for the engine at most (the gpu engine feeds greedy steps their tokens "
-                      "itself); 1: one at a time")
+                      "at most this many decode steps a wait for the engine, where it feeds greedy steps their "
+                      "tokens itself (gpu); 1: a wait every step")
       ->capture_default_str()
       ->check(CLI::Range(int64_t(1), int64_t(1024)));
   command->add_option("--batch", batch, "sequences; one prompt is repeated to fill them (default: the prompts' count)")

@@ -43,7 +43,10 @@ class DecodeEngine {
   // greedy steps without the host in between; this default calls step() for each.
   virtual std::vector<std::vector<int32_t>> steps(std::vector<int32_t> tokens, std::vector<int32_t> positions,
                                                   int64_t count);
-  virtual const ref::Matrix& logits() const = 0;  // (batch, vocab) of the last step
+  // The most steps one call to steps() saves waits for: 1 where it waits for every step anyway.
+  virtual int64_t max_steps_per_sync() const { return 1; }
+  // (batch, vocab) of the last step the engine ran (of a group, its last, even where generate() discards it)
+  virtual const ref::Matrix& logits() const = 0;
   virtual const DecodeSetup& setup() const = 0;
   virtual std::string describe() const = 0;  // the engine and its decode step, for `mk generate`
   // One more decode step, traced: its Perfetto JSON written to `path`; returns the trace summary. Only the gpu
@@ -79,9 +82,10 @@ const char* stop_reason_text(StopReason reason);  // "EOS", "max new tokens", "t
 
 struct GenerationOptions {
   int64_t max_new_tokens = 16;
-  // Decode steps a wait for the engine at most, while every sequence is generating: the tokens of such a group reach
-  // the caller together, and its time is spread evenly over its steps. 1: a wait every step.
-  int64_t steps_per_sync = 8;
+  // At most this many decode steps a wait for the engine, while every sequence is generating and where the engine
+  // runs steps without the host (DecodeEngine::max_steps_per_sync): the tokens of such a group reach the caller
+  // together, and its time is spread evenly over its steps. 1: a wait every step.
+  int64_t steps_per_sync = 1;
   std::vector<int32_t> eos_ids;  // a sequence stops once it makes one of these
   bool keep_logits = false;      // keep every step's logits in the result (tests)
   int32_t pad_id = 0;            // fills prefill rows past a shorter prompt; never read
@@ -97,6 +101,7 @@ struct GenerationResult {
   std::vector<SequenceResult> sequences;
   double prefill_s = 0;             // the prefill pass (0 when every prompt is one token)
   std::vector<double> step_s;       // each decode step (a group's time spread over its steps: steps_per_sync)
+  int64_t waits = 0;                // for the engine, over the decode steps (fewer than steps where grouped)
   std::vector<ref::Matrix> logits;  // (steps) of (batch, vocab), with GenerationOptions::keep_logits
 };
 

@@ -359,7 +359,8 @@ std::vector<int32_t> GpuEngine::run_and_read_ids(BufferRef ref) {
 std::vector<int32_t> GpuEngine::run_steps_and_read_ids(BufferRef ref, int steps) {
   Impl& impl = *impl_;
   impl.check_usable();
-  MK_CHECK(steps >= 1, "internal error: {} decode steps in one pass", steps);
+  MK_CHECK(steps >= 1 && uint64_t(steps) * impl.max_signals < (uint64_t(1) << 32),
+           "internal error: {} decode steps in one pass", steps);
   MK_CHECK(impl.graph.shape().pass == PassKind::kDecode && ref.kind == BufferKind::kSampled,
            "internal error: steps without the host are a decode pass's, fed by its sampled ids");
   const uint32_t id = impl.graph.buffer_table().id(ref);

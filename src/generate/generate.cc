@@ -46,11 +46,11 @@ std::vector<int32_t> prefill_tokens(const std::vector<std::vector<int32_t>>& pro
 // Steps the next wait for the engine covers: 1 unless every sequence is generating (a finished sequence's token and
 // position stay put, which only steps fed by the host do), and no more than any sequence may still make or than its
 // cache has rows left for.
-int64_t steps_before_sync(const GenerationResult& result, const std::vector<bool>& done,
-                          const std::vector<int32_t>& positions, const DecodeSetup& setup,
-                          const GenerationOptions& options) {
+int64_t steps_before_sync(const DecodeEngine& engine, const GenerationResult& result, const std::vector<bool>& done,
+                          const std::vector<int32_t>& positions, const GenerationOptions& options) {
   if (options.keep_logits || std::find(done.begin(), done.end(), true) != done.end()) return 1;
-  int64_t count = std::max<int64_t>(options.steps_per_sync, 1);
+  const DecodeSetup& setup = engine.setup();
+  int64_t count = std::clamp<int64_t>(options.steps_per_sync, 1, engine.max_steps_per_sync());
   for (size_t b = 0; b < done.size(); ++b) {
     const SequenceResult& sequence = result.sequences[b];
     const int64_t made = int64_t(sequence.tokens.size()) - sequence.prompt_length;
@@ -123,10 +123,11 @@ GenerationResult generate(DecodeEngine& engine, const std::vector<std::vector<in
     positions[b] = int32_t(prompts[b].size() - 1);
   }
   for (int64_t step = 0; std::find(done.begin(), done.end(), false) != done.end();) {
-    const int64_t count = steps_before_sync(result, done, positions, setup, options);
+    const int64_t count = steps_before_sync(engine, result, done, positions, options);
     const auto start = std::chrono::steady_clock::now();
     const std::vector<std::vector<int32_t>> group = engine.steps(tokens, positions, count);
     const double seconds = seconds_since(start);
+    ++result.waits;
     // Steps past the last sequence's stop made nothing; their time goes to the steps that did.
     std::vector<std::vector<int32_t>> made_by_step;
     for (const std::vector<int32_t>& next : group) {

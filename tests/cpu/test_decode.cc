@@ -164,14 +164,17 @@ TEST(Sampling, DrawsFromTheTopKAndTopPCandidatesInOrder) {
 }
 
 // A decode engine whose next token of each sequence is a function of its token and position, recording how many
-// steps each call to steps() asked for.
+// steps each call to steps() asked for; a step at or past the cache's end fails the test.
 class CountingEngine final : public DecodeEngine {
  public:
   explicit CountingEngine(const DecodeSetup& setup) : setup_(setup) {}
   void prefill(const std::vector<int32_t>&, int64_t) override {}
   std::vector<int32_t> step(const std::vector<int32_t>& tokens, const std::vector<int32_t>& positions) override {
     std::vector<int32_t> next;
-    for (size_t b = 0; b < tokens.size(); ++b) next.push_back((tokens[b] * 7 + positions[b] * 3 + 1) % 50);
+    for (size_t b = 0; b < tokens.size(); ++b) {
+      EXPECT_LT(positions[b], setup_.max_context) << "sequence " << b << " fed past the cache's end";
+      next.push_back((tokens[b] * 7 + positions[b] * 3 + 1) % 50);
+    }
     return next;
   }
   std::vector<std::vector<int32_t>> steps(std::vector<int32_t> tokens, std::vector<int32_t> positions,
@@ -179,6 +182,7 @@ class CountingEngine final : public DecodeEngine {
     counts.push_back(count);
     return DecodeEngine::steps(std::move(tokens), std::move(positions), count);
   }
+  int64_t max_steps_per_sync() const override { return 64; }
   const ref::Matrix& logits() const override { return logits_; }
   const DecodeSetup& setup() const override { return setup_; }
   std::string describe() const override { return "counting"; }
@@ -189,40 +193,59 @@ class CountingEngine final : public DecodeEngine {
   ref::Matrix logits_;
 };
 
+using Streamed = std::vector<std::pair<int64_t, std::vector<int32_t>>>;  // (step, the ids it made)
+
+// Generates with the options, recording what it streams and the engine's group sizes.
+GenerationResult generate_counting(const std::vector<std::vector<int32_t>>& prompts, int64_t max_context,
+                                   const GenerationOptions& options, Streamed& streamed,
+                                   std::vector<int64_t>& counts) {
+  CountingEngine engine(setup_for(int64_t(prompts.size()), max_context));
+  const GenerationResult result = generate(engine, prompts, options, [&](int64_t step, const auto& made) {
+    streamed.emplace_back(step, made);
+  });
+  counts = engine.counts;
+  return result;
+}
+
 TEST(Generate, GroupsOfStepsMakeWhatSingleStepsMake) {
   const std::vector<std::vector<int32_t>> prompts = {{3, 9, 4}, {1}, {7, 2, 8, 8, 5, 6}};
   for (const int64_t max_context : {int64_t(12), int64_t(40)}) {
-    for (const std::vector<int32_t>& eos : {std::vector<int32_t>{}, std::vector<int32_t>{11}}) {
-      SCOPED_TRACE(fmt::format("max context {}, {} EOS ids", max_context, eos.size()));
+    for (const bool with_eos : {false, true}) {
+      SCOPED_TRACE(fmt::format("max context {}, {}", max_context, with_eos ? "EOS" : "no EOS"));
       GenerationOptions options;
       options.max_new_tokens = 23;
-      options.eos_ids = eos;
-      options.steps_per_sync = 1;
-      CountingEngine single(setup_for(3, max_context));
-      std::vector<std::vector<int32_t>> single_streamed, grouped_streamed;
-      const GenerationResult expected = generate(single, prompts, options, [&](int64_t, const auto& made) {
-        single_streamed.push_back(made);
-      });
-      EXPECT_THAT(single.counts, ::testing::Each(1));
+      Streamed single_streamed, grouped_streamed;
+      std::vector<int64_t> single_counts, grouped_counts;
+      if (with_eos) {  // sequence 0's third new token: it stops inside the first group of 5
+        const GenerationResult free = generate_counting(prompts, max_context, options, single_streamed, single_counts);
+        options.eos_ids = {free.sequences[0].tokens[5]};
+        single_streamed.clear();
+      }
+      const GenerationResult expected =
+          generate_counting(prompts, max_context, options, single_streamed, single_counts);
+      EXPECT_THAT(single_counts, ::testing::Each(1));
+      if (with_eos) {
+        EXPECT_EQ(expected.sequences[0].stop, StopReason::kEos);
+      }
       options.steps_per_sync = 5;
-      CountingEngine grouped(setup_for(3, max_context));
-      const GenerationResult result = generate(grouped, prompts, options, [&](int64_t, const auto& made) {
-        grouped_streamed.push_back(made);
-      });
+      const GenerationResult result =
+          generate_counting(prompts, max_context, options, grouped_streamed, grouped_counts);
       for (size_t b = 0; b < prompts.size(); ++b) {
         EXPECT_EQ(result.sequences[b].tokens, expected.sequences[b].tokens) << "sequence " << b;
         EXPECT_EQ(result.sequences[b].stop, expected.sequences[b].stop) << "sequence " << b;
       }
       EXPECT_EQ(grouped_streamed, single_streamed);
       EXPECT_EQ(result.step_s.size(), expected.step_s.size());
+      EXPECT_EQ(result.waits, int64_t(grouped_counts.size()));
+      EXPECT_EQ(expected.waits, int64_t(expected.step_s.size()));
       // Groups of up to 5 while all three generate (the longest prompt has 12 - 5 = 7 rows of cache left, so at 12
       // the second group is cut to 2), then one step at a time.
-      ASSERT_FALSE(grouped.counts.empty());
-      EXPECT_EQ(grouped.counts[0], 5);
-      if (max_context == 12 && eos.empty()) {
-        EXPECT_EQ(grouped.counts[1], 2);
+      ASSERT_GE(grouped_counts.size(), 2u);
+      EXPECT_EQ(grouped_counts[0], 5);
+      if (max_context == 12 && !with_eos) {
+        EXPECT_EQ(grouped_counts[1], 2);
       }
-      EXPECT_LT(grouped.counts.size(), single.counts.size());
+      EXPECT_LT(grouped_counts.size(), single_counts.size());
     }
   }
 }

@@ -168,11 +168,13 @@ void check_steps_fed_on_the_device(const ModelConfig& config, const std::vector<
     EXPECT_EQ(grouped.sequences[b].stop, expected.sequences[b].stop) << "sequence " << b;
   }
   EXPECT_EQ(grouped.step_s.size(), expected.step_s.size());
+  EXPECT_LT(grouped.waits, int64_t(grouped.step_s.size())) << "no group of steps ran without the host";
   // The third new token of sequence 0 as EOS: it stops inside the first group, the others run on.
   const SequenceResult& first = expected.sequences[0];
   if (int64_t(first.tokens.size()) < first.prompt_length + 3) return;
   by_host.eos_ids = on_device.eos_ids = {first.tokens[size_t(first.prompt_length + 2)]};
   const GenerationResult expected_eos = generate(*gpu, prompts, by_host);
+  EXPECT_EQ(expected_eos.sequences[0].stop, StopReason::kEos);
   const GenerationResult grouped_eos = generate(*gpu, prompts, on_device);
   for (size_t b = 0; b < prompts.size(); ++b) {
     EXPECT_EQ(grouped_eos.sequences[b].tokens, expected_eos.sequences[b].tokens) << "EOS, sequence " << b;
