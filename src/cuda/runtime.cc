@@ -464,27 +464,9 @@ Trace GpuEngine::run_traced() {
 }
 
 
-namespace {
-
-ref::Matrix download_buffer(const Buffer& buffer, const void* address) {
-  const ElementType element = buffer_kind_info(buffer.kind).element;
-  if (element == ElementType::kBf16) return gpu::download_bf16(address, buffer.rows, buffer.cols);
-  ref::Matrix out(buffer.rows, buffer.cols);
-  if (element == ElementType::kFloat32) {
-    check_cuda(cudaMemcpy(out.data.data(), address, out.data.size() * 4, cudaMemcpyDeviceToHost), "downloading a buffer");
-    return out;
-  }
-  std::vector<int32_t> values(out.data.size());
-  check_cuda(cudaMemcpy(values.data(), address, values.size() * 4, cudaMemcpyDeviceToHost), "downloading a buffer");
-  for (size_t i = 0; i < values.size(); ++i) out.data[i] = float(values[i]);
-  return out;
-}
-
-}  // namespace
-
 ref::Matrix GpuEngine::output() const {
   const uint32_t id = impl_->graph.output_buffer();
-  return download_buffer(impl_->graph.buffers()[id], impl_->buffer_address[id]);
+  return gpu::download_buffer(impl_->graph.buffers()[id], impl_->buffer_address[id]);
 }
 
 void GpuEngine::copy_output_to_device(void* destination) const {
@@ -502,14 +484,14 @@ void GpuEngine::copy_output_to_device(void* destination) const {
 std::vector<ref::Matrix> GpuEngine::buffers() const {
   std::vector<ref::Matrix> out;
   for (size_t b = 0; b < impl_->graph.buffers().size(); ++b)
-    out.push_back(download_buffer(impl_->graph.buffers()[b], impl_->buffer_address[b]));
+    out.push_back(gpu::download_buffer(impl_->graph.buffers()[b], impl_->buffer_address[b]));
   return out;
 }
 
 ref::Matrix GpuEngine::buffer(BufferRef ref) const {
   impl_->check_usable();
   const uint32_t id = impl_->graph.buffer_table().id(ref);
-  return download_buffer(impl_->graph.buffers()[id], impl_->buffer_address[id]);
+  return gpu::download_buffer(impl_->graph.buffers()[id], impl_->buffer_address[id]);
 }
 
 size_t GpuEngine::device_bytes() const { return impl_->arena.bytes(); }
