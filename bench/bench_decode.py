@@ -304,7 +304,7 @@ def check_tokens(reference: hfgen.Reference, tokens: list[list[int]]) -> dict:
 def mk_command(args: argparse.Namespace, directory: Path, prompts: list[list[int]], config: DecodeConfig) -> list[str]:
     command = [str(args.mk), "generate", "--model", str(directory), "--engine", args.engine, "--max-new-tokens",
                str(config.new_tokens), "--max-context", str(config.max_context), "--stream", "none", "--batch",
-               str(len(prompts))]
+               str(len(prompts)), "--steps-per-sync", str(args.mk_steps_per_sync)]
     ids = ";".join(",".join(map(str, prompt)) for prompt in prompts)
     if len(ids) <= MAX_ARG_CHARS:
         return command + ["--prompt-ids", ids]
@@ -373,7 +373,8 @@ def markdown(report: dict) -> str:
         f"{run['prompt_len']} random ids, {run['new_tokens']} greedy new tokens, KV cache of {run['max_context']} "
         f"positions (mk's --max-context, torch's StaticCache).",
         "Per-token latency: the host's wall time from feeding a step's tokens to holding the next ones, p50 and p99 "
-        "over the steps; tokens/s = batch x steps / their sum. Tokens: each sequence against torch eager's up to the "
+        f"over the steps (mk: one wait for the engine every {run.get('mk_steps_per_sync', 1)} steps at most, a group's "
+        "time spread evenly over its steps); tokens/s = batch x steps / their sum. Tokens: each sequence against torch eager's up to the "
         "first difference; one where eager's margin is within its bf16 noise (near-tie) ends that sequence's "
         "comparison, any other fails the benchmark.", "",
         "| backend | p50 us | p99 us | tokens/s | p50 / mk p50 | tokens vs eager |", "|---|---|---|---|---|---|",
@@ -413,7 +414,8 @@ def meta_of(args: argparse.Namespace) -> dict:
 
 def build_report(args: argparse.Namespace, spec: Spec, config: DecodeConfig, measured: dict) -> dict:
     """Everything measured, for decode.json; the eager logits stay out."""
-    return {"meta": meta_of(args), "shape": asdict(spec), "run": {**asdict(config), "engine": args.engine},
+    return {"meta": meta_of(args), "shape": asdict(spec),
+            "run": {**asdict(config), "engine": args.engine, "mk_steps_per_sync": args.mk_steps_per_sync},
             **measured, "passed": not measured["problems"]}
 
 
@@ -444,6 +446,9 @@ def parse_args() -> argparse.Namespace:
                         help=f"check the tokens of the first N sequences (each needs an fp32 forward over its "
                         f"context; default {CHECK_SEQUENCES})")
     parser.add_argument("--mk-timeout", type=int, default=900, help="seconds allowed for mk")
+    parser.add_argument("--mk-steps-per-sync", type=int, default=1, metavar="N",
+                        help="mk generate's --steps-per-sync: greedy steps a wait for the GPU (default 1: a wait "
+                             "every step, as the torch loops wait)")
     decode_sweep.add_arguments(parser)
     args = parser.parse_args()
     for name in ("batch", "prompt_len", "new_tokens", "layers", "check_sequences"):

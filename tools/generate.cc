@@ -55,7 +55,8 @@ std::string ids_text(const std::vector<int32_t>& ids) {
   return text;
 }
 
-void report(const GenerationResult& result, const ModelConfig& config, const DecodeSetup& setup, double bandwidth_gbs) {
+void report(const GenerationResult& result, const ModelConfig& config, const DecodeSetup& setup,
+            const GenerationOptions& options, double bandwidth_gbs) {
   std::string stops;
   int64_t generated = 0;
   for (size_t b = 0; b < result.sequences.size(); ++b) {
@@ -72,6 +73,10 @@ void report(const GenerationResult& result, const ModelConfig& config, const Dec
   const double p50 = percentile(result.step_s, 0.5);
   fmt::print("decode: {} steps, per-token latency p50 {}, p99 {}; {:.2f} tokens/s ({} tokens)\n", result.step_s.size(),
              time_text(p50), time_text(percentile(result.step_s, 0.99)), double(generated) / decode_s, generated);
+  if (result.waits < int64_t(result.step_s.size()))
+    fmt::print("steps per wait: {} steps in {} waits for the engine (--steps-per-sync {}): the latencies above are "
+               "each group's time spread evenly over its steps\n",
+               result.step_s.size(), result.waits, options.steps_per_sync);
   const double weights = forward_cost(config, {setup.batch, 1, PassKind::kDecode, setup.max_context}).weights_read;
   const double floor_s = weights / (bandwidth_gbs * 1e9);
   fmt::print("bandwidth floor: {:.4g} GB of weights per step at {:.0f} GB/s = {}; p50 is {:.3g}% of the floor\n",
@@ -100,6 +105,11 @@ CLI::App* GenerateCommand::add(CLI::App& app) {
   command->add_option("--max-new-tokens", max_new_tokens, "new tokens per sequence at most")
       ->capture_default_str()
       ->check(CLI::Range(int64_t(0), kMaxTokens));
+  command->add_option("--steps-per-sync", steps_per_sync,
+                      "at most this many decode steps a wait for the engine, where it feeds greedy steps their "
+                      "tokens itself (gpu); 1: a wait every step")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t(1), int64_t(1024)));
   command->add_option("--batch", batch, "sequences; one prompt is repeated to fill them (default: the prompts' count)")
       ->check(size_in_range(kMaxTokens));
   command->add_option("--temperature", sampling.temperature, "0: greedy")->capture_default_str();
@@ -207,6 +217,7 @@ int GenerateCommand::run() const {
 
   GenerationOptions options;
   options.max_new_tokens = max_new_tokens;
+  options.steps_per_sync = steps_per_sync;
   options.eos_ids = eos_ids(config, tokenizer);
   DecodeSetup setup;
   setup.batch = int64_t(prompts.size());
@@ -229,7 +240,7 @@ int GenerateCommand::run() const {
       generate(*decoder, prompts, options,
                [&](int64_t step, const std::vector<int32_t>& made) { streamer.step(step, made); });
   streamer.finish();
-  report(result, config, setup, bandwidth_gbs);
+  report(result, config, setup, options, bandwidth_gbs);
   print_sequences(result, tokenizer);
   if (!trace_path.empty()) trace_last_step(*decoder, result, trace_path);
   return 0;

@@ -38,7 +38,15 @@ class DecodeEngine {
   virtual void prefill(const std::vector<int32_t>& tokens, int64_t seq_len) = 0;
   // One decode step: sequence b feeds tokens[b] at positions[b] (its cache row); returns each sequence's next token.
   virtual std::vector<int32_t> step(const std::vector<int32_t>& tokens, const std::vector<int32_t>& positions) = 0;
-  virtual const ref::Matrix& logits() const = 0;  // (batch, vocab) of the last step
+  // `count` steps, each sequence feeding the previous step's token at the next position (the first step as step());
+  // every step's tokens, step after step. The caller keeps every position below the cache's end. The gpu engine runs
+  // greedy steps without the host in between; this default calls step() for each.
+  virtual std::vector<std::vector<int32_t>> steps(std::vector<int32_t> tokens, std::vector<int32_t> positions,
+                                                  int64_t count);
+  // The most steps one call to steps() saves waits for: 1 where it waits for every step anyway.
+  virtual int64_t max_steps_per_sync() const { return 1; }
+  // (batch, vocab) of the last step the engine ran (of a group, its last, even where generate() discards it)
+  virtual const ref::Matrix& logits() const = 0;
   virtual const DecodeSetup& setup() const = 0;
   virtual std::string describe() const = 0;  // the engine and its decode step, for `mk generate`
   // One more decode step, traced: its Perfetto JSON written to `path`; returns the trace summary. Only the gpu
@@ -74,6 +82,10 @@ const char* stop_reason_text(StopReason reason);  // "EOS", "max new tokens", "t
 
 struct GenerationOptions {
   int64_t max_new_tokens = 16;
+  // At most this many decode steps a wait for the engine, while every sequence is generating and where the engine
+  // runs steps without the host (DecodeEngine::max_steps_per_sync): the tokens of such a group reach the caller
+  // together, and its time is spread evenly over its steps. 1: a wait every step.
+  int64_t steps_per_sync = 1;
   std::vector<int32_t> eos_ids;  // a sequence stops once it makes one of these
   bool keep_logits = false;      // keep every step's logits in the result (tests)
   int32_t pad_id = 0;            // fills prefill rows past a shorter prompt; never read
@@ -88,17 +100,20 @@ struct SequenceResult {
 struct GenerationResult {
   std::vector<SequenceResult> sequences;
   double prefill_s = 0;             // the prefill pass (0 when every prompt is one token)
-  std::vector<double> step_s;       // each decode step
+  std::vector<double> step_s;       // each decode step (a group's time spread over its steps: steps_per_sync)
+  int64_t waits = 0;                // for the engine, over the decode steps (fewer than steps where grouped)
   std::vector<ref::Matrix> logits;  // (steps) of (batch, vocab), with GenerationOptions::keep_logits
 };
 
-// Called after each decode step with the step's new token of each sequence, -1 for sequences that had stopped.
+// Called after each decode step with the step's new token of each sequence, -1 for sequences that had stopped (once
+// its group of steps is back: GenerationOptions::steps_per_sync).
 using StepCallback = std::function<void(int64_t step, const std::vector<int32_t>& new_tokens)>;
 
 // Prefill takes every prompt but its last token (right-padded to the longest); each decode step then feeds one token
 // per sequence at the sequence's own position, the first step the prompts' last tokens. A sequence that stopped
 // keeps feeding its last token at its last position (rewriting the same cache row with the same values), its new
-// tokens ignored: the batch is static, one schedule for every step.
+// tokens ignored: the batch is static, one schedule for every step. While every sequence is generating, up to
+// steps_per_sync steps go to the engine at once (DecodeEngine::steps), the same steps as one at a time.
 GenerationResult generate(DecodeEngine& engine, const std::vector<std::vector<int32_t>>& prompts,
                           const GenerationOptions& options, const StepCallback& on_step = {});
 

@@ -53,4 +53,19 @@ ref::Matrix download_bf16(const void* address, int64_t rows, int64_t cols) {
   return out;
 }
 
+ref::Matrix download_buffer(const Buffer& buffer, const void* address) {
+  const ElementType element = buffer_kind_info(buffer.kind).element;
+  if (element == ElementType::kBf16) return download_bf16(address, buffer.rows, buffer.cols);
+  ref::Matrix out(buffer.rows, buffer.cols);
+  if (element == ElementType::kFloat32) {
+    check_cuda(cudaMemcpy(out.data.data(), address, out.data.size() * 4, cudaMemcpyDeviceToHost),
+               "downloading a buffer");
+    return out;
+  }
+  std::vector<int32_t> values(out.data.size());
+  check_cuda(cudaMemcpy(values.data(), address, values.size() * 4, cudaMemcpyDeviceToHost), "downloading a buffer");
+  for (size_t i = 0; i < values.size(); ++i) out.data[i] = float(values[i]);
+  return out;
+}
+
 }  // namespace mk::gpu

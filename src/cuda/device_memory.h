@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "mk/buffers.h"
 #include "mk/reference.h"
 
 namespace mk::gpu {
@@ -84,5 +85,7 @@ void check_device_pointer(const void* pointer, const char* what);
 
 // (rows, cols) bf16 on the device -> fp32 on the host.
 ref::Matrix download_bf16(const void* address, int64_t rows, int64_t cols);
+// A pass's buffer at `address` -> fp32 on the host, whatever its element type (int32 ids become exact floats).
+ref::Matrix download_buffer(const Buffer& buffer, const void* address);
 
 }  // namespace mk::gpu

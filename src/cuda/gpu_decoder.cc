@@ -27,6 +27,9 @@ void* allocate_cache(gpu::DeviceArena& arena, const Graph& decode_graph) {
   return arena.allocate_bytes(size_t(elements) * sizeof(bf16), "allocating the KV cache");
 }
 
+// Steps in one wait for the GPU at most (mk generate's --steps-per-sync range).
+constexpr int64_t kMaxStepsPerSync = 1024;
+
 class GpuDecoder final : public DecodeEngine {
  public:
   GpuDecoder(const ModelWeights& weights, const DecodeSetup& setup)
@@ -64,6 +67,27 @@ class GpuDecoder final : public DecodeEngine {
     }
     return ids;
   }
+
+  std::vector<std::vector<int32_t>> steps(std::vector<int32_t> tokens, std::vector<int32_t> positions,
+                                          int64_t count) override {
+    if (count == 1) return DecodeEngine::steps(std::move(tokens), std::move(positions), count);
+    MK_CHECK(count <= max_steps_per_sync(), "internal error: {} steps in one wait, the engine runs at most {}", count,
+             max_steps_per_sync());
+    for (const int32_t position : positions)
+      MK_CHECK(position + count <= setup_.max_context,
+               "internal error: {} steps from position {} pass the KV cache's {} positions", count, position,
+               setup_.max_context);
+    decode_.set_input(step_input(setup_, tokens, positions));
+    logits_stale_ = true;
+    const std::vector<int32_t> ids = decode_.run_steps_and_read_ids({BufferKind::kSampled}, int(count));
+    const int64_t batch = setup_.batch;
+    std::vector<std::vector<int32_t>> made;
+    for (int64_t i = 0; i < count; ++i) made.emplace_back(ids.begin() + i * batch, ids.begin() + (i + 1) * batch);
+    return made;
+  }
+
+  // Greedy steps follow one another on the device (the sampled ids are there); a temperature samples on the host.
+  int64_t max_steps_per_sync() const override { return setup_.sampling.temperature == 0.0f ? kMaxStepsPerSync : 1; }
 
   const ref::Matrix& logits() const override {
     if (logits_stale_) {

@@ -297,4 +297,18 @@ cudaError_t launch_megakernel(const MegakernelParams& params, int grid_size, cud
   return cudaGetLastError();
 }
 
+__global__ void decode_advance(const int32_t* sampled, int32_t* tokens, int32_t* positions, int batch) {
+  const int b = blockIdx.x * blockDim.x + threadIdx.x;
+  if (b >= batch) return;
+  tokens[b] = sampled[b];
+  positions[b] += 1;
+}
+
+cudaError_t launch_decode_advance(const MegakernelParams& params, int batch, cudaStream_t stream) {
+  constexpr int kThreads = 128;
+  decode_advance<<<(batch + kThreads - 1) / kThreads, kThreads, 0, stream>>>(
+      params.sampled, const_cast<int32_t*>(params.tokens), const_cast<int32_t*>(params.positions), batch);
+  return cudaGetLastError();
+}
+
 }  // namespace mk::gpu

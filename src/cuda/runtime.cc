@@ -73,7 +73,10 @@ struct GpuEngine::Impl {
   // One timed pass: `enqueue` puts its launches on the stream between two events, `read_back` (if any) its copies
   // after them, beside the error slot's; then the watchdog waits for all of it and the error slot is checked.
   // Milliseconds between the events.
-  float timed_pass(const std::function<void()>& enqueue, const std::function<void()>& read_back = nullptr);
+  // `epochs`: the launches of one pass that each take an epoch of their own (enqueue gives every one after the
+  // first its epoch, params.epoch + 1 each); each may wait out a stall, so the watchdog allows for all of them.
+  float timed_pass(const std::function<void()>& enqueue, const std::function<void()>& read_back = nullptr,
+                   int epochs = 1);
   // The error the kernel recorded in its slot, as an mk::Error naming SM, instruction, task and counter.
   [[noreturn]] void throw_device_error(const gpu::DeviceError& error) const;
   // Positions and token ids to their device buffers, on the stream (the next launch follows them there).
@@ -276,13 +279,14 @@ void GpuEngine::Impl::throw_device_error(const gpu::DeviceError& error) const {
                           error.instruction, error.task, task));
 }
 
-float GpuEngine::Impl::timed_pass(const std::function<void()>& enqueue, const std::function<void()>& read_back) {
+float GpuEngine::Impl::timed_pass(const std::function<void()>& enqueue, const std::function<void()>& read_back,
+                                  int epochs) {
   PassEvents& e = pass_events();
   cudaEvent_t start = e.start.get(), stop = e.stop.get();
   auto* error_slot =
       static_cast<gpu::DeviceError*>(error_staging.reserve(sizeof(gpu::DeviceError), "allocating pinned memory"));
   // Counters grow by one target per launch; start over before epoch * target could overflow 32 bits.
-  if (uint64_t(params.epoch + 1) * max_signals >= (uint64_t(1) << 32)) {
+  if (uint64_t(params.epoch + epochs) * max_signals >= (uint64_t(1) << 32)) {
     check_cuda(cudaMemset(params.counters, 0, num_counters * sizeof(uint32_t)), "resetting counters");
     params.epoch = 0;
   }
@@ -296,8 +300,8 @@ float GpuEngine::Impl::timed_pass(const std::function<void()>& enqueue, const st
   if (read_back) read_back();
   check_cuda(cudaEventRecord(e.done.get(), stream), "recording an event");
   // Watchdog: the kernel bounds every wait itself; if it still does not finish, no recovery is possible.
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::duration<double>(2 * options.stall_timeout_s + 30.0);
+  const double watchdog_s = epochs * 2 * options.stall_timeout_s + 30.0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(watchdog_s);
   // NOTE: polled without sleeping for the first 10 ms: a decode step takes about a millisecond, and a sleep of
   // the scheduler's granularity (~50 us) would add to every token's latency.
   const auto spin_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(10);
@@ -305,8 +309,7 @@ float GpuEngine::Impl::timed_pass(const std::function<void()>& enqueue, const st
   while ((status = cudaEventQuery(e.done.get())) == cudaErrorNotReady) {
     const auto now = std::chrono::steady_clock::now();
     if (now > deadline) {
-      std::fprintf(stderr, "mk: fatal: the megakernel did not finish within %.0f s; exiting\n",
-                   2 * options.stall_timeout_s + 30.0);
+      std::fprintf(stderr, "mk: fatal: the megakernel did not finish within %.0f s; exiting\n", watchdog_s);
       std::_Exit(3);
     }
     if (now < spin_until) {
@@ -351,6 +354,36 @@ std::vector<int32_t> GpuEngine::run_and_read_ids(BufferRef ref) {
                                  "reading back ids");
                   });
   return std::vector<int32_t>(ids, ids + count);
+}
+
+std::vector<int32_t> GpuEngine::run_steps_and_read_ids(BufferRef ref, int steps) {
+  Impl& impl = *impl_;
+  impl.check_usable();
+  MK_CHECK(steps >= 1 && uint64_t(steps) * impl.max_signals < (uint64_t(1) << 32),
+           "internal error: {} decode steps in one pass", steps);
+  MK_CHECK(impl.graph.shape().pass == PassKind::kDecode && ref.kind == BufferKind::kSampled,
+           "internal error: steps without the host are a decode pass's, fed by its sampled ids");
+  const uint32_t id = impl.graph.buffer_table().id(ref);
+  const int batch = int(impl.graph.shape().batch);
+  auto* ids =
+      static_cast<int32_t*>(impl.readback_staging.reserve(size_t(steps) * batch * 4, "allocating pinned memory"));
+  impl.timed_pass(
+      [&] {
+        for (int step = 0; step < steps; ++step) {
+          if (step > 0) {
+            check_kernel(impl.broken, gpu::launch_decode_advance(impl.params, batch, impl.stream),
+                         "feeding the sampled ids back");
+            impl.params.epoch += 1;
+          }
+          impl.launch(impl.params);
+          check_kernel(impl.broken,
+                       cudaMemcpyAsync(ids + step * batch, impl.buffer_address[id], size_t(batch) * 4,
+                                       cudaMemcpyDeviceToHost, impl.stream),
+                       "reading back ids");
+        }
+      },
+      nullptr, steps);
+  return std::vector<int32_t>(ids, ids + steps * batch);
 }
 
 std::vector<float> GpuEngine::time_runs_per_step(int launches) {
@@ -431,27 +464,9 @@ Trace GpuEngine::run_traced() {
 }
 
 
-namespace {
-
-ref::Matrix download_buffer(const Buffer& buffer, const void* address) {
-  const ElementType element = buffer_kind_info(buffer.kind).element;
-  if (element == ElementType::kBf16) return gpu::download_bf16(address, buffer.rows, buffer.cols);
-  ref::Matrix out(buffer.rows, buffer.cols);
-  if (element == ElementType::kFloat32) {
-    check_cuda(cudaMemcpy(out.data.data(), address, out.data.size() * 4, cudaMemcpyDeviceToHost), "downloading a buffer");
-    return out;
-  }
-  std::vector<int32_t> values(out.data.size());
-  check_cuda(cudaMemcpy(values.data(), address, values.size() * 4, cudaMemcpyDeviceToHost), "downloading a buffer");
-  for (size_t i = 0; i < values.size(); ++i) out.data[i] = float(values[i]);
-  return out;
-}
-
-}  // namespace
-
 ref::Matrix GpuEngine::output() const {
   const uint32_t id = impl_->graph.output_buffer();
-  return download_buffer(impl_->graph.buffers()[id], impl_->buffer_address[id]);
+  return gpu::download_buffer(impl_->graph.buffers()[id], impl_->buffer_address[id]);
 }
 
 void GpuEngine::copy_output_to_device(void* destination) const {
@@ -469,14 +484,14 @@ void GpuEngine::copy_output_to_device(void* destination) const {
 std::vector<ref::Matrix> GpuEngine::buffers() const {
   std::vector<ref::Matrix> out;
   for (size_t b = 0; b < impl_->graph.buffers().size(); ++b)
-    out.push_back(download_buffer(impl_->graph.buffers()[b], impl_->buffer_address[b]));
+    out.push_back(gpu::download_buffer(impl_->graph.buffers()[b], impl_->buffer_address[b]));
   return out;
 }
 
 ref::Matrix GpuEngine::buffer(BufferRef ref) const {
   impl_->check_usable();
   const uint32_t id = impl_->graph.buffer_table().id(ref);
-  return download_buffer(impl_->graph.buffers()[id], impl_->buffer_address[id]);
+  return gpu::download_buffer(impl_->graph.buffers()[id], impl_->buffer_address[id]);
 }
 
 size_t GpuEngine::device_bytes() const { return impl_->arena.bytes(); }

@@ -92,6 +92,17 @@ class CpuVmDecoder final : public DecodeEngine {
 
 }  // namespace
 
+std::vector<std::vector<int32_t>> DecodeEngine::steps(std::vector<int32_t> tokens, std::vector<int32_t> positions,
+                                                      int64_t count) {
+  std::vector<std::vector<int32_t>> made;
+  for (int64_t i = 0; i < count; ++i) {
+    made.push_back(step(tokens, positions));
+    tokens = made.back();
+    for (int32_t& position : positions) ++position;
+  }
+  return made;
+}
+
 std::string DecodeEngine::trace_step(const std::vector<int32_t>&, const std::vector<int32_t>&,
                                      const std::filesystem::path&) {
   throw Error("tracing a decode step needs the gpu engine");

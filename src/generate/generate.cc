@@ -43,6 +43,50 @@ std::vector<int32_t> prefill_tokens(const std::vector<std::vector<int32_t>>& pro
   return tokens;
 }
 
+// Steps the next wait for the engine covers: 1 unless every sequence is generating (a finished sequence's token and
+// position stay put, which only steps fed by the host do), and no more than any sequence may still make or than its
+// cache has rows left for.
+int64_t steps_before_sync(const DecodeEngine& engine, const GenerationResult& result, const std::vector<bool>& done,
+                          const std::vector<int32_t>& positions, const GenerationOptions& options) {
+  if (options.keep_logits || std::find(done.begin(), done.end(), true) != done.end()) return 1;
+  const DecodeSetup& setup = engine.setup();
+  int64_t count = std::clamp<int64_t>(options.steps_per_sync, 1, engine.max_steps_per_sync());
+  for (size_t b = 0; b < done.size(); ++b) {
+    const SequenceResult& sequence = result.sequences[b];
+    const int64_t made = int64_t(sequence.tokens.size()) - sequence.prompt_length;
+    count = std::min(count, options.max_new_tokens - made);
+    count = std::min<int64_t>(count, setup.max_context - positions[b]);
+  }
+  return std::max<int64_t>(count, 1);
+}
+
+// One step's ids into the result: each generating sequence takes its id and stops at EOS, at max new tokens or at
+// the cache's end, or feeds it next; the ids of sequences already done are ignored. The ids taken (-1: none).
+std::vector<int32_t> take_step(const std::vector<int32_t>& next, const DecodeSetup& setup,
+                               const GenerationOptions& options, GenerationResult& result, std::vector<bool>& done,
+                               std::vector<int32_t>& tokens, std::vector<int32_t>& positions) {
+  std::vector<int32_t> made(done.size(), -1);
+  for (size_t b = 0; b < done.size(); ++b) {
+    if (done[b]) continue;
+    SequenceResult& sequence = result.sequences[b];
+    made[b] = next[b];
+    sequence.tokens.push_back(next[b]);
+    done[b] = true;
+    if (std::find(options.eos_ids.begin(), options.eos_ids.end(), next[b]) != options.eos_ids.end()) {
+      sequence.stop = StopReason::kEos;
+    } else if (int64_t(sequence.tokens.size()) - sequence.prompt_length == options.max_new_tokens) {
+      sequence.stop = StopReason::kMaxNewTokens;
+    } else if (positions[b] + 1 >= setup.max_context) {
+      sequence.stop = StopReason::kCacheFull;  // no cache row left to feed the new token at
+    } else {
+      done[b] = false;
+      tokens[b] = next[b];
+      ++positions[b];
+    }
+  }
+  return made;
+}
+
 }  // namespace
 
 const char* stop_reason_text(StopReason reason) {
@@ -78,31 +122,24 @@ GenerationResult generate(DecodeEngine& engine, const std::vector<std::vector<in
     tokens[b] = prompts[b].back();
     positions[b] = int32_t(prompts[b].size() - 1);
   }
-  for (int64_t step = 0; std::find(done.begin(), done.end(), false) != done.end(); ++step) {
+  for (int64_t step = 0; std::find(done.begin(), done.end(), false) != done.end();) {
+    const int64_t count = steps_before_sync(engine, result, done, positions, options);
     const auto start = std::chrono::steady_clock::now();
-    const std::vector<int32_t> next = engine.step(tokens, positions);
-    result.step_s.push_back(seconds_since(start));
-    if (options.keep_logits) result.logits.push_back(engine.logits());
-    std::vector<int32_t> made(batch, -1);
-    for (size_t b = 0; b < batch; ++b) {
-      if (done[b]) continue;
-      SequenceResult& sequence = result.sequences[b];
-      made[b] = next[b];
-      sequence.tokens.push_back(next[b]);
-      done[b] = true;
-      if (std::find(options.eos_ids.begin(), options.eos_ids.end(), next[b]) != options.eos_ids.end()) {
-        sequence.stop = StopReason::kEos;
-      } else if (int64_t(sequence.tokens.size()) - sequence.prompt_length == options.max_new_tokens) {
-        sequence.stop = StopReason::kMaxNewTokens;
-      } else if (positions[b] + 1 >= setup.max_context) {
-        sequence.stop = StopReason::kCacheFull;  // no cache row left to feed the new token at
-      } else {
-        done[b] = false;
-        tokens[b] = next[b];
-        ++positions[b];
-      }
+    const std::vector<std::vector<int32_t>> group = engine.steps(tokens, positions, count);
+    const double seconds = seconds_since(start);
+    ++result.waits;
+    // Steps past the last sequence's stop made nothing; their time goes to the steps that did.
+    std::vector<std::vector<int32_t>> made_by_step;
+    for (const std::vector<int32_t>& next : group) {
+      if (std::find(done.begin(), done.end(), false) == done.end()) break;
+      if (options.keep_logits) result.logits.push_back(engine.logits());  // count is 1 then
+      made_by_step.push_back(take_step(next, setup, options, result, done, tokens, positions));
     }
-    if (on_step) on_step(step, made);
+    for (const std::vector<int32_t>& made : made_by_step) {
+      result.step_s.push_back(seconds / double(made_by_step.size()));
+      if (on_step) on_step(step, made);
+      ++step;
+    }
   }
   return result;
 }

@@ -5,6 +5,8 @@
 
 #include <cstring>
 
+#include <fmt/format.h>
+
 #include "mk/generate.h"
 #include "mk/gpu.h"
 #include "mk/random.h"
@@ -159,6 +161,93 @@ TEST(Sampling, DrawsFromTheTopKAndTopPCandidatesInOrder) {
     sum += u;
   }
   EXPECT_NEAR(sum / 4000, 0.5, 0.02);
+}
+
+// A decode engine whose next token of each sequence is a function of its token and position, recording how many
+// steps each call to steps() asked for; a step at or past the cache's end fails the test.
+class CountingEngine final : public DecodeEngine {
+ public:
+  explicit CountingEngine(const DecodeSetup& setup) : setup_(setup) {}
+  void prefill(const std::vector<int32_t>&, int64_t) override {}
+  std::vector<int32_t> step(const std::vector<int32_t>& tokens, const std::vector<int32_t>& positions) override {
+    std::vector<int32_t> next;
+    for (size_t b = 0; b < tokens.size(); ++b) {
+      EXPECT_LT(positions[b], setup_.max_context) << "sequence " << b << " fed past the cache's end";
+      next.push_back((tokens[b] * 7 + positions[b] * 3 + 1) % 50);
+    }
+    return next;
+  }
+  std::vector<std::vector<int32_t>> steps(std::vector<int32_t> tokens, std::vector<int32_t> positions,
+                                          int64_t count) override {
+    counts.push_back(count);
+    return DecodeEngine::steps(std::move(tokens), std::move(positions), count);
+  }
+  int64_t max_steps_per_sync() const override { return 64; }
+  const ref::Matrix& logits() const override { return logits_; }
+  const DecodeSetup& setup() const override { return setup_; }
+  std::string describe() const override { return "counting"; }
+  std::vector<int64_t> counts;
+
+ private:
+  DecodeSetup setup_;
+  ref::Matrix logits_;
+};
+
+using Streamed = std::vector<std::pair<int64_t, std::vector<int32_t>>>;  // (step, the ids it made)
+
+// Generates with the options, recording what it streams and the engine's group sizes.
+GenerationResult generate_counting(const std::vector<std::vector<int32_t>>& prompts, int64_t max_context,
+                                   const GenerationOptions& options, Streamed& streamed,
+                                   std::vector<int64_t>& counts) {
+  CountingEngine engine(setup_for(int64_t(prompts.size()), max_context));
+  const GenerationResult result = generate(engine, prompts, options, [&](int64_t step, const auto& made) {
+    streamed.emplace_back(step, made);
+  });
+  counts = engine.counts;
+  return result;
+}
+
+TEST(Generate, GroupsOfStepsMakeWhatSingleStepsMake) {
+  const std::vector<std::vector<int32_t>> prompts = {{3, 9, 4}, {1}, {7, 2, 8, 8, 5, 6}};
+  for (const int64_t max_context : {int64_t(12), int64_t(40)}) {
+    for (const bool with_eos : {false, true}) {
+      SCOPED_TRACE(fmt::format("max context {}, {}", max_context, with_eos ? "EOS" : "no EOS"));
+      GenerationOptions options;
+      options.max_new_tokens = 23;
+      Streamed single_streamed, grouped_streamed;
+      std::vector<int64_t> single_counts, grouped_counts;
+      if (with_eos) {  // sequence 0's third new token: it stops inside the first group of 5
+        const GenerationResult free = generate_counting(prompts, max_context, options, single_streamed, single_counts);
+        options.eos_ids = {free.sequences[0].tokens[5]};
+        single_streamed.clear();
+      }
+      const GenerationResult expected =
+          generate_counting(prompts, max_context, options, single_streamed, single_counts);
+      EXPECT_THAT(single_counts, ::testing::Each(1));
+      if (with_eos) {
+        EXPECT_EQ(expected.sequences[0].stop, StopReason::kEos);
+      }
+      options.steps_per_sync = 5;
+      const GenerationResult result =
+          generate_counting(prompts, max_context, options, grouped_streamed, grouped_counts);
+      for (size_t b = 0; b < prompts.size(); ++b) {
+        EXPECT_EQ(result.sequences[b].tokens, expected.sequences[b].tokens) << "sequence " << b;
+        EXPECT_EQ(result.sequences[b].stop, expected.sequences[b].stop) << "sequence " << b;
+      }
+      EXPECT_EQ(grouped_streamed, single_streamed);
+      EXPECT_EQ(result.step_s.size(), expected.step_s.size());
+      EXPECT_EQ(result.waits, int64_t(grouped_counts.size()));
+      EXPECT_EQ(expected.waits, int64_t(expected.step_s.size()));
+      // Groups of up to 5 while all three generate (the longest prompt has 12 - 5 = 7 rows of cache left, so at 12
+      // the second group is cut to 2), then one step at a time.
+      ASSERT_GE(grouped_counts.size(), 2u);
+      EXPECT_EQ(grouped_counts[0], 5);
+      if (max_context == 12 && !with_eos) {
+        EXPECT_EQ(grouped_counts[1], 2);
+      }
+      EXPECT_LT(grouped_counts.size(), single_counts.size());
+    }
+  }
 }
 
 TEST(Generate, StopsAtEosAtTheTokenBudgetAndAtTheCachesEnd) {

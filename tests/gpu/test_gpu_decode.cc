@@ -22,18 +22,32 @@ void append_row(ref::Matrix& to, const ref::Matrix& from, int64_t row) {
   to.cols = from.cols;
 }
 
+// Random weights and ragged random prompts of a generation test, and the setup that holds them.
+struct GenerationCase {
+  ModelWeights weights;
+  std::vector<std::vector<int32_t>> prompts;
+  DecodeSetup setup;
+};
+
+GenerationCase generation_case(const ModelConfig& config, const std::vector<int64_t>& prompt_lengths,
+                               int64_t max_context, uint64_t seed) {
+  GenerationCase c{random_weights(config, seed), {}, {}};
+  for (size_t b = 0; b < prompt_lengths.size(); ++b)
+    c.prompts.push_back(random_prompt(config, prompt_lengths[b], seed + 1 + b));
+  c.setup.batch = int64_t(c.prompts.size());
+  c.setup.max_context = max_context;
+  return c;
+}
+
 // Generates on the GPU from ragged prompts, then checks every step's logits against forward passes over each
 // sequence's own tokens (the prompt and the tokens it was fed), and each new token against its step's argmax.
 void check_generation(const ModelConfig& config, const std::vector<int64_t>& prompt_lengths, int64_t new_tokens,
                       int64_t max_context, uint64_t seed) {
   SCOPED_TRACE(fmt::format("{} batch {} max context {}", config.name, prompt_lengths.size(), max_context));
-  const ModelWeights weights = random_weights(config, seed);
-  std::vector<std::vector<int32_t>> prompts;
-  for (size_t b = 0; b < prompt_lengths.size(); ++b)
-    prompts.push_back(random_prompt(config, prompt_lengths[b], seed + 1 + b));
-  DecodeSetup setup;
-  setup.batch = int64_t(prompts.size());
-  setup.max_context = max_context;
+  const GenerationCase c = generation_case(config, prompt_lengths, max_context, seed);
+  const ModelWeights& weights = c.weights;
+  const std::vector<std::vector<int32_t>>& prompts = c.prompts;
+  const DecodeSetup& setup = c.setup;
   GenerationOptions options;
   options.max_new_tokens = new_tokens;
   options.keep_logits = true;
@@ -129,6 +143,54 @@ TEST_F(Gpu, DecodeKRangesHoldForTheLastShorterPass) {
   std::vector<int64_t> prompt_lengths;
   for (int64_t b = 0; b < 31; ++b) prompt_lengths.push_back(1 + b % 7);
   check_generation(small_config(256, 4160, 4, 2, 64, true, true, 1), prompt_lengths, 3, 64, 31);
+}
+
+// Greedy steps in groups (DecodeEngine::steps: the engine feeds each step the previous one's ids at the next
+// positions on the device, with no host between) make the same tokens and stops as steps fed one at a time by the
+// host, including a group cut by the cache's end and a sequence stopping at EOS within a group.
+void check_steps_fed_on_the_device(const ModelConfig& config, const std::vector<int64_t>& prompt_lengths,
+                                   int64_t new_tokens, int64_t max_context, uint64_t seed) {
+  SCOPED_TRACE(fmt::format("{} batch {} max context {}", config.name, prompt_lengths.size(), max_context));
+  const GenerationCase c = generation_case(config, prompt_lengths, max_context, seed);
+  const ModelWeights& weights = c.weights;
+  const std::vector<std::vector<int32_t>>& prompts = c.prompts;
+  const DecodeSetup& setup = c.setup;
+  const std::unique_ptr<DecodeEngine> gpu = make_gpu_decoder(weights, setup);
+  GenerationOptions by_host;
+  by_host.max_new_tokens = new_tokens;
+  by_host.steps_per_sync = 1;
+  GenerationOptions on_device = by_host;
+  on_device.steps_per_sync = 8;
+  const GenerationResult expected = generate(*gpu, prompts, by_host);
+  const GenerationResult grouped = generate(*gpu, prompts, on_device);
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    EXPECT_EQ(grouped.sequences[b].tokens, expected.sequences[b].tokens) << "sequence " << b;
+    EXPECT_EQ(grouped.sequences[b].stop, expected.sequences[b].stop) << "sequence " << b;
+  }
+  EXPECT_EQ(grouped.step_s.size(), expected.step_s.size());
+  EXPECT_LT(grouped.waits, int64_t(grouped.step_s.size())) << "no group of steps ran without the host";
+  // The third new token of sequence 0 as EOS: it stops inside the first group, the others run on.
+  const SequenceResult& first = expected.sequences[0];
+  if (int64_t(first.tokens.size()) < first.prompt_length + 3) return;
+  by_host.eos_ids = on_device.eos_ids = {first.tokens[size_t(first.prompt_length + 2)]};
+  const GenerationResult expected_eos = generate(*gpu, prompts, by_host);
+  EXPECT_EQ(expected_eos.sequences[0].stop, StopReason::kEos);
+  const GenerationResult grouped_eos = generate(*gpu, prompts, on_device);
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    EXPECT_EQ(grouped_eos.sequences[b].tokens, expected_eos.sequences[b].tokens) << "EOS, sequence " << b;
+    EXPECT_EQ(grouped_eos.sequences[b].stop, expected_eos.sequences[b].stop) << "EOS, sequence " << b;
+  }
+}
+
+TEST_F(Gpu, GreedyStepsFedOnTheDeviceMatchStepsFedByTheHost) {
+  check_steps_fed_on_the_device(find_preset("tiny").config, {8}, 21, 64, 41);
+  // Ragged, and a cache of 32 rows: the longest sequence's second group is cut short by the cache's end.
+  check_steps_fed_on_the_device(find_preset("tiny").config, {19, 5, 11}, 40, 32, 42);
+  ModelConfig config = find_preset("llama-3.2-1b").config;
+  config.n_layers = 2;
+  config.vocab_size = 4096;
+  check_steps_fed_on_the_device(config, {64}, 20, 1024, 43);
+  check_steps_fed_on_the_device(config, {64, 9, 30, 17}, 12, 1024, 44);  // the tensor-core path
 }
 
 TEST_F(Gpu, GenerationOnTheTinyPresetMatchesTheForwardPass) {
