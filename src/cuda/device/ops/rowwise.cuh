@@ -8,16 +8,19 @@
 
 namespace mk::gpu {
 
-// hidden[0][rows] <- embedding[tokens[rows]]; one warp per row.
+// hidden[0][rows] <- embedding[tokens[rows]], each consumer thread a 16-byte chunk at a time.
+// NOTE: one warp per row, its lanes copying chunk after chunk, took 5.7 us for one 4 KB row in a decode step (each
+// store may alias the next load, so every chunk was a dependent round trip to HBM), and layer 0's q tiles waited on
+// it (fifteenth session, run 1). Spread over every consumer thread, a decode row is one round trip. (Four loads in
+// flight per thread made ptxas spill.)
 __device__ __forceinline__ void run_embed(const MegakernelParams& p, const Instruction& in, int consumer_thread) {
-  const int32_t d_model = p.dims.d_model;
-  const int warp = consumer_thread / 32;
-  const int lane = consumer_thread % 32;
-  for (int32_t row = in.row_begin + warp; row < in.row_end; row += KernelConfig::kConsumerWarps) {
-    const int32_t token = p.tokens[row];
-    const uint4* source = reinterpret_cast<const uint4*>(p.weights.embedding + int64_t(token) * d_model);
-    uint4* target = reinterpret_cast<uint4*>(p.hidden + int64_t(row) * d_model);
-    for (int32_t chunk = lane; chunk < d_model / 8; chunk += 32) target[chunk] = source[chunk];
+  const int32_t chunks = p.dims.d_model / 8;
+  const int32_t total = (in.row_end - in.row_begin) * chunks;
+  for (int32_t i = consumer_thread; i < total; i += KernelConfig::kConsumerThreads) {
+    const int32_t row = in.row_begin + i / chunks, chunk = i % chunks;
+    const int32_t token = __ldcg(p.tokens + row);
+    const uint4* source = reinterpret_cast<const uint4*>(p.weights.embedding + int64_t(token) * p.dims.d_model);
+    reinterpret_cast<uint4*>(p.hidden + int64_t(row) * p.dims.d_model)[chunk] = __ldg(source + chunk);
   }
 }
 
