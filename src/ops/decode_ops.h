@@ -64,16 +64,45 @@ struct KvAppendOp {
 
 // ---- decode GEMMs: out (B, n) <- a (B, k) @ w^T ----
 
-// Tiles of every batch row block (kBlockM) x decode_block_n(spread_n) columns: narrow enough that every SM streams
-// weights. Rows are scaled by row_scale (the cache's max context for kDecodeKv, whose rows are cache rows).
-inline void decode_gemm_tiles(Opcode opcode, uint16_t layer, int64_t batch, int64_t n, int64_t spread_n,
-                              int64_t row_scale, std::vector<Task>& tasks) {
+// Column tiles [begin(i), begin(i + 1)), i < count, of a decode GEMM output of n columns: whole kDecodeMinBlockN-column
+// units, `units` of them a tile, one more in each of the first `wide` tiles; the last tile ends at n (narrower when n
+// is not a multiple of kDecodeMinBlockN).
+struct DecodeColumns {
+  int64_t n = 0, count = 0, wide = 0, units = 0;
+  int64_t begin(int64_t i) const { return std::min(n, (i * units + std::min(i, wide)) * tiles::kDecodeMinBlockN); }
+};
+
+// decode_block_n(spread_n) columns a tile: narrow enough that every SM streams weights.
+inline DecodeColumns uniform_decode_columns(int64_t n, int64_t spread_n) {
   const int32_t width = decode_block_n(spread_n);
-  for (int64_t col = 0; col < n; col += width) {
+  return {n, blocks(n, width), 0, width / tiles::kDecodeMinBlockN};
+}
+
+// NOTE: for an output wider than a round of kDecodeMaxBlockN-column tiles (the LM head), uniform tiles leave the last
+// round part-full: Llama-3.2-1B's 128256 logits made 1002 tiles of 128 on 132 SMs, 78 SMs running 8 and 54 running
+// 7, and the 7-tile SMs sat idle ~17 us (one ~16.5 us tile of weight streaming) of a ~1045 us step (GPU trace).
+// Instead: the fewest whole rounds of kDecodeSpreadTasks tiles of at most kDecodeMaxBlockN columns (fewer tiles
+// than a round only where n has fewer units), the units spread evenly, so widths differ by one unit: 1056 tiles,
+// 624 of 128 and 432 of 112. Whole units keep the CUDA-core path's 8 warps at equal shares of output pairs. The
+// wider tiles come first, so that schedulers place them first (longest first): the list scheduler ranks them by cost
+// anyway, round-robin by task order.
+inline DecodeColumns balanced_decode_columns(int64_t n) {
+  static_assert(tiles::kDecodeMaxBlockN % tiles::kDecodeMinBlockN == 0, "the widest tile is whole units");
+  const int64_t units = blocks(n, tiles::kDecodeMinBlockN);
+  const int64_t round_units = tiles::kDecodeSpreadTasks * (tiles::kDecodeMaxBlockN / tiles::kDecodeMinBlockN);
+  const int64_t count = std::min(units, tiles::kDecodeSpreadTasks * blocks(units, round_units));
+  return {n, count, units % count, units / count};
+}
+
+// Tiles of every batch row block (kBlockM) x each column tile. Rows are scaled by row_scale (the cache's max context
+// for kDecodeKv, whose rows are cache rows).
+inline void decode_gemm_tiles(Opcode opcode, uint16_t layer, int64_t batch, const DecodeColumns& columns,
+                              int64_t row_scale, std::vector<Task>& tasks) {
+  for (int64_t i = 0; i < columns.count; ++i) {
     for (int64_t row = 0; row < batch; row += tiles::kBlockM) {
       const int64_t row_end = std::min<int64_t>(batch, row + tiles::kBlockM);
-      tasks.push_back({opcode, layer, int32_t(row * row_scale), int32_t(row_end * row_scale), int32_t(col),
-                       int32_t(std::min<int64_t>(n, col + width)), -1, -1});
+      tasks.push_back({opcode, layer, int32_t(row * row_scale), int32_t(row_end * row_scale),
+                       int32_t(columns.begin(i)), int32_t(columns.begin(i + 1)), -1, -1});
     }
   }
 }
@@ -83,14 +112,15 @@ template <typename Op, typename Base = GemmOp<Op>>
 struct DecodeGemmOp : Base {
   // The columns whose count sets the tile width: q and kv together for the two halves of the qkv projection.
   static int64_t spread_columns(const ModelConfig& c) { return Op::gemm(c).n; }
+  static DecodeColumns columns(const ModelConfig& c) {
+    return uniform_decode_columns(Op::gemm(c).n, Op::spread_columns(c));
+  }
   static void tile(const OpContext& ctx, uint16_t layer, std::vector<Task>& tasks) {
-    decode_gemm_tiles(Op::kOpcode, layer, ctx.shape.batch, Op::gemm(ctx.config).n, Op::spread_columns(ctx.config), 1,
-                      tasks);
+    decode_gemm_tiles(Op::kOpcode, layer, ctx.shape.batch, Op::columns(ctx.config), 1, tasks);
   }
   // kDecodeKv tiles its own rows, but as many of them: only their scale differs.
   static int64_t num_tasks(const OpContext& ctx) {
-    return blocks(Op::gemm(ctx.config).n, decode_block_n(Op::spread_columns(ctx.config))) *
-           blocks(ctx.shape.batch, tiles::kBlockM);
+    return Op::columns(ctx.config).count * blocks(ctx.shape.batch, tiles::kBlockM);
   }
   // Every weight row is read by this task alone: the weight bytes are streamed from HBM.
   static TaskWork work(const OpContext& ctx, const Task& t) {
@@ -134,8 +164,7 @@ struct DecodeKvOp : DecodeGemmOp<DecodeKvOp> {
     return {t.row_begin / max_context, (t.row_end + max_context - 1) / max_context};
   }
   static void tile(const OpContext& ctx, uint16_t layer, std::vector<Task>& tasks) {
-    decode_gemm_tiles(kOpcode, layer, ctx.shape.batch, 2 * ctx.config.kv_dim(), ctx.config.qkv_dim(),
-                      ctx.shape.max_context, tasks);
+    decode_gemm_tiles(kOpcode, layer, ctx.shape.batch, columns(ctx.config), ctx.shape.max_context, tasks);
   }
   static void reads(const OpContext& ctx, const Task& t, TaskRegions& r) {
     const ref::Range rows = batch_rows(ctx.shape.max_context, t);
@@ -196,6 +225,7 @@ struct DecodeLmHeadOp : DecodeGemmOp<DecodeLmHeadOp, LmHeadOp> {
   static constexpr Opcode kOpcode = Opcode::kDecodeLmHead;
   static constexpr const char* kName = "decode_lm_head";
   static BufferRef input(const ModelConfig& c) { return {BK::kHidden, int32_t(c.n_layers)}; }
+  static DecodeColumns columns(const ModelConfig& c) { return balanced_decode_columns(c.vocab_size); }
   static void reads(const OpContext& ctx, const Task& t, TaskRegions& r) {
     r.read(full_rows(ctx, input(ctx.config), t));
   }

@@ -3,8 +3,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
+#include <vector>
 
 #include "graph_text.h"
 #include "mk/cpu_vm.h"
@@ -190,6 +192,16 @@ TEST(DecodeGraph, ALlama1BStepSpreadsOverEverySm) {
   EXPECT_EQ(tasks_of_layer_0[Opcode::kDecodeDown], 2048 / 16);
   EXPECT_EQ(tasks_of_layer_0[Opcode::kDecodeAttention], 8 * 8) << "8 kv heads x 8 blocks of 1024 positions";
   const Schedule schedule = make_schedule(graph, derive_dependencies(graph), SchedulePolicy::kCostModel, 132);
+  // The LM head's 8016 units of 16 columns, 60 or 61 an SM (1002 tiles of 128 gave 54 SMs 56 units, 78 SMs 64).
+  std::vector<int64_t> lm_head_units(132, 0);
+  for (int32_t sm = 0; sm < schedule.num_sms; ++sm) {
+    for (uint32_t i = schedule.sm_begin[size_t(sm)]; i < schedule.sm_begin[size_t(sm) + 1]; ++i) {
+      const Instruction& in = schedule.instructions[i];
+      if (in.opcode == Opcode::kDecodeLmHead) lm_head_units[size_t(sm)] += (in.col_end - in.col_begin) / 16;
+    }
+  }
+  EXPECT_EQ(*std::min_element(lm_head_units.begin(), lm_head_units.end()), 60);
+  EXPECT_EQ(*std::max_element(lm_head_units.begin(), lm_head_units.end()), 61);
   const double floor_ns = forward_cost(config, shape).weights_read / 4200.0;  // 4.2 TB/s: 4200 bytes per ns
   const double makespan_ns = estimate_schedule(graph, schedule).makespan_ns;
   EXPECT_GT(makespan_ns, floor_ns);
@@ -211,6 +223,64 @@ TEST(DecodeGraph, TilesAndSplitsFitOneRoundOfSms) {
   EXPECT_EQ(splits(8, 1024), 2) << "64 pairs: 3 splits would make 192 tasks, two rounds";
   EXPECT_EQ(splits(17, 1024), 1) << "136 pairs: one split, more than one round is then unavoidable";
   EXPECT_EQ(kv_split(config, {8, 1, PassKind::kDecode, 1024}).blocks_per_split, 4);
+}
+
+// The LM head's decode tiles of `config` at `batch`: each row block's tiles cover every logit once, in whole
+// 16-column units but for a narrower last tile, at most 128 wide, widths within a unit of each other and the wider
+// first, as many as the units allow up to a whole number of rounds of 132 (the fewest that fit 128-column tiles).
+// Returns the count of tiles of each width.
+std::map<int32_t, int64_t> expect_balanced_lm_head_tiles(const ModelConfig& config, int64_t batch) {
+  SCOPED_TRACE(fmt::format("vocab {}, batch {}", config.vocab_size, batch));
+  const RunShape shape{batch, 1, PassKind::kDecode, 64};
+  const Graph graph(config, shape);
+  const int64_t n = config.vocab_size, units = (n + 15) / 16, row_blocks = (batch + 127) / 128;
+  std::vector<std::vector<const Task*>> of_block(static_cast<size_t>(row_blocks));
+  for (const Task& t : graph.tasks())
+    if (t.opcode == Opcode::kDecodeLmHead) of_block[size_t(t.row_begin / 128)].push_back(&t);
+  const OpContext ctx{config, shape, graph.buffer_table()};
+  EXPECT_EQ(op_descriptor(Opcode::kDecodeLmHead).num_tasks(ctx), row_blocks * int64_t(of_block[0].size()));
+  const int64_t count = int64_t(of_block[0].size());
+  EXPECT_EQ(count, std::min(units, 132 * ((units + 132 * 8 - 1) / (132 * 8))));
+  std::map<int32_t, int64_t> widths;
+  for (int64_t block = 0; block < row_blocks; ++block) {
+    const std::vector<const Task*>& tiles = of_block[size_t(block)];
+    EXPECT_EQ(int64_t(tiles.size()), count) << "row block " << block;
+    int32_t next = 0;
+    for (size_t i = 0; i < tiles.size(); ++i) {
+      const Task& t = *tiles[i];
+      EXPECT_EQ(t.row_begin, block * 128);
+      EXPECT_EQ(t.row_end, std::min<int64_t>(batch, (block + 1) * 128));
+      EXPECT_EQ(t.col_begin, next) << "tile " << i << " leaves a gap or overlaps";
+      next = t.col_end;
+      const int32_t width = t.col_end - t.col_begin, widest = tiles[0]->col_end - tiles[0]->col_begin;
+      EXPECT_LE(width, 128);
+      EXPECT_GT(width, widest - 2 * 16) << "tile " << i;
+      if (i + 1 < tiles.size()) {
+        EXPECT_EQ(width % 16, 0) << "tile " << i;
+        EXPECT_GE(width, widest - 16) << "tile " << i;
+      }
+      if (i > 0) {
+        EXPECT_LE(width, tiles[i - 1]->col_end - tiles[i - 1]->col_begin) << "tile " << i;
+      }
+      if (block == 0) ++widths[width];
+    }
+    EXPECT_EQ(next, n);
+  }
+  return widths;
+}
+
+// NOTE: 1002 tiles of 128 on 132 SMs left 54 SMs a tile short of the rest (~17 us idle a step, GPU trace).
+TEST(DecodeGraph, LmHeadTilesAreWholeBalancedRounds) {
+  using Widths = std::map<int32_t, int64_t>;
+  EXPECT_EQ(expect_balanced_lm_head_tiles(find_preset("llama-3.2-1b").config, 1), (Widths{{112, 432}, {128, 624}}));
+  ModelConfig tiny = find_preset("tiny").config;
+  EXPECT_EQ(expect_balanced_lm_head_tiles(tiny, 2), (Widths{{16, 24}})) << "384 logits: too few units for 132 tiles";
+  tiny.vocab_size = 1000;
+  EXPECT_EQ(expect_balanced_lm_head_tiles(tiny, 130), (Widths{{8, 1}, {16, 62}}));
+  tiny.vocab_size = 50257;
+  EXPECT_EQ(expect_balanced_lm_head_tiles(tiny, 130), (Widths{{97, 1}, {112, 25}, {128, 370}}));
+  tiny.vocab_size = 132 * 16 + 16;  // a unit more than a round of the narrowest: a round, one tile of 32
+  EXPECT_EQ(expect_balanced_lm_head_tiles(tiny, 1), (Widths{{16, 131}, {32, 1}}));
 }
 
 // decode_o_proj_combine is decode_combine then decode_o_proj in one task: the same bits from the same partials.

@@ -130,6 +130,16 @@ TEST_F(Gpu, TensorCoreDecodeTilesAtTheirEdges) {
   check_generation(config, {12, 5, 30}, 6, 128, 29);
 }
 
+TEST_F(Gpu, DecodeLmHeadTilesOfUnequalWidths) {
+  // vocab 15992: one round of 132 LM head tiles (balanced_decode_columns), 76 of 128 columns, 55 of 112 and a last
+  // of 104. Batch 1: the CUDA cores, 7 pairs a warp at 112; batch 3: the tensor cores, 7 units of two groups at 112
+  // (one warp idle), and at 104 a last unit of one real group.
+  ModelConfig config = small_config(256, 512, 4, 2, 64, true, true, 1);
+  config.vocab_size = 15992;
+  check_generation(config, {9}, 6, 128, 38);
+  check_generation(config, {12, 5, 30}, 6, 128, 39);
+}
+
 TEST_F(Gpu, TensorCoreDecodePassesOverKRanges) {
   // d_model 4352: down tiles of 64 columns, 8 groups, one a warp over the whole K (one slice); d_ff 8256 at batch 4:
   // 3 K ranges of 2752 (not a multiple of a weight step) for down, the rest in one range.
