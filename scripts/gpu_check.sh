@@ -15,7 +15,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=$root/build-gpu
 status=0
 
-step() {  # step NAME COMMAND...: runs the command, logs to $out/NAME.log, remembers a failure
+step() {  # step NAME COMMAND...: runs the command, logs to $out/NAME.log, remembers a failure, returns its code
   local name=$1
   shift
   echo "=== $name: $*"
@@ -26,6 +26,7 @@ step() {  # step NAME COMMAND...: runs the command, logs to $out/NAME.log, remem
     status=1
   fi
   tail -n 25 "$out/$name.log"
+  return "$code"
 }
 
 # start_clock_sampler MS: samples the SM clock and the power cap every MS ms into $clock_samples, until
@@ -196,6 +197,16 @@ for s in $steps; do
         step "sanitize-wide-$tool" timeout 600 compute-sanitizer --tool "$tool" --error-exitcode 1 \
           "$build/mk" run --preset seed --layers 1 --d-model 2048 --batch 1 --seq 2176 --engine gpu --iterations 1
       done
+      # Decode: a prefill, then greedy steps in groups (the on-device feed between launches) on a 100k vocabulary,
+      # whose sample goes through several double-buffered passes (fifteenth session).
+      if step sanitize-decode-model python3 "$root/scripts/make_text_model.py" --out /tmp/mk-sanitize-decode \
+        --vocab 100000; then
+        for tool in memcheck racecheck synccheck; do
+          step "sanitize-decode-$tool" timeout 600 compute-sanitizer --tool "$tool" --error-exitcode 1 \
+            "$build/mk" generate --model /tmp/mk-sanitize-decode --engine gpu --prompt-ids 1,2,3,4,5 \
+            --max-new-tokens 8 --steps-per-sync 4 --stream none
+        done
+      fi
       ;;
     trace)
       step trace timeout 300 "$build/mk" trace --preset seed --engine gpu --out "$out/trace-seed.json" --overhead 20
