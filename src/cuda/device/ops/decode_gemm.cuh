@@ -18,8 +18,11 @@ namespace mk::gpu {
 // SM's upcoming tiles from the idle producer thread) made steps slower, 1.35 -> 1.43-1.50 ms (docs/perf.md):
 // the prefetches delay the latency-bound tiles' own loads. Asking only while o_proj waits at the attention chain's
 // end, for the first 192 KB of the SM's next (gate_up) tile, made the step 4.6% longer too (ninth session, run 4):
-// o_proj's wait grew 8.9 -> 10.9 us, and gate_up's tiles did not get faster. Passes of 3 or more rows go to the tensor
-// cores instead (decode_gemm_mma.cuh), with the same staging and epilogues.
+// o_proj's wait grew 8.9 -> 10.9 us, and gate_up's tiles did not get faster. NOTE: the hops into the streaming ops
+// (a counter's publication to the wait's end: 2-3 us, against ~1 us into attention) are not the SM's own copies
+// delaying its acquire loads: with each weight step sent as two bulk copies instead of per-lane cp.async, the hops
+// stayed at 1.8-2.7 us and batch 1 took 2% longer (branch decode-tma-weights, fifteenth session, run 2). Passes of 3
+// or more rows go to the tensor cores instead (decode_gemm_mma.cuh), with the same staging and epilogues.
 // Batch rows one pass holds: the M of the tensor-core path's mma; more rows take more passes over the same weights.
 constexpr int kDecodeMaxRows = 16;
 static_assert(kDecodeMaxRows * 4 <= KernelConfig::kDecodeInvRmsBytes,
