@@ -374,9 +374,9 @@ def markdown(report: dict) -> str:
         f"positions (mk's --max-context, torch's StaticCache).",
         "Per-token latency: the host's wall time from feeding a step's tokens to holding the next ones, p50 and p99 "
         f"over the steps (mk: one wait for the engine every {run.get('mk_steps_per_sync', 1)} steps at most, a group's "
-        "time spread evenly over its steps); tokens/s = batch x steps / their sum. Tokens: each sequence against torch eager's up to the "
-        "first difference; one where eager's margin is within its bf16 noise (near-tie) ends that sequence's "
-        "comparison, any other fails the benchmark.", "",
+        "time spread evenly over its steps); tokens/s = batch x steps / their sum. Tokens: each sequence against "
+        "torch eager's up to the first difference; one where eager's margin is within its bf16 noise (near-tie) "
+        "ends that sequence's comparison, any other fails the benchmark.", "",
         "| backend | p50 us | p99 us | tokens/s | p50 / mk p50 | tokens vs eager |", "|---|---|---|---|---|---|",
     ]
     mk_p50 = mk.get("p50_us")

@@ -49,10 +49,11 @@ stop_clock_sampler() {
 # NOTE: long timed runs are power-capped (docs/perf.md, fourth session, run 7: 1740-1755 MHz against a 1980 MHz
 # boost), so a benchmark's figures carry the clock they ran at.
 step_with_clocks() {
-  local name=$1
+  local name=$1 code=0
   start_clock_sampler 100
-  step "$@"
+  step "$@" || code=$?
   stop_clock_sampler | tee -a "$out/$name.log"
+  return "$code"
 }
 
 # clock_summary CSV: the SM clock of the samples under load (above 1 GHz) and how often the power cap held it.
@@ -198,13 +199,17 @@ for s in $steps; do
           "$build/mk" run --preset seed --layers 1 --d-model 2048 --batch 1 --seq 2176 --engine gpu --iterations 1
       done
       # Decode: a prefill, then greedy steps in groups (the on-device feed between launches) on a 100k vocabulary,
-      # whose sample goes through several double-buffered passes (fifteenth session).
+      # whose sample goes through several double-buffered passes (fifteenth session): one sequence (the CUDA-core
+      # GEMM path), then three ragged ones (the tensor-core path).
       if step sanitize-decode-model python3 "$root/scripts/make_text_model.py" --out /tmp/mk-sanitize-decode \
         --vocab 100000; then
         for tool in memcheck racecheck synccheck; do
-          step "sanitize-decode-$tool" timeout 600 compute-sanitizer --tool "$tool" --error-exitcode 1 \
-            "$build/mk" generate --model /tmp/mk-sanitize-decode --engine gpu --prompt-ids 1,2,3,4,5 \
-            --max-new-tokens 8 --steps-per-sync 4 --stream none
+          for batch_and_prompts in "1 1,2,3,4,5" "3 1,2,3,4,5;6,7;8,9,10"; do
+            read -r batch prompts <<<"$batch_and_prompts"
+            step "sanitize-decode-$tool-batch$batch" timeout 600 \
+              compute-sanitizer --tool "$tool" --error-exitcode 1 "$build/mk" generate --model /tmp/mk-sanitize-decode \
+              --engine gpu --prompt-ids "$prompts" --max-new-tokens 8 --steps-per-sync 4 --stream none
+          done
         done
       fi
       ;;
@@ -267,7 +272,8 @@ for s in $steps; do
     ab_decode)
       # Decode against old/'s tree (and old2/'s), alternating, twice: `mk generate`'s p50 per token on the
       # Llama-3.2-1B shape (random weights, 896-token prompt, 128 new tokens, context 1024) at each of
-      # AB_DECODE_BATCHES (default 1 8); then a traced batch-1 step of each tree.
+      # AB_DECODE_BATCHES (default 1 8); then a traced batch-1 step of each tree. NOTE: each tree's default
+      # --steps-per-sync: 8 (a group's time over its steps) since 1639e7a, a wait every step before.
       build_old || continue
       prompt=$(seq -s, 1 896)
       for _ in 1 2; do

@@ -19,6 +19,8 @@ def main() -> None:
                         help=f"vocabulary size (default {VOCAB}, the fixture's); another size writes no tokenizer, "
                         "for prompts given as ids (a 100k vocabulary takes sampling through several passes)")
     args = parser.parse_args()
+    if args.vocab <= 0 or args.vocab % 8 != 0:
+        parser.error(f"--vocab must be a positive multiple of 8 (the gpu engine's logits rows), got {args.vocab}")
     # llama3 RoPE; shapes the gpu engine serves.
     config = transformers.LlamaConfig(
         vocab_size=args.vocab, hidden_size=512, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8,

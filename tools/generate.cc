@@ -109,7 +109,7 @@ CLI::App* GenerateCommand::add(CLI::App& app) {
                       "at most this many decode steps a wait for the engine, where it feeds greedy steps their "
                       "tokens itself (gpu); 1: a wait every step")
       ->capture_default_str()
-      ->check(CLI::Range(int64_t(1), int64_t(1024)));
+      ->check(CLI::Range(int64_t(1), kMaxStepsPerSync));
   command->add_option("--batch", batch, "sequences; one prompt is repeated to fill them (default: the prompts' count)")
       ->check(size_in_range(kMaxTokens));
   command->add_option("--temperature", sampling.temperature, "0: greedy")->capture_default_str();

@@ -80,11 +80,14 @@ std::unique_ptr<DecodeEngine> make_decoder(const std::string& engine, const Mode
 enum class StopReason : uint8_t { kEos, kMaxNewTokens, kCacheFull };
 const char* stop_reason_text(StopReason reason);  // "EOS", "max new tokens", "the KV cache's end"
 
+// The most decode steps one wait for the engine may cover (GenerationOptions::steps_per_sync).
+constexpr int64_t kMaxStepsPerSync = 1024;
+
 struct GenerationOptions {
   int64_t max_new_tokens = 16;
   // At most this many decode steps a wait for the engine, while every sequence is generating and where the engine
   // runs steps without the host (DecodeEngine::max_steps_per_sync): the tokens of such a group reach the caller
-  // together, and its time is spread evenly over its steps. 1: a wait every step.
+  // together, and its time is spread evenly over its steps. 1: a wait every step; at most kMaxStepsPerSync.
   int64_t steps_per_sync = 1;
   std::vector<int32_t> eos_ids;  // a sequence stops once it makes one of these
   bool keep_logits = false;      // keep every step's logits in the result (tests)

@@ -28,7 +28,6 @@ void* allocate_cache(gpu::DeviceArena& arena, const Graph& decode_graph) {
 }
 
 // Steps in one wait for the GPU at most (mk generate's --steps-per-sync range).
-constexpr int64_t kMaxStepsPerSync = 1024;
 
 class GpuDecoder final : public DecodeEngine {
  public:

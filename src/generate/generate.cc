@@ -50,7 +50,7 @@ int64_t steps_before_sync(const DecodeEngine& engine, const GenerationResult& re
                           const std::vector<int32_t>& positions, const GenerationOptions& options) {
   if (options.keep_logits || std::find(done.begin(), done.end(), true) != done.end()) return 1;
   const DecodeSetup& setup = engine.setup();
-  int64_t count = std::clamp<int64_t>(options.steps_per_sync, 1, engine.max_steps_per_sync());
+  int64_t count = std::min(options.steps_per_sync, engine.max_steps_per_sync());
   for (size_t b = 0; b < done.size(); ++b) {
     const SequenceResult& sequence = result.sequences[b];
     const int64_t made = int64_t(sequence.tokens.size()) - sequence.prompt_length;
@@ -106,6 +106,8 @@ GenerationResult generate(DecodeEngine& engine, const std::vector<std::vector<in
   const DecodeSetup& setup = engine.setup();
   check_prompts(prompts, setup);
   MK_CHECK(options.max_new_tokens >= 0, "max new tokens must not be negative, got {}", options.max_new_tokens);
+  MK_CHECK(options.steps_per_sync >= 1 && options.steps_per_sync <= kMaxStepsPerSync,
+           "steps per sync must be in [1, {}], got {}", kMaxStepsPerSync, options.steps_per_sync);
   GenerationResult result;
   const size_t batch = prompts.size();
   int64_t longest = 0;

@@ -320,6 +320,12 @@ TEST(Generate, BadArgumentsAreClearErrors) {
   EXPECT_THAT(error_of([&] { generate(*engine, {{}}, {}); }), HasSubstr("prompt 0 is empty"));
   EXPECT_THAT(error_of([&] { generate(*engine, {{1}, {2}}, {}); }), HasSubstr("2 prompts for an engine of batch 1"));
   EXPECT_THAT(error_of([&] { generate(*engine, {{1000}}, {}); }), HasSubstr("outside the vocabulary"));
+  for (const int64_t steps : {int64_t(0), int64_t(-2), kMaxStepsPerSync + 1}) {
+    GenerationOptions options;
+    options.steps_per_sync = steps;
+    EXPECT_THAT(error_of([&] { generate(*engine, {{1}}, options); }),
+                HasSubstr(fmt::format("steps per sync must be in [1, 1024], got {}", steps)));
+  }
   DecodeSetup bad = setup_for(1, 8);
   bad.sampling.top_p = 0;
   EXPECT_THAT(error_of([&] { make_cpu_vm_decoder(weights, bad); }), HasSubstr("top-p must be in (0, 1]"));

@@ -53,6 +53,7 @@ __device__ __forceinline__ void issue_sample_pass(const uint4* row, const Sample
 // merged at the end. The better of two (keep_best) is associative and commutative over the values a chain can hold
 // (a NaN never becomes a candidate: both comparisons are false for it), so any grouping picks the same logit and id.
 // The loops stay rolled: unrolled, they pushed the kernel past its 168 registers (ptxas spilled kernel-wide values).
+// logits: (vocab) one row; buffers: (2, kSamplePassChunks) the two pass buffers in the idle stage ring.
 __device__ __forceinline__ void best_of_row(const __nv_bfloat16* logits, int32_t vocab, uint4* buffers,
                                             int consumer_thread, float& value, int32_t& id) {
   const int32_t chunks = vocab % 8 == 0 ? vocab / 8 : 0;  // rows are 16-byte aligned only then
@@ -88,6 +89,8 @@ __device__ __forceinline__ void best_of_row(const __nv_bfloat16* logits, int32_t
   }
 #pragma unroll
   for (int k = 0; k < kSampleChains; ++k) keep_best(value, id, values[k], ids[k]);
+  // Only a vocabulary that is not a multiple of 8 reaches this, which the gpu engine refuses today (runtime.cc): it
+  // keeps the op right for any vocabulary.
   for (int32_t i = 8 * chunks + consumer_thread; i < vocab; i += KernelConfig::kConsumerThreads)
     keep_best(value, id, __bfloat162float(__ldcg(logits + i)), i);
 }

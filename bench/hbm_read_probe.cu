@@ -1,0 +1,132 @@
+// HBM read bandwidth of one CTA an SM streaming weights through shared memory with cp.async, as decode GEMM tiles do.
+// Standalone: nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a bench/hbm_read_probe.cu -o /tmp/probe
+//
+// Why: decode's streaming ops (gate_up, down, the LM head) read at ~3.7 TB/s against the 4.2 TB/s the bandwidth
+// floor assumes (docs/perf.md, fifteenth session). This asks whether the access pattern or the bytes in flight set
+// that rate: each warp reads 4 KB steps either as two rows' 2 KB runs (the decode pattern: pairs of weight rows of
+// 4 KB, warp w taking pairs w, w + 8, ...) or as one contiguous 4 KB run of the CTA's region, with 4 or 6 steps per
+// warp in its ring.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kStepBytes = 4096;
+constexpr int kRowBytes = 4096;  // a weight row of k = 2048 bf16
+
+#define CHECK(call)                                                                               \
+  do {                                                                                            \
+    cudaError_t error_ = (call);                                                                  \
+    if (error_ != cudaSuccess) {                                                                  \
+      std::fprintf(stderr, "%s failed: %s\n", #call, cudaGetErrorString(error_));                 \
+      std::exit(1);                                                                               \
+    }                                                                                             \
+  } while (0)
+
+__device__ __forceinline__ void cp_async_16(void* shared, const void* global) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(uint32_t(__cvta_generic_to_shared(shared))),
+               "l"(global)
+               : "memory");
+}
+
+// The global address of this lane's 16-byte chunk c (0..7) of step `step` of warp `warp` in a region of `bytes`.
+// Rows: step s of warp w is pair p = w + 8 (s / 2), k-half s % 2; chunks 0-3 from row 2p, 4-7 from row 2p + 1.
+// Contiguous: step s of warp w is the 4 KB block w + 8 s.
+template <bool kRows>
+__device__ __forceinline__ const char* chunk_address(const char* region, int warp, int step, int lane, int c) {
+  if (kRows) {
+    const int64_t pair = warp + kWarps * int64_t(step / 2);
+    const int64_t row = 2 * pair + c / 4;
+    return region + row * kRowBytes + (step % 2) * 2048 + (c % 4) * 512 + lane * 16;
+  }
+  return region + (warp + kWarps * int64_t(step)) * kStepBytes + c * 512 + lane * 16;
+}
+
+// Each CTA streams its region (bytes_per_cta) through each warp's ring of kRing steps, kRing - 1 in flight while one
+// is read back; the xor of what it read goes to sink so that nothing is elided.
+template <int kRing, bool kRows>
+__global__ void __launch_bounds__(kWarps * 32, 1) stream(const char* weights, int64_t bytes_per_cta, uint32_t* sink) {
+  extern __shared__ uint4 ring[];  // (kWarps, kRing, kStepBytes / 16)
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const char* region = weights + blockIdx.x * bytes_per_cta;
+  const int steps = int(bytes_per_cta / kStepBytes / kWarps);
+  uint4* own = ring + warp * kRing * (kStepBytes / 16);
+  auto issue = [&](int step) {
+    if (step < steps)
+      for (int c = 0; c < 8; ++c)
+        cp_async_16(own + (step % kRing) * (kStepBytes / 16) + c * 32 + lane,
+                    chunk_address<kRows>(region, warp, step, lane, c));
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  };
+  for (int step = 0; step < kRing - 1; ++step) issue(step);
+  uint32_t acc = 0;
+  for (int step = 0; step < steps; ++step) {
+    issue(step + kRing - 1);
+    asm volatile("cp.async.wait_group %0;" ::"n"(kRing - 1) : "memory");
+    const uint4* buffer = own + (step % kRing) * (kStepBytes / 16);
+    for (int c = 0; c < 8; ++c) {
+      const uint4 v = buffer[c * 32 + lane];
+      acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    __syncwarp();
+  }
+  if (acc == 0x12345678u) sink[blockIdx.x] = acc;
+}
+
+template <int kRing, bool kRows>
+void measure(const char* name, const char* weights, int64_t bytes, int ctas, uint32_t* sink) {
+  const int smem = kWarps * kRing * kStepBytes;
+  CHECK(cudaFuncSetAttribute(stream<kRing, kRows>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  // whole pairs of steps a warp, so that the row pattern ends inside the region
+  const int64_t per_cta = bytes / ctas / (2 * kWarps * kStepBytes) * (2 * kWarps * kStepBytes);
+  cudaEvent_t start, stop;
+  CHECK(cudaEventCreate(&start));
+  CHECK(cudaEventCreate(&stop));
+  float best_ms = 1e9f;
+  for (int rep = 0; rep < 7; ++rep) {
+    CHECK(cudaEventRecord(start));
+    stream<kRing, kRows><<<ctas, kWarps * 32, smem>>>(weights, per_cta, sink);
+    CHECK(cudaEventRecord(stop));
+    CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (rep > 0 && ms < best_ms) best_ms = ms;
+  }
+  const double read = double(per_cta) * ctas;
+  std::printf("%-34s ring %d: %7.1f MB in %8.1f us = %5.2f TB/s (best of 6)\n", name, kRing, read / 1e6,
+              best_ms * 1e3, read / (best_ms * 1e-3) / 1e12);
+}
+
+}  // namespace
+
+int main() {
+  int ctas = 0;
+  CHECK(cudaDeviceGetAttribute(&ctas, cudaDevAttrMultiProcessorCount, 0));
+  const int64_t bytes = int64_t(525) << 20;  // about the LM head of Llama-3.2-1B (128256 x 2048 bf16)
+  char* weights = nullptr;
+  uint32_t* sink = nullptr;
+  CHECK(cudaMalloc(&weights, bytes));
+  CHECK(cudaMalloc(&sink, ctas * sizeof(uint32_t)));
+  CHECK(cudaMemset(weights, 0x5a, bytes));
+  std::printf("%d CTAs of %d warps, 4 KB steps a warp\n", ctas, kWarps);
+  measure<4, true>("two rows' 2 KB runs (decode)", weights, bytes, ctas, sink);
+  measure<4, false>("contiguous 4 KB runs", weights, bytes, ctas, sink);
+  measure<6, true>("two rows' 2 KB runs (decode)", weights, bytes, ctas, sink);
+  measure<6, false>("contiguous 4 KB runs", weights, bytes, ctas, sink);
+  CHECK(cudaMemcpy(weights, weights + (bytes >> 1), bytes >> 1, cudaMemcpyDeviceToDevice));  // a copy, for scale
+  cudaEvent_t start, stop;
+  CHECK(cudaEventCreate(&start));
+  CHECK(cudaEventCreate(&stop));
+  CHECK(cudaEventRecord(start));
+  CHECK(cudaMemcpy(weights, weights + (bytes >> 1), bytes >> 1, cudaMemcpyDeviceToDevice));
+  CHECK(cudaEventRecord(stop));
+  CHECK(cudaEventSynchronize(stop));
+  float ms = 0;
+  CHECK(cudaEventElapsedTime(&ms, start, stop));
+  std::printf("cudaMemcpy device to device: %.2f TB/s read + written\n", double(bytes) / (ms * 1e-3) / 1e12);
+  return 0;
+}
