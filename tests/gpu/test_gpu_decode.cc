@@ -140,6 +140,15 @@ TEST_F(Gpu, DecodeLmHeadTilesOfUnequalWidths) {
   check_generation(config, {12, 5, 30}, 6, 128, 39);
 }
 
+TEST_F(Gpu, GreedySampleOverSeveralPasses) {
+  // vocab 98312: the sample's row goes through its two 64 KB buffers in four passes (three of 32768 logits and one of
+  // 8), each new token checked against the argmax of its step's downloaded logits; batch 1 (CUDA-core GEMMs) and 3.
+  ModelConfig config = small_config(256, 512, 4, 2, 64, true, true, 1);
+  config.vocab_size = 98312;
+  check_generation(config, {9}, 6, 128, 40);
+  check_generation(config, {12, 5, 30}, 6, 128, 41);
+}
+
 TEST_F(Gpu, TensorCoreDecodePassesOverKRanges) {
   // d_model 4352: down tiles of 64 columns, 8 groups, one a warp over the whole K (one slice); d_ff 8256 at batch 4:
   // 3 K ranges of 2752 (not a multiple of a weight step) for down, the rest in one range.
