@@ -77,28 +77,41 @@ __global__ void __launch_bounds__(kWarps * 32, 1) stream(const char* weights, in
   if (acc == 0x12345678u) sink[blockIdx.x] = acc;
 }
 
+// The shortest of `reps` timed calls of launch() after a warm-up one, in ms.
+template <typename Launch>
+float best_ms(int reps, Launch launch) {
+  cudaEvent_t start, stop;
+  CHECK(cudaEventCreate(&start));
+  CHECK(cudaEventCreate(&stop));
+  launch();
+  float best = 1e9f;
+  for (int rep = 0; rep < reps; ++rep) {
+    CHECK(cudaEventRecord(start));
+    launch();
+    CHECK(cudaEventRecord(stop));
+    CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, start, stop));
+    best = ms < best ? ms : best;
+  }
+  CHECK(cudaEventDestroy(start));
+  CHECK(cudaEventDestroy(stop));
+  return best;
+}
+
 template <int kRing, bool kRows>
 void measure(const char* name, const char* weights, int64_t bytes, int ctas, uint32_t* sink) {
   const int smem = kWarps * kRing * kStepBytes;
   CHECK(cudaFuncSetAttribute(stream<kRing, kRows>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   // whole pairs of steps a warp, so that the row pattern ends inside the region
   const int64_t per_cta = bytes / ctas / (2 * kWarps * kStepBytes) * (2 * kWarps * kStepBytes);
-  cudaEvent_t start, stop;
-  CHECK(cudaEventCreate(&start));
-  CHECK(cudaEventCreate(&stop));
-  float best_ms = 1e9f;
-  for (int rep = 0; rep < 7; ++rep) {
-    CHECK(cudaEventRecord(start));
+  const float ms = best_ms(6, [&] {
     stream<kRing, kRows><<<ctas, kWarps * 32, smem>>>(weights, per_cta, sink);
-    CHECK(cudaEventRecord(stop));
-    CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, start, stop));
-    if (rep > 0 && ms < best_ms) best_ms = ms;
-  }
+    CHECK(cudaGetLastError());
+  });
   const double read = double(per_cta) * ctas;
-  std::printf("%-34s ring %d: %7.1f MB in %8.1f us = %5.2f TB/s (best of 6)\n", name, kRing, read / 1e6,
-              best_ms * 1e3, read / (best_ms * 1e-3) / 1e12);
+  std::printf("%-34s ring %d: %7.1f MB in %8.1f us = %5.2f TB/s (best of 6)\n", name, kRing, read / 1e6, ms * 1e3,
+              read / (ms * 1e-3) / 1e12);
 }
 
 }  // namespace
@@ -117,16 +130,9 @@ int main() {
   measure<4, false>("contiguous 4 KB runs", weights, bytes, ctas, sink);
   measure<6, true>("two rows' 2 KB runs (decode)", weights, bytes, ctas, sink);
   measure<6, false>("contiguous 4 KB runs", weights, bytes, ctas, sink);
-  CHECK(cudaMemcpy(weights, weights + (bytes >> 1), bytes >> 1, cudaMemcpyDeviceToDevice));  // a copy, for scale
-  cudaEvent_t start, stop;
-  CHECK(cudaEventCreate(&start));
-  CHECK(cudaEventCreate(&stop));
-  CHECK(cudaEventRecord(start));
-  CHECK(cudaMemcpy(weights, weights + (bytes >> 1), bytes >> 1, cudaMemcpyDeviceToDevice));
-  CHECK(cudaEventRecord(stop));
-  CHECK(cudaEventSynchronize(stop));
-  float ms = 0;
-  CHECK(cudaEventElapsedTime(&ms, start, stop));
-  std::printf("cudaMemcpy device to device: %.2f TB/s read + written\n", double(bytes) / (ms * 1e-3) / 1e12);
+  const float copy_ms = best_ms(6, [&] {  // for scale
+    CHECK(cudaMemcpy(weights, weights + (bytes >> 1), bytes >> 1, cudaMemcpyDeviceToDevice));
+  });
+  std::printf("cudaMemcpy device to device: %.2f TB/s read + written\n", double(bytes) / (copy_ms * 1e-3) / 1e12);
   return 0;
 }

@@ -27,8 +27,6 @@ void* allocate_cache(gpu::DeviceArena& arena, const Graph& decode_graph) {
   return arena.allocate_bytes(size_t(elements) * sizeof(bf16), "allocating the KV cache");
 }
 
-// Steps in one wait for the GPU at most (mk generate's --steps-per-sync range).
-
 class GpuDecoder final : public DecodeEngine {
  public:
   GpuDecoder(const ModelWeights& weights, const DecodeSetup& setup)

@@ -73,10 +73,9 @@ struct GpuEngine::Impl {
   // One timed pass: `enqueue` puts its launches on the stream between two events, `read_back` (if any) its copies
   // after them, beside the error slot's; then the watchdog waits for all of it and the error slot is checked.
   // Milliseconds between the events.
-  // `epochs`: the launches of one pass that each take an epoch of their own (enqueue gives every one after the
-  // first its epoch, params.epoch + 1 each). The watchdog gives each the allowance of a stall: after a stall the
-  // abort flag makes the group's later launches leave at their first wait, but under compute-sanitizer a healthy
-  // decode step takes seconds (fifteenth session, run 5), and those must not trip it.
+  // `epochs`: the launches of one pass, each with an epoch of its own (params.epoch + 1 each after the first). The
+  // watchdog allows each a stall's time: under compute-sanitizer a healthy decode step takes seconds (run 5 of the
+  // fifteenth session; after a real stall the abort flag makes the later launches leave at their first wait).
   float timed_pass(const std::function<void()>& enqueue, const std::function<void()>& read_back = nullptr,
                    int epochs = 1);
   // The error the kernel recorded in its slot, as an mk::Error naming SM, instruction, task and counter.
