@@ -190,7 +190,7 @@ void check_steps_fed_on_the_device(const ModelConfig& config, const std::vector<
   EXPECT_LT(grouped.waits, int64_t(grouped.step_s.size())) << "no group of steps ran without the host";
   // The third new token of sequence 0 as EOS: it stops inside the first group, the others run on.
   const SequenceResult& first = expected.sequences[0];
-  if (int64_t(first.tokens.size()) < first.prompt_length + 3) return;
+  ASSERT_GE(int64_t(first.tokens.size()), first.prompt_length + 3) << "too few tokens for the EOS case";
   by_host.eos_ids = on_device.eos_ids = {first.tokens[size_t(first.prompt_length + 2)]};
   const GenerationResult expected_eos = generate(*gpu, prompts, by_host);
   EXPECT_EQ(expected_eos.sequences[0].stop, StopReason::kEos);
