@@ -85,9 +85,9 @@ constexpr int64_t kMaxStepsPerSync = 1024;
 
 struct GenerationOptions {
   int64_t max_new_tokens = 16;
-  // At most this many decode steps a wait for the engine, while every sequence is generating and where the engine
-  // runs steps without the host (DecodeEngine::max_steps_per_sync): the tokens of such a group reach the caller
-  // together, and its time is spread evenly over its steps. 1: a wait every step; at most kMaxStepsPerSync.
+  // At most this many decode steps a wait for the engine, where the engine runs steps without the host
+  // (DecodeEngine::max_steps_per_sync): the tokens of such a group reach the caller together, and its time is spread
+  // evenly over its steps. 1: a wait every step; at most kMaxStepsPerSync.
   int64_t steps_per_sync = 1;
   std::vector<int32_t> eos_ids;  // a sequence stops once it makes one of these
   bool keep_logits = false;      // keep every step's logits in the result (tests)
@@ -115,8 +115,9 @@ using StepCallback = std::function<void(int64_t step, const std::vector<int32_t>
 // Prefill takes every prompt but its last token (right-padded to the longest); each decode step then feeds one token
 // per sequence at the sequence's own position, the first step the prompts' last tokens. A sequence that stopped
 // keeps feeding its last token at its last position (rewriting the same cache row with the same values), its new
-// tokens ignored: the batch is static, one schedule for every step. While every sequence is generating, up to
-// steps_per_sync steps go to the engine at once (DecodeEngine::steps), the same steps as one at a time.
+// tokens ignored: the batch is static, one schedule for every step. Up to steps_per_sync steps go to the engine at
+// once (DecodeEngine::steps), the same steps as one at a time for the generating sequences; inside them a stopped
+// sequence is fed its own ids, into cache rows past its end that nothing reads.
 GenerationResult generate(DecodeEngine& engine, const std::vector<std::vector<int32_t>>& prompts,
                           const GenerationOptions& options, const StepCallback& on_step = {});
 

@@ -53,7 +53,7 @@ class GpuDecoder final : public DecodeEngine {
     const ref::ModelInput input = step_input(setup_, tokens, positions);
     decode_.set_input(input);
     logits_stale_ = true;
-    if (setup_.sampling.temperature == 0.0f) return decode_.run_and_read_ids({BufferKind::kSampled});
+    if (setup_.sampling.temperature == 0.0f) return decode_.run_steps_and_read_ids({BufferKind::kSampled}, 1);
     decode_.run();
     // With a temperature: drawn on the host from the step's logits, exactly as the cpu engines draw.
     const ref::Matrix& all = logits();

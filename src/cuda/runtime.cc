@@ -338,25 +338,6 @@ std::vector<float> GpuEngine::time_runs(int launches) {
   return times;
 }
 
-std::vector<int32_t> GpuEngine::run_and_read_ids(BufferRef ref) {
-  Impl& impl = *impl_;
-  impl.check_usable();
-  const uint32_t id = impl.graph.buffer_table().id(ref);
-  const Buffer& buffer = impl.graph.buffers()[id];
-  MK_CHECK(buffer_kind_info(buffer.kind).element == ElementType::kInt32,
-           "internal error: run_and_read_ids of a buffer that does not hold int32 values");
-  const size_t count = size_t(buffer.rows * buffer.cols);
-  auto* ids = static_cast<int32_t*>(impl.readback_staging.reserve(count * 4, "allocating pinned memory"));
-  impl.timed_pass([&] { impl.launch(impl.params); },
-                  [&] {
-                    check_kernel(impl.broken,
-                                 cudaMemcpyAsync(ids, impl.buffer_address[id], count * 4, cudaMemcpyDeviceToHost,
-                                                 impl.stream),
-                                 "reading back ids");
-                  });
-  return std::vector<int32_t>(ids, ids + count);
-}
-
 std::vector<int32_t> GpuEngine::run_steps_and_read_ids(BufferRef ref, int steps) {
   Impl& impl = *impl_;
   impl.check_usable();

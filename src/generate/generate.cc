@@ -43,18 +43,19 @@ std::vector<int32_t> prefill_tokens(const std::vector<std::vector<int32_t>>& pro
   return tokens;
 }
 
-// Steps the next wait for the engine covers: 1 unless every sequence is generating (a finished sequence's token and
-// position stay put, which only steps fed by the host do), and no more than any sequence may still make or than its
-// cache has rows left for.
+// Steps the next wait for the engine covers: no more than any generating sequence may still make, nor than any
+// sequence's cache has rows left for. A finished sequence is fed its own ids too inside a group (the engine feeds
+// every sequence), so it writes cache rows past its end that nothing reads; the host feeds it its last token and
+// position again at the next wait. NOTE: grouping used to stop for the whole batch once any sequence finished.
 int64_t steps_before_sync(const DecodeEngine& engine, const GenerationResult& result, const std::vector<bool>& done,
                           const std::vector<int32_t>& positions, const GenerationOptions& options) {
-  if (options.keep_logits || std::find(done.begin(), done.end(), true) != done.end()) return 1;
+  if (options.keep_logits) return 1;
   const DecodeSetup& setup = engine.setup();
   int64_t count = std::min(options.steps_per_sync, engine.max_steps_per_sync());
   for (size_t b = 0; b < done.size(); ++b) {
     const SequenceResult& sequence = result.sequences[b];
     const int64_t made = int64_t(sequence.tokens.size()) - sequence.prompt_length;
-    count = std::min(count, options.max_new_tokens - made);
+    if (!done[b]) count = std::min(count, options.max_new_tokens - made);
     count = std::min<int64_t>(count, setup.max_context - positions[b]);
   }
   return std::max<int64_t>(count, 1);

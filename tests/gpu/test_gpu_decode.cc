@@ -140,6 +140,15 @@ TEST_F(Gpu, DecodeLmHeadTilesOfUnequalWidths) {
   check_generation(config, {12, 5, 30}, 6, 128, 39);
 }
 
+TEST_F(Gpu, GreedySampleOverSeveralPasses) {
+  // vocab 98312: the sample's row goes through its two 64 KB buffers in four passes (three of 32768 logits and one of
+  // 8), each new token checked against the argmax of its step's downloaded logits; batch 1 (CUDA-core GEMMs) and 3.
+  ModelConfig config = small_config(256, 512, 4, 2, 64, true, true, 1);
+  config.vocab_size = 98312;
+  check_generation(config, {9}, 6, 128, 40);
+  check_generation(config, {12, 5, 30}, 6, 128, 41);
+}
+
 TEST_F(Gpu, TensorCoreDecodePassesOverKRanges) {
   // d_model 4352: down tiles of 64 columns, 8 groups, one a warp over the whole K (one slice); d_ff 8256 at batch 4:
   // 3 K ranges of 2752 (not a multiple of a weight step) for down, the rest in one range.
@@ -181,7 +190,7 @@ void check_steps_fed_on_the_device(const ModelConfig& config, const std::vector<
   EXPECT_LT(grouped.waits, int64_t(grouped.step_s.size())) << "no group of steps ran without the host";
   // The third new token of sequence 0 as EOS: it stops inside the first group, the others run on.
   const SequenceResult& first = expected.sequences[0];
-  if (int64_t(first.tokens.size()) < first.prompt_length + 3) return;
+  ASSERT_GE(int64_t(first.tokens.size()), first.prompt_length + 3) << "too few tokens for the EOS case";
   by_host.eos_ids = on_device.eos_ids = {first.tokens[size_t(first.prompt_length + 2)]};
   const GenerationResult expected_eos = generate(*gpu, prompts, by_host);
   EXPECT_EQ(expected_eos.sequences[0].stop, StopReason::kEos);
