@@ -18,7 +18,7 @@ __device__ __forceinline__ void run_embed(const MegakernelParams& p, const Instr
   const int32_t total = (in.row_end - in.row_begin) * chunks;
   for (int32_t i = consumer_thread; i < total; i += KernelConfig::kConsumerThreads) {
     const int32_t row = in.row_begin + i / chunks, chunk = i % chunks;
-    const int32_t token = __ldg(p.tokens + row);  // read-only in a launch: after the first row, an L1 hit
+    const int32_t token = __ldcg(p.tokens + row);
     const uint4* source = reinterpret_cast<const uint4*>(p.weights.embedding + int64_t(token) * p.dims.d_model);
     reinterpret_cast<uint4*>(p.hidden + int64_t(row) * p.dims.d_model)[chunk] = __ldg(source + chunk);
   }
