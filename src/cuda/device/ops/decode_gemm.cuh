@@ -21,8 +21,11 @@ namespace mk::gpu {
 // o_proj's wait grew 8.9 -> 10.9 us, and gate_up's tiles did not get faster. NOTE: the hops into the streaming ops
 // (a counter's publication to the wait's end: 2-3 us, against ~1 us into attention) are not the SM's own copies
 // delaying its acquire loads: with each weight step sent as two bulk copies instead of per-lane cp.async, the hops
-// stayed at 1.8-2.7 us and batch 1 took 2% longer (branch decode-tma-weights, fifteenth session, run 2). Passes of 3
-// or more rows go to the tensor cores instead (decode_gemm_mma.cuh), with the same staging and epilogues.
+// stayed at 1.8-2.7 us and batch 1 took 2% longer (branch decode-tma-weights, fifteenth session, run 2). NOTE: a
+// tile's last steps sending the next tile's first weight steps (branch decode-stream-ahead) closed the 1.4-1.7 us
+// gaps between an SM's tiles but made batch 1 9% slower: the publish's release fence waits for the thread's copies in
+// flight (docs/perf.md, sixteenth session, run 5). Passes of 3 or more rows go to the tensor cores instead
+// (decode_gemm_mma.cuh), with the same staging and epilogues.
 // Batch rows one pass holds: the M of the tensor-core path's mma; more rows take more passes over the same weights.
 constexpr int kDecodeMaxRows = 16;
 static_assert(kDecodeMaxRows * 4 <= KernelConfig::kDecodeInvRmsBytes,
