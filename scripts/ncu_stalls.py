@@ -10,7 +10,12 @@ ptx.cuh; --range shows the helpers' lines. --range LO-HI (SASS offsets, hex) ins
 instructions of one stretch of code with their samples: the view that found the epilogue's load-store chains
 (docs/perf.md, thirteenth session, run 1).
 
-Usage: ncu_stalls.py NAME-source.csv.gz NAME-sass-lines.txt.gz [--top 30] [--range 3a680-423a0 --min-samples 50]
+Each run prints the kernel's samples by stall reason first (where a change moved samples: two builds' profiles
+side by side, sixteenth session). --stall NAME ranks the lines by that reason's samples alone (no_inst: the code
+the instruction cache misses; long_sb: the lines waiting on global memory).
+
+Usage: ncu_stalls.py NAME-source.csv.gz NAME-sass-lines.txt.gz [--top 30] [--stall no_inst]
+           [--range 3a680-423a0 --min-samples 50]
 """
 import argparse
 import csv
@@ -116,6 +121,15 @@ def by_line(samples, chains):
     return lines
 
 
+def stall_totals(samples):
+    """{stall: samples} over every instruction."""
+    totals = {}
+    for _, _, _, stalls in samples:
+        for stall, n in stalls.items():
+            totals[stall] = totals.get(stall, 0) + n
+    return totals
+
+
 def top_stalls(stalls, n=4):
     return " ".join(f"{name}:{count}" for name, count in sorted(stalls.items(), key=lambda s: -s[1])[:n] if count)
 
@@ -125,6 +139,7 @@ def main():
     parser.add_argument("source_csv", help="ncu --page source --csv --print-source sass (may be .gz)")
     parser.add_argument("sass_lines", help="nvdisasm -gi of the same cubin (may be .gz)")
     parser.add_argument("--top", type=int, default=30, help="source lines to print, most samples first")
+    parser.add_argument("--stall", help="rank the lines by this stall reason's samples (e.g. no_inst, long_sb)")
     parser.add_argument("--range", help="LO-HI: print the instructions of this stretch of SASS offsets (hex)")
     parser.add_argument("--min-samples", type=int, default=1, help="--range: leave out instructions with fewer")
     args = parser.parse_args()
@@ -142,9 +157,16 @@ def main():
         inside = sum(s[2] for s in chosen)
         print(f"{len(chosen)} instructions, {inside} samples ({100 * inside / total:.1f}% of the kernel's)")
         return 0
+    totals = stall_totals(samples)
+    if args.stall is not None and args.stall not in totals:
+        raise SystemExit(f"no stall reason '{args.stall}' in the profile; it has: {', '.join(sorted(totals))}")
+    print("by stall reason: " + ", ".join(f"{name} {100 * count / total:.1f}%" for name, count in
+                                          sorted(totals.items(), key=lambda item: -item[1]) if count))
     lines = by_line(samples, chains)
-    print(f"{total} samples over {len(samples)} instructions; by source line (helpers charged to their caller):")
-    for line, (count, stalls) in sorted(lines.items(), key=lambda item: -item[1][0])[:args.top]:
+    rank = (lambda item: -item[1][1].get(args.stall, 0)) if args.stall else (lambda item: -item[1][0])
+    print(f"{total} samples over {len(samples)} instructions; by source line (helpers charged to their caller)"
+          + (f", most {args.stall} first:" if args.stall else ":"))
+    for line, (count, stalls) in sorted(lines.items(), key=rank)[:args.top]:
         print(f"  {line:32s} {count:7d} {100 * count / total:5.1f}%  {top_stalls(stalls)}")
     return 0
 

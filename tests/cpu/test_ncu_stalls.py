@@ -81,6 +81,21 @@ def test_a_range_lists_its_instructions_with_their_lines():
     assert "2 instructions, 33 samples (82.5% of the kernel's)" in result.stdout
 
 
+def test_the_totals_by_reason_and_a_ranking_by_one_reason():
+    with tempfile.TemporaryDirectory() as work:
+        csv_path, lines_path = write_fixture(work)
+        plain = subprocess.run([sys.executable, str(SCRIPT), csv_path, lines_path], capture_output=True, text=True,
+                               check=True)
+        ranked = subprocess.run([sys.executable, str(SCRIPT), csv_path, lines_path, "--stall", "wait"],
+                                capture_output=True, text=True, check=True)
+        unknown = subprocess.run([sys.executable, str(SCRIPT), csv_path, lines_path, "--stall", "sleep"],
+                                 capture_output=True, text=True)
+    assert plain.stdout.splitlines()[0] == "by stall reason: long_sb 80.0%, wait 20.0%"
+    assert plain.stdout.splitlines()[2].split()[0] == "gemm_sm90.cuh:155"  # most samples
+    assert ranked.stdout.splitlines()[2].split()[0] == "gemm_epilogue.cuh:73"  # most wait samples
+    assert unknown.returncode != 0 and "no stall reason 'sleep'" in unknown.stderr
+
+
 if __name__ == "__main__":
     for name, test in list(globals().items()):
         if name.startswith("test_"):
