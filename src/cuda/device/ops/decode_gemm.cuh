@@ -24,8 +24,9 @@ namespace mk::gpu {
 // stayed at 1.8-2.7 us and batch 1 took 2% longer (branch decode-tma-weights, fifteenth session, run 2). NOTE: a
 // tile's last steps sending the next tile's first weight steps (branch decode-stream-ahead) closed the 1.4-1.7 us
 // gaps between an SM's tiles but made batch 1 9% slower: the publish's release fence waits for the thread's copies in
-// flight (docs/perf.md, sixteenth session, run 5). Passes of 3 or more rows go to the tensor cores instead
-// (decode_gemm_mma.cuh), with the same staging and epilogues.
+// flight, and the larger code made the instruction cache miss in ops it did not touch (docs/perf.md, sixteenth
+// session, runs 4-5). Passes of 3 or more rows go to the tensor cores instead (decode_gemm_mma.cuh), with the same
+// staging and epilogues.
 // Batch rows one pass holds: the M of the tensor-core path's mma; more rows take more passes over the same weights.
 constexpr int kDecodeMaxRows = 16;
 static_assert(kDecodeMaxRows * 4 <= KernelConfig::kDecodeInvRmsBytes,
