@@ -104,10 +104,17 @@ void check_kernel(bool& broken, cudaError_t status, const char* what) {
                           cudaGetErrorString(status)));
 }
 
-// What the decode handlers (src/cuda/device/ops/decode_*.cuh) serve, checked before anything is allocated.
+// Which kernel serves which ops, and what the decode handlers (src/cuda/device/ops/decode_*.cuh) serve, checked
+// before anything is allocated.
 void check_decode_limits(const Graph& graph) {
   const ModelConfig& c = graph.config();
-  if (graph.shape().pass != PassKind::kDecode) return;
+  // Each kernel serves its own passes' opcodes (src/cuda/megakernel.cu): decode ops come after kKvAppend.
+  if (graph.shape().pass != PassKind::kDecode) {
+    for (const Task& task : graph.tasks())
+      MK_CHECK(task.opcode <= Opcode::kKvAppend, "internal error: the decode op {} outside a decode pass",
+               opcode_name(task.opcode));
+    return;
+  }
   MK_CHECK(c.group_size() <= 8, "gpu engine: decode attention serves at most 8 query heads per kv head, not {}",
            c.group_size());
   MK_CHECK(c.head_dim <= 256 && c.head_dim % 8 == 0,
@@ -115,8 +122,8 @@ void check_decode_limits(const Graph& graph) {
   // NOTE: decode ops stage their input rows in the stage ring, which is free only because no TMA op shares the
   // schedule.
   for (const Task& task : graph.tasks())
-    MK_CHECK(task.opcode >= Opcode::kKvAppend || task.opcode == Opcode::kEmbed,
-             "internal error: a decode pass with the TMA op {}", opcode_name(task.opcode));
+    MK_CHECK(task.opcode > Opcode::kKvAppend || task.opcode == Opcode::kEmbed,
+             "internal error: a decode pass with the forward op {}", opcode_name(task.opcode));
   const int64_t widest = std::max({c.d_model, c.q_dim(), c.d_ff});
   MK_CHECK(2 * widest <= KernelConfig::kDecodeStagedRowBytes,
            "gpu engine: a decode input row of {} values does not fit the megakernel's shared memory", widest);
