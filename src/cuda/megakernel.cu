@@ -179,10 +179,10 @@ __device__ __forceinline__ bool run_forward_instruction(const MegakernelParams& 
 }
 
 // One instruction of a decode pass in the consumer warpgroups; false for an opcode decode passes do not have.
-// `weights_sent`: a decode GEMM's first weight steps went out before its wait (early_weight_prologue).
+// `prologue`: what a decode GEMM did before its wait (early_weight_prologue).
 __device__ __forceinline__ bool run_decode_instruction(const MegakernelParams& p, const SharedState& s,
                                                        const Instruction& in, Site site, int thread,
-                                                       bool weights_sent) {
+                                                       const DecodePrologue& prologue) {
   switch (in.opcode) {
     case Opcode::kEmbed:
       run_embed(p, in, thread);
@@ -194,7 +194,7 @@ __device__ __forceinline__ bool run_decode_instruction(const MegakernelParams& p
     case Opcode::kDecodeDown:
     case Opcode::kDecodeLmHead:
     case Opcode::kDecodeOProjCombine:
-      run_decode_gemm(p, s, in, weights_sent, thread);
+      run_decode_gemm(p, s, in, prologue, thread);
       return true;
     case Opcode::kDecodeAttention:
       run_decode_attention(p, s, in, thread);
@@ -241,9 +241,9 @@ __device__ __forceinline__ void run_consumers(const MegakernelParams& p, uint32_
     // producer waited for the counter poller's report before loading); only row-wise ops read other SMs' results
     // with plain loads.
     // Decode: what depends on nothing in this launch (weights, older cache rows) starts before the wait.
-    bool weights_sent = false;
+    DecodePrologue prologue{};
     if constexpr (kDecode) {
-      weights_sent = is_decode_gemm(in.opcode) && early_weight_prologue(p, s, in, thread);
+      if (is_decode_gemm(in.opcode)) prologue = early_weight_prologue(p, s, in, thread);
       if (in.opcode == Opcode::kDecodeAttention) prestage_decode_attention(p, s, in, thread);
     }
     if (rowwise && !consumers_wait<kDecode>(p, s, in, site, thread, healthy, reported)) {
@@ -253,7 +253,7 @@ __device__ __forceinline__ void run_consumers(const MegakernelParams& p, uint32_
     if (trace) trace[kTraceWaitsDone] = clock64();
     bool ok;
     if constexpr (kDecode) {
-      ok = run_decode_instruction(p, s, in, site, thread, weights_sent);
+      ok = run_decode_instruction(p, s, in, site, thread, prologue);
     } else {
       ok = run_forward_instruction(p, s, in, state, output, site, warpgroup, thread_in_wg, thread, trace);
     }
