@@ -300,19 +300,23 @@ cudaError_t launch_megakernel(const MegakernelParams& params, int grid_size, cud
 // NOTE: after an abort the launch that aborted left `sampled` unwritten (in a decoder's first launch, whatever the
 // allocation held), so the tokens and positions stay as they were: the group's later launches then leave at their
 // first wait, and the embedding gather, which waits on nothing, still reads a valid token.
-__global__ void decode_advance(const int32_t* sampled, int32_t* tokens, int32_t* positions, int batch,
-                               const DeviceError* error) {
+__global__ void decode_advance(const int32_t* sampled, int32_t* tokens, int32_t* positions, int32_t* kept, int batch,
+                               bool advance, const DeviceError* error) {
   const int b = blockIdx.x * blockDim.x + threadIdx.x;
   if (b >= batch || *reinterpret_cast<volatile const uint32_t*>(&error->abort) != 0) return;
-  tokens[b] = sampled[b];
+  const int32_t id = sampled[b];
+  kept[b] = id;
+  if (!advance) return;
+  tokens[b] = id;
   positions[b] += 1;
 }
 
-cudaError_t launch_decode_advance(const MegakernelParams& params, int batch, cudaStream_t stream) {
-  constexpr int kThreads = 128;
+cudaError_t launch_decode_advance(const MegakernelParams& params, int batch, int32_t* kept, bool advance,
+                                  cudaStream_t stream) {
+  constexpr int kThreads = 32;
   decode_advance<<<(batch + kThreads - 1) / kThreads, kThreads, 0, stream>>>(
-      params.sampled, const_cast<int32_t*>(params.tokens), const_cast<int32_t*>(params.positions), batch,
-      params.error);
+      params.sampled, const_cast<int32_t*>(params.tokens), const_cast<int32_t*>(params.positions), kept, batch,
+      advance, params.error);
   return cudaGetLastError();
 }
 
