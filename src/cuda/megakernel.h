@@ -12,10 +12,12 @@ cudaError_t prepare_megakernel();
 // How many CTAs of the megakernel fit on one SM at once (after prepare_megakernel): a persistent launch needs >= 1.
 cudaError_t megakernel_ctas_per_sm(int* ctas);
 // Launches one persistent CTA per SM of the schedule (grid_size), KernelConfig::kThreads threads each.
-cudaError_t launch_megakernel(const MegakernelParams& params, int grid_size, cudaStream_t stream);
-// After a decode step's launch: keeps each of the `batch` sequences' sampled ids in `kept` (batch), and if `advance`,
-// makes them the next step's input on the device (tokens <- sampled, positions += 1), so that steps follow one
-// another without the host.
+// `programmatic`: as a programmatic dependent launch (a decode group's launches after its first), which may start
+// before the stream's previous kernel ends; each thread waits for that kernel before it reads what the group writes.
+cudaError_t launch_megakernel(const MegakernelParams& params, int grid_size, cudaStream_t stream, bool programmatic);
+// After a decode step's launch, as its programmatic dependent: keeps each of the `batch` sequences' sampled ids in
+// `kept` (batch), and if `advance`, makes them the next step's input on the device (tokens <- sampled, positions += 1),
+// so that steps follow one another without the host.
 cudaError_t launch_decode_advance(const MegakernelParams& params, int batch, int32_t* kept, bool advance,
                                   cudaStream_t stream);
 

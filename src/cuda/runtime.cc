@@ -88,8 +88,9 @@ struct GpuEngine::Impl {
     if (!events) events = std::make_unique<PassEvents>();
     return *events;
   }
-  void launch(const MegakernelParams& launch_params) {
-    check_kernel(broken, gpu::launch_megakernel(launch_params, num_sms, stream), "launching the megakernel");
+  void launch(const MegakernelParams& launch_params, bool programmatic = false) {
+    check_kernel(broken, gpu::launch_megakernel(launch_params, num_sms, stream, programmatic),
+                 "launching the megakernel");
   }
   // After a device error (a stall report or a sticky CUDA error) the engine refuses all further work.
   void check_usable() const { MK_CHECK(!broken, "gpu engine: unusable after an earlier device error"); }
@@ -352,12 +353,14 @@ std::vector<int32_t> GpuEngine::run_steps_and_read_ids(BufferRef ref, int steps)
     impl.kept_ids = impl.arena.allocate<int32_t>(size_t(kMaxStepsPerSync) * batch, "allocating the kept ids");
   auto* ids =
       static_cast<int32_t*>(impl.readback_staging.reserve(size_t(steps) * batch * 4, "allocating pinned memory"));
-  // After each step decode_advance keeps its ids in kept_ids and, but after the last, feeds them to the next step.
+  // NOTE: the first launch is a plain one, after the input's copies; the others are programmatic dependents of the
+  // kernel before them (PDL), so that a step's CTAs start as the previous kernel's leave. After each step,
+  // decode_advance keeps its ids in kept_ids and, but after the last, feeds them to the next step.
   impl.timed_pass(
       [&] {
         for (int step = 0; step < steps; ++step) {
           if (step > 0) impl.params.epoch += 1;
-          impl.launch(impl.params);
+          impl.launch(impl.params, step > 0);
           check_kernel(impl.broken,
                        gpu::launch_decode_advance(impl.params, batch, impl.kept_ids + step * batch, step + 1 < steps,
                                                   impl.stream),
