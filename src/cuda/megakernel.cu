@@ -240,10 +240,15 @@ __device__ __forceinline__ void run_consumers(const MegakernelParams& p, uint32_
     // NOTE: what consumers read through the stage ring and the output tile is ordered by their barriers (the
     // producer waited for the counter poller's report before loading); only row-wise ops read other SMs' results
     // with plain loads.
-    // Decode: what depends on nothing in this launch (weights, older cache rows) starts before the wait.
+    // Decode: what depends on nothing in this launch (weights) starts before the counter wait.
     DecodePrologue prologue{};
     if constexpr (kDecode) {
       if (is_decode_gemm(in.opcode)) prologue = early_weight_prologue(p, s, in, thread);
+      // NOTE: in a decode group's later launches this grid may start while the previous kernel still runs
+      // (programmatic dependent launch), so no consumer reads what the group's kernels write before this wait:
+      // tokens (the embedding), positions and older cache rows (prestage reads both; the newest of those rows is the
+      // previous step's), activations, counters, the abort flag. The weights above are none of that.
+      if (i == begin) ptx::griddepcontrol_wait();
       if (in.opcode == Opcode::kDecodeAttention) prestage_decode_attention(p, s, in, thread);
     }
     if (rowwise && !consumers_wait<kDecode>(p, s, in, site, thread, healthy, reported)) {
@@ -281,6 +286,8 @@ __device__ __forceinline__ void run_megakernel(const MegakernelParams& p) {
   const SharedState s = shared_state();
 
   if (threadIdx.x == 0) {
+    // The group's next kernel (decode_advance) may launch now: it waits for this grid's end before it reads anything.
+    if constexpr (kDecode) ptx::griddepcontrol_launch_dependents();
     for (int i = 0; i < KernelConfig::kNumStages; ++i) {
       ptx::mbarrier_init(&s.full[i], 1);
       ptx::mbarrier_init(&s.empty[i], KernelConfig::kConsumerWarps);
@@ -303,6 +310,11 @@ __device__ __forceinline__ void run_megakernel(const MegakernelParams& p) {
   }
   if (threadIdx.x < 128) {
     ptx::setmaxnreg_dec<KernelConfig::kProducerRegisters>();
+    if constexpr (kDecode) {
+      // Counters, the abort flag and what the poller reports may be the group's previous kernel's writes. Every CTA
+      // waits here, so that no grid of the group ends before its prerequisite (consumers without instructions don't).
+      ptx::griddepcontrol_wait();
+    }
     if (threadIdx.x / 32 == KernelConfig::kCounterPollerWarp) {
       run_counter_poller<kDecode>(p, s, sm, threadIdx.x % 32);
     } else if constexpr (!kDecode) {
@@ -345,32 +357,61 @@ cudaError_t megakernel_ctas_per_sm(int* ctas) {
   return status;
 }
 
-cudaError_t launch_megakernel(const MegakernelParams& params, int grid_size, cudaStream_t stream) {
-  if (params.dims.decode) {
-    megakernel_decode<<<grid_size, KernelConfig::kThreads, KernelConfig::kSmemBytes, stream>>>(params);
-  } else {
-    megakernel<<<grid_size, KernelConfig::kThreads, KernelConfig::kSmemBytes, stream>>>(params);
-  }
-  return cudaGetLastError();
+namespace {
+
+// A launch on `stream`; `programmatic`: it may start before the stream's previous kernel ends (programmatic dependent
+// launch), its threads waiting for that kernel in griddepcontrol_wait before they read what it wrote.
+cudaLaunchConfig_t launch_config(int blocks, int threads, size_t smem_bytes, cudaStream_t stream, bool programmatic,
+                                 cudaLaunchAttribute& attribute) {
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = programmatic ? 1 : 0;
+  return config;
+}
+
+}  // namespace
+
+cudaError_t launch_megakernel(const MegakernelParams& params, int grid_size, cudaStream_t stream, bool programmatic) {
+  cudaLaunchAttribute attribute;
+  const cudaLaunchConfig_t config =
+      launch_config(grid_size, KernelConfig::kThreads, KernelConfig::kSmemBytes, stream, programmatic, attribute);
+  if (params.dims.decode) return cudaLaunchKernelEx(&config, megakernel_decode, params);
+  return cudaLaunchKernelEx(&config, megakernel, params);
 }
 
 // NOTE: after an abort the launch that aborted left `sampled` unwritten (in a decoder's first launch, whatever the
 // allocation held), so the tokens and positions stay as they were: the group's later launches then leave at their
 // first wait, and the embedding gather, which waits on nothing, still reads a valid token.
-__global__ void decode_advance(const int32_t* sampled, int32_t* tokens, int32_t* positions, int batch,
-                               const DeviceError* error) {
+// NOTE: launched as a programmatic dependent of megakernel(k), and megakernel(k + 1) of it: every thread waits here
+// before it reads `sampled` or the abort flag or writes tokens and positions, so this grid completes only after
+// megakernel(k) did, and megakernel(k + 1)'s waits, which wait for this grid, wait for megakernel(k) as well.
+__global__ void decode_advance(const int32_t* sampled, int32_t* tokens, int32_t* positions, int32_t* kept, int batch,
+                               bool advance, const DeviceError* error) {
+  ptx::griddepcontrol_launch_dependents();
+  ptx::griddepcontrol_wait();
   const int b = blockIdx.x * blockDim.x + threadIdx.x;
   if (b >= batch || *reinterpret_cast<volatile const uint32_t*>(&error->abort) != 0) return;
-  tokens[b] = sampled[b];
+  const int32_t id = sampled[b];
+  kept[b] = id;
+  if (!advance) return;
+  tokens[b] = id;
   positions[b] += 1;
 }
 
-cudaError_t launch_decode_advance(const MegakernelParams& params, int batch, cudaStream_t stream) {
-  constexpr int kThreads = 128;
-  decode_advance<<<(batch + kThreads - 1) / kThreads, kThreads, 0, stream>>>(
-      params.sampled, const_cast<int32_t*>(params.tokens), const_cast<int32_t*>(params.positions), batch,
-      params.error);
-  return cudaGetLastError();
+cudaError_t launch_decode_advance(const MegakernelParams& params, int batch, int32_t* kept, bool advance,
+                                  cudaStream_t stream) {
+  constexpr int kThreads = 32;
+  cudaLaunchAttribute attribute;
+  const cudaLaunchConfig_t config =
+      launch_config((batch + kThreads - 1) / kThreads, kThreads, 0, stream, true, attribute);
+  return cudaLaunchKernelEx(&config, decode_advance, params.sampled, const_cast<int32_t*>(params.tokens),
+                            const_cast<int32_t*>(params.positions), kept, batch, advance, params.error);
 }
 
 }  // namespace mk::gpu
