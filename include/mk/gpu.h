@@ -56,10 +56,10 @@ class GpuEngine {
   // One forward pass (one launch). Throws mk::Error naming SM, instruction, task and counter if the kernel reports a
   // stall; the engine is unusable after that.
   void run();
-  // `steps` decode steps in one wait for the GPU, each after the first fed the previous one's sampled ids at the
-  // next positions on the device (greedy decoding: no host in between); the sampled ids `ref` of every step, step
-  // after step (steps x batch), read back in the same wait: no synchronous copies around the launches. The input
-  // set last is the first step's.
+  // `steps` (at most kMaxStepsPerSync) decode steps in one wait for the GPU, each after the first fed the previous
+  // one's sampled ids at the next positions on the device (greedy decoding: no host in between); the sampled ids `ref`
+  // of every step, step after step (steps x batch), kept on the device and read back in one copy in the same wait.
+  // The input set last is the first step's.
   std::vector<int32_t> run_steps_and_read_ids(BufferRef ref, int steps);
   // Runs `launches` forward passes, each timed with CUDA events; milliseconds per launch.
   std::vector<float> time_runs(int launches);

@@ -2,7 +2,10 @@
 // (streams tiles into the shared-memory ring with TMA once their counters are met, running ahead across instructions),
 // one warp polls those counters ahead of it (in decode passes: every instruction's, ahead of the consumers), and one
 // thread stores (TMA stores of finished GEMM and attention tiles, then their publication); warpgroups 1 and 2 consume
-// (wgmma, row-wise and decode math with plain loads, epilogues, publication of row-wise and decode tiles).
+// (wgmma, row-wise and decode math with plain loads, epilogues, publication of row-wise and decode tiles). Decode
+// passes run the same body compiled for them alone (megakernel_decode).
+#include <algorithm>
+
 #include "device/config.cuh"
 #include "device/ops/attention_wgmma.cuh"
 #include "device/ops/decode_attention.cuh"
@@ -115,15 +118,15 @@ __device__ __forceinline__ bool poll_and_report(const MegakernelParams& p, const
 // in decode passes every instruction's, to the consumers. NOTE: an attention tile at S=4096 waits on up to 32
 // counters (one per qkv row block of its sequence). The producer checked them one acquire load after another, ~9 us
 // a tile and mostly after the previous tile's last loads, so the consumers waited for it (trace, seventh session).
+template <bool kDecode>
 __device__ void run_counter_poller(const MegakernelParams& p, const SharedState& s, uint32_t sm, uint32_t lane) {
   PipelineState ready;  // the next slot of the ready ring
   // Decode passes have no tile instructions; the poller serves the consumers instead (consumers_wait), every
   // instruction. NOTE: the consumer thread that polled its counters itself is in a warp whose weight copies are in
   // flight, and its acquire loads took longer the more were: one more 4 KB step a warp before the wait made batch 1's
   // hops 1.1 -> 2.2 us (docs/perf.md, ninth session, run 5). This warp has no copies of its own.
-  const bool decode = p.dims.decode;
   for_each_instruction(
-      p, sm, [&](Opcode opcode) { return decode || is_tile_instruction(opcode); },
+      p, sm, [&](Opcode opcode) { return kDecode || is_tile_instruction(opcode); },
       [&](const Instruction& in, uint32_t, Site site) { return poll_and_report(p, s, in, site, lane, ready); });
 }
 
@@ -138,11 +141,12 @@ __device__ void run_storer(const MegakernelParams& p, const SharedState& s, uint
   });
 }
 
-// One instruction's work in the consumer warpgroups; false when a wait gave up (aborting).
+// One instruction of a forward or prefill pass in the consumer warpgroups; false when a wait gave up (aborting).
 // NOTE: forced inline, as run_consumers: an outlined call makes ptxas serialize every wgmma of the kernel (C7510).
-__device__ __forceinline__ bool run_instruction(const MegakernelParams& p, const SharedState& s, const Instruction& in,
-                                                PipelineState& state, OutputState& output, Site site, int warpgroup,
-                                                int thread_in_wg, int thread, bool weights_sent, uint64_t* trace) {
+__device__ __forceinline__ bool run_forward_instruction(const MegakernelParams& p, const SharedState& s,
+                                                        const Instruction& in, PipelineState& state,
+                                                        OutputState& output, Site site, int warpgroup,
+                                                        int thread_in_wg, int thread, uint64_t* trace) {
   bool ok = true;
   switch (in.opcode) {
     case Opcode::kEmbed:
@@ -166,24 +170,6 @@ __device__ __forceinline__ bool run_instruction(const MegakernelParams& p, const
     case Opcode::kKvAppend:
       run_kv_append(p, in, thread);
       break;
-    case Opcode::kDecodeQ:
-    case Opcode::kDecodeKv:
-    case Opcode::kDecodeOProj:
-    case Opcode::kDecodeGateUp:
-    case Opcode::kDecodeDown:
-    case Opcode::kDecodeLmHead:
-    case Opcode::kDecodeOProjCombine:
-      run_decode_gemm(p, s, in, weights_sent, thread);
-      break;
-    case Opcode::kDecodeAttention:
-      run_decode_attention(p, s, in, thread);
-      break;
-    case Opcode::kDecodeCombine:
-      run_decode_combine(p, s, in, thread);
-      break;
-    case Opcode::kSample:
-      run_sample(p, s, in, thread);
-      break;
     default:
       if (thread == 0) report_error(p, kErrorBadInstruction, site, ~0u, uint32_t(in.opcode), 0);
       ok = false;
@@ -192,7 +178,41 @@ __device__ __forceinline__ bool run_instruction(const MegakernelParams& p, const
   return ok;
 }
 
+// One instruction of a decode pass in the consumer warpgroups; false for an opcode decode passes do not have.
+// `prologue`: what a decode GEMM did before its wait (early_weight_prologue).
+__device__ __forceinline__ bool run_decode_instruction(const MegakernelParams& p, const SharedState& s,
+                                                       const Instruction& in, Site site, int thread,
+                                                       const DecodePrologue& prologue) {
+  switch (in.opcode) {
+    case Opcode::kEmbed:
+      run_embed(p, in, thread);
+      return true;
+    case Opcode::kDecodeQ:
+    case Opcode::kDecodeKv:
+    case Opcode::kDecodeOProj:
+    case Opcode::kDecodeGateUp:
+    case Opcode::kDecodeDown:
+    case Opcode::kDecodeLmHead:
+    case Opcode::kDecodeOProjCombine:
+      run_decode_gemm(p, s, in, prologue, thread);
+      return true;
+    case Opcode::kDecodeAttention:
+      run_decode_attention(p, s, in, thread);
+      return true;
+    case Opcode::kDecodeCombine:
+      run_decode_combine(p, s, in, thread);
+      return true;
+    case Opcode::kSample:
+      run_sample(p, s, in, thread);
+      return true;
+    default:
+      if (thread == 0) report_error(p, kErrorBadInstruction, site, ~0u, uint32_t(in.opcode), 0);
+      return false;
+  }
+}
+
 // NOTE: forced inline: outlined, the call into it makes ptxas serialize every wgmma of the kernel (C7510).
+template <bool kDecode>
 __device__ __forceinline__ void run_consumers(const MegakernelParams& p, uint32_t sm, int consumer_thread) {
   const int warpgroup = consumer_thread / 128;
   const int thread_in_wg = consumer_thread % 128;
@@ -214,23 +234,34 @@ __device__ __forceinline__ void run_consumers(const MegakernelParams& p, uint32_
     // accumulators (ptxas spilled once the tensor-core decode path was added).
     const int thread = ptx::opaque(consumer_thread);
     const Site site{sm, i - begin, in.task};
-    const bool gemm = is_gemm(in.opcode);
-    const bool rowwise = !gemm && in.opcode != Opcode::kAttention;
+    const bool rowwise = kDecode || !is_tile_instruction(in.opcode);
     uint64_t* trace = thread == 0 ? trace_slots(p, i) : nullptr;
     if (trace) trace[kTraceStart] = clock64();
     // NOTE: what consumers read through the stage ring and the output tile is ordered by their barriers (the
     // producer waited for the counter poller's report before loading); only row-wise ops read other SMs' results
     // with plain loads.
-    // Decode: what depends on nothing in this launch (weights, older cache rows) starts before the wait.
-    const bool weights_sent = is_decode_gemm(in.opcode) && early_weight_prologue(p, s, in, thread);
-    if (in.opcode == Opcode::kDecodeAttention) prestage_decode_attention(p, s, in, thread);
-    if (rowwise && !consumers_wait(p, s, in, site, thread, healthy, reported)) {
+    // Decode: what depends on nothing in this launch (weights) starts before the counter wait.
+    DecodePrologue prologue{};
+    if constexpr (kDecode) {
+      if (is_decode_gemm(in.opcode)) prologue = early_weight_prologue(p, s, in, thread);
+      // NOTE: in a decode group's later launches this grid may start while the previous kernel still runs
+      // (programmatic dependent launch), so no consumer reads what the group's kernels write before this wait:
+      // tokens (the embedding), positions and older cache rows (prestage reads both; the newest of those rows is the
+      // previous step's), activations, counters, the abort flag. The weights above are none of that.
+      if (i == begin) ptx::griddepcontrol_wait();
+      if (in.opcode == Opcode::kDecodeAttention) prestage_decode_attention(p, s, in, thread);
+    }
+    if (rowwise && !consumers_wait<kDecode>(p, s, in, site, thread, healthy, reported)) {
       ptx::cp_async_wait<0>();  // the early copies land before the CTA leaves
       return;
     }
     if (trace) trace[kTraceWaitsDone] = clock64();
-    const bool ok =
-        run_instruction(p, s, in, state, output, site, warpgroup, thread_in_wg, thread, weights_sent, trace);
+    bool ok;
+    if constexpr (kDecode) {
+      ok = run_decode_instruction(p, s, in, site, thread, prologue);
+    } else {
+      ok = run_forward_instruction(p, s, in, state, output, site, warpgroup, thread_in_wg, thread, trace);
+    }
     if (!ok && rowwise) return;
     healthy &= ok;
     if (rowwise) {
@@ -246,12 +277,17 @@ __device__ __forceinline__ void run_consumers(const MegakernelParams& p, uint32_
   }
 }
 
-}  // namespace
-
-__global__ void __launch_bounds__(KernelConfig::kThreads, 1) megakernel(const __grid_constant__ MegakernelParams p) {
+// The body of both kernels. kDecode: decode passes, which have no GEMM or attention tiles (check_decode_limits), so
+// neither a producer nor a storer; compiled apart so that a decode step's code is about half the kernel's and fits
+// the instruction cache better (docs/perf.md, sixteenth session: one-line changes moved decode steps ~1%, and ~1500
+// added instructions made decode attention miss in code they did not touch).
+template <bool kDecode>
+__device__ __forceinline__ void run_megakernel(const MegakernelParams& p) {
   const SharedState s = shared_state();
 
   if (threadIdx.x == 0) {
+    // The group's next kernel (decode_advance) may launch now: it waits for this grid's end before it reads anything.
+    if constexpr (kDecode) ptx::griddepcontrol_launch_dependents();
     for (int i = 0; i < KernelConfig::kNumStages; ++i) {
       ptx::mbarrier_init(&s.full[i], 1);
       ptx::mbarrier_init(&s.empty[i], KernelConfig::kConsumerWarps);
@@ -274,46 +310,108 @@ __global__ void __launch_bounds__(KernelConfig::kThreads, 1) megakernel(const __
   }
   if (threadIdx.x < 128) {
     ptx::setmaxnreg_dec<KernelConfig::kProducerRegisters>();
-    if (threadIdx.x == KernelConfig::kProducerThread) run_producer(p, s, sm);
-    else if (threadIdx.x == KernelConfig::kStorerThread) run_storer(p, s, sm);
-    else if (threadIdx.x / 32 == KernelConfig::kCounterPollerWarp) run_counter_poller(p, s, sm, threadIdx.x % 32);
+    if constexpr (kDecode) {
+      // Counters, the abort flag and what the poller reports may be the group's previous kernel's writes. Every CTA
+      // waits here, so that no grid of the group ends before its prerequisite (consumers without instructions don't).
+      ptx::griddepcontrol_wait();
+    }
+    if (threadIdx.x / 32 == KernelConfig::kCounterPollerWarp) {
+      run_counter_poller<kDecode>(p, s, sm, threadIdx.x % 32);
+    } else if constexpr (!kDecode) {
+      if (threadIdx.x == KernelConfig::kProducerThread) run_producer(p, s, sm);
+      if (threadIdx.x == KernelConfig::kStorerThread) run_storer(p, s, sm);
+    }
   } else {
     ptx::setmaxnreg_inc<KernelConfig::kConsumerRegisters>();
-    run_consumers(p, sm, int(threadIdx.x) - 128);
+    run_consumers<kDecode>(p, sm, int(threadIdx.x) - 128);
   }
 }
 
+}  // namespace
+
+__global__ void __launch_bounds__(KernelConfig::kThreads, 1) megakernel(const __grid_constant__ MegakernelParams p) {
+  run_megakernel<false>(p);
+}
+
+__global__ void __launch_bounds__(KernelConfig::kThreads, 1)
+    megakernel_decode(const __grid_constant__ MegakernelParams p) {
+  run_megakernel<true>(p);
+}
+
 cudaError_t prepare_megakernel() {
-  return cudaFuncSetAttribute(megakernel, cudaFuncAttributeMaxDynamicSharedMemorySize, KernelConfig::kSmemBytes);
+  const cudaError_t forward =
+      cudaFuncSetAttribute(megakernel, cudaFuncAttributeMaxDynamicSharedMemorySize, KernelConfig::kSmemBytes);
+  if (forward != cudaSuccess) return forward;
+  return cudaFuncSetAttribute(megakernel_decode, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              KernelConfig::kSmemBytes);
 }
 
 cudaError_t megakernel_ctas_per_sm(int* ctas) {
-  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas, megakernel, KernelConfig::kThreads,
-                                                       KernelConfig::kSmemBytes);
+  int forward = 0, decode = 0;
+  cudaError_t status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&forward, megakernel, KernelConfig::kThreads,
+                                                                     KernelConfig::kSmemBytes);
+  if (status == cudaSuccess)
+    status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&decode, megakernel_decode, KernelConfig::kThreads,
+                                                           KernelConfig::kSmemBytes);
+  *ctas = std::min(forward, decode);
+  return status;
 }
 
-cudaError_t launch_megakernel(const MegakernelParams& params, int grid_size, cudaStream_t stream) {
-  megakernel<<<grid_size, KernelConfig::kThreads, KernelConfig::kSmemBytes, stream>>>(params);
-  return cudaGetLastError();
+namespace {
+
+// A launch on `stream`; `programmatic`: it may start before the stream's previous kernel ends (programmatic dependent
+// launch), its threads waiting for that kernel in griddepcontrol_wait before they read what it wrote.
+cudaLaunchConfig_t launch_config(int blocks, int threads, size_t smem_bytes, cudaStream_t stream, bool programmatic,
+                                 cudaLaunchAttribute& attribute) {
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = programmatic ? 1 : 0;
+  return config;
+}
+
+}  // namespace
+
+cudaError_t launch_megakernel(const MegakernelParams& params, int grid_size, cudaStream_t stream, bool programmatic) {
+  cudaLaunchAttribute attribute;
+  const cudaLaunchConfig_t config =
+      launch_config(grid_size, KernelConfig::kThreads, KernelConfig::kSmemBytes, stream, programmatic, attribute);
+  if (params.dims.decode) return cudaLaunchKernelEx(&config, megakernel_decode, params);
+  return cudaLaunchKernelEx(&config, megakernel, params);
 }
 
 // NOTE: after an abort the launch that aborted left `sampled` unwritten (in a decoder's first launch, whatever the
 // allocation held), so the tokens and positions stay as they were: the group's later launches then leave at their
 // first wait, and the embedding gather, which waits on nothing, still reads a valid token.
-__global__ void decode_advance(const int32_t* sampled, int32_t* tokens, int32_t* positions, int batch,
-                               const DeviceError* error) {
+// NOTE: launched as a programmatic dependent of megakernel(k), and megakernel(k + 1) of it: every thread waits here
+// before it reads `sampled` or the abort flag or writes tokens and positions, so this grid completes only after
+// megakernel(k) did, and megakernel(k + 1)'s waits, which wait for this grid, wait for megakernel(k) as well.
+__global__ void decode_advance(const int32_t* sampled, int32_t* tokens, int32_t* positions, int32_t* kept, int batch,
+                               bool advance, const DeviceError* error) {
+  ptx::griddepcontrol_launch_dependents();
+  ptx::griddepcontrol_wait();
   const int b = blockIdx.x * blockDim.x + threadIdx.x;
   if (b >= batch || *reinterpret_cast<volatile const uint32_t*>(&error->abort) != 0) return;
-  tokens[b] = sampled[b];
+  const int32_t id = sampled[b];
+  kept[b] = id;
+  if (!advance) return;
+  tokens[b] = id;
   positions[b] += 1;
 }
 
-cudaError_t launch_decode_advance(const MegakernelParams& params, int batch, cudaStream_t stream) {
-  constexpr int kThreads = 128;
-  decode_advance<<<(batch + kThreads - 1) / kThreads, kThreads, 0, stream>>>(
-      params.sampled, const_cast<int32_t*>(params.tokens), const_cast<int32_t*>(params.positions), batch,
-      params.error);
-  return cudaGetLastError();
+cudaError_t launch_decode_advance(const MegakernelParams& params, int batch, int32_t* kept, bool advance,
+                                  cudaStream_t stream) {
+  constexpr int kThreads = 32;
+  cudaLaunchAttribute attribute;
+  const cudaLaunchConfig_t config =
+      launch_config((batch + kThreads - 1) / kThreads, kThreads, 0, stream, true, attribute);
+  return cudaLaunchKernelEx(&config, decode_advance, params.sampled, const_cast<int32_t*>(params.tokens),
+                            const_cast<int32_t*>(params.positions), kept, batch, advance, params.error);
 }
 
 }  // namespace mk::gpu

@@ -7,14 +7,20 @@
 
 namespace mk::gpu {
 
-// Raises the kernel's dynamic shared-memory limit to what KernelConfig needs.
+// Raises both kernels' (forward and prefill; decode) dynamic shared-memory limit to what KernelConfig needs.
 cudaError_t prepare_megakernel();
-// How many CTAs of the megakernel fit on one SM at once (after prepare_megakernel): a persistent launch needs >= 1.
+// How many CTAs of either kernel fit on one SM at once (after prepare_megakernel), the fewer of the two: a
+// persistent launch needs >= 1.
 cudaError_t megakernel_ctas_per_sm(int* ctas);
-// Launches one persistent CTA per SM of the schedule (grid_size), KernelConfig::kThreads threads each.
-cudaError_t launch_megakernel(const MegakernelParams& params, int grid_size, cudaStream_t stream);
-// A decode step's next input on the device: each of the `batch` sequences feeds its sampled id at the next position
-// (tokens <- sampled, positions += 1), so that steps follow one another without the host.
-cudaError_t launch_decode_advance(const MegakernelParams& params, int batch, cudaStream_t stream);
+// Launches one persistent CTA per SM of the schedule (grid_size), KernelConfig::kThreads threads each: the decode
+// kernel for decode passes (params.dims.decode), else the forward one. `programmatic`: as a programmatic dependent
+// launch (a decode group's launches after its first), which may start before the stream's previous kernel ends; each
+// thread waits for that kernel before it reads what the group writes.
+cudaError_t launch_megakernel(const MegakernelParams& params, int grid_size, cudaStream_t stream, bool programmatic);
+// After a decode step's launch, as its programmatic dependent: keeps each of the `batch` sequences' sampled ids in
+// `kept` (batch), and if `advance`, makes them the next step's input on the device (tokens <- sampled, positions += 1),
+// so that steps follow one another without the host.
+cudaError_t launch_decode_advance(const MegakernelParams& params, int batch, int32_t* kept, bool advance,
+                                  cudaStream_t stream);
 
 }  // namespace mk::gpu

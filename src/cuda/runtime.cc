@@ -14,6 +14,7 @@
 #include "device_memory.h"
 #include "megakernel.h"
 #include "mk/check.h"
+#include "mk/generate.h"
 #include "mk/gpu.h"
 #include "mk/ops.h"
 #include "model_on_device.h"
@@ -62,7 +63,8 @@ struct GpuEngine::Impl {
   bool input_in_flight = false;        // input_staging may still be read by a copy (input_copied says when not)
   gpu::PinnedBuffer input_staging;     // positions, then tokens
   gpu::PinnedBuffer error_staging;     // (1) gpu::DeviceError
-  gpu::PinnedBuffer readback_staging;  // run_and_read's ids
+  gpu::PinnedBuffer readback_staging;  // run_steps_and_read_ids's ids
+  int32_t* kept_ids = nullptr;         // (kMaxStepsPerSync, batch): a decode group's ids, allocated on the first group
 
   Impl(const Graph& g, const GpuOptions& o) : graph(g), options(o) {}
   ~Impl() {
@@ -86,8 +88,9 @@ struct GpuEngine::Impl {
     if (!events) events = std::make_unique<PassEvents>();
     return *events;
   }
-  void launch(const MegakernelParams& launch_params) {
-    check_kernel(broken, gpu::launch_megakernel(launch_params, num_sms, stream), "launching the megakernel");
+  void launch(const MegakernelParams& launch_params, bool programmatic = false) {
+    check_kernel(broken, gpu::launch_megakernel(launch_params, num_sms, stream, programmatic),
+                 "launching the megakernel");
   }
   // After a device error (a stall report or a sticky CUDA error) the engine refuses all further work.
   void check_usable() const { MK_CHECK(!broken, "gpu engine: unusable after an earlier device error"); }
@@ -104,10 +107,17 @@ void check_kernel(bool& broken, cudaError_t status, const char* what) {
                           cudaGetErrorString(status)));
 }
 
-// What the decode handlers (src/cuda/device/ops/decode_*.cuh) serve, checked before anything is allocated.
+// Which kernel serves which ops, and what the decode handlers (src/cuda/device/ops/decode_*.cuh) serve, checked
+// before anything is allocated.
 void check_decode_limits(const Graph& graph) {
   const ModelConfig& c = graph.config();
-  if (graph.shape().pass != PassKind::kDecode) return;
+  // Each kernel serves its own passes' opcodes (src/cuda/megakernel.cu): decode ops come after kKvAppend.
+  if (graph.shape().pass != PassKind::kDecode) {
+    for (const Task& task : graph.tasks())
+      MK_CHECK(task.opcode <= Opcode::kKvAppend, "internal error: the decode op {} outside a decode pass",
+               opcode_name(task.opcode));
+    return;
+  }
   MK_CHECK(c.group_size() <= 8, "gpu engine: decode attention serves at most 8 query heads per kv head, not {}",
            c.group_size());
   MK_CHECK(c.head_dim <= 256 && c.head_dim % 8 == 0,
@@ -115,8 +125,8 @@ void check_decode_limits(const Graph& graph) {
   // NOTE: decode ops stage their input rows in the stage ring, which is free only because no TMA op shares the
   // schedule.
   for (const Task& task : graph.tasks())
-    MK_CHECK(task.opcode >= Opcode::kKvAppend || task.opcode == Opcode::kEmbed,
-             "internal error: a decode pass with the TMA op {}", opcode_name(task.opcode));
+    MK_CHECK(task.opcode > Opcode::kKvAppend || task.opcode == Opcode::kEmbed,
+             "internal error: a decode pass with the forward op {}", opcode_name(task.opcode));
   const int64_t widest = std::max({c.d_model, c.q_dim(), c.d_ff});
   MK_CHECK(2 * widest <= KernelConfig::kDecodeStagedRowBytes,
            "gpu engine: a decode input row of {} values does not fit the megakernel's shared memory", widest);
@@ -341,30 +351,36 @@ std::vector<float> GpuEngine::time_runs(int launches) {
 std::vector<int32_t> GpuEngine::run_steps_and_read_ids(BufferRef ref, int steps) {
   Impl& impl = *impl_;
   impl.check_usable();
-  MK_CHECK(steps >= 1 && uint64_t(steps) * impl.max_signals < (uint64_t(1) << 32),
+  MK_CHECK(steps >= 1 && steps <= kMaxStepsPerSync && uint64_t(steps) * impl.max_signals < (uint64_t(1) << 32),
            "internal error: {} decode steps in one pass", steps);
   MK_CHECK(impl.graph.shape().pass == PassKind::kDecode && ref.kind == BufferKind::kSampled,
            "internal error: steps without the host are a decode pass's, fed by its sampled ids");
-  const uint32_t id = impl.graph.buffer_table().id(ref);
   const int batch = int(impl.graph.shape().batch);
+  if (impl.kept_ids == nullptr)
+    impl.kept_ids = impl.arena.allocate<int32_t>(size_t(kMaxStepsPerSync) * batch, "allocating the kept ids");
   auto* ids =
       static_cast<int32_t*>(impl.readback_staging.reserve(size_t(steps) * batch * 4, "allocating pinned memory"));
+  // NOTE: the first launch is a plain one, after the input's copies; the others are programmatic dependents of the
+  // kernel before them (PDL), so that a step's CTAs start as the previous kernel's leave. After each step,
+  // decode_advance keeps its ids in kept_ids and, but after the last, feeds them to the next step.
   impl.timed_pass(
       [&] {
         for (int step = 0; step < steps; ++step) {
-          if (step > 0) {
-            check_kernel(impl.broken, gpu::launch_decode_advance(impl.params, batch, impl.stream),
-                         "feeding the sampled ids back");
-            impl.params.epoch += 1;
-          }
-          impl.launch(impl.params);
+          if (step > 0) impl.params.epoch += 1;
+          impl.launch(impl.params, step > 0);
           check_kernel(impl.broken,
-                       cudaMemcpyAsync(ids + step * batch, impl.buffer_address[id], size_t(batch) * 4,
-                                       cudaMemcpyDeviceToHost, impl.stream),
-                       "reading back ids");
+                       gpu::launch_decode_advance(impl.params, batch, impl.kept_ids + step * batch, step + 1 < steps,
+                                                  impl.stream),
+                       "keeping the sampled ids");
         }
       },
-      nullptr, steps);
+      [&] {
+        check_kernel(impl.broken,
+                     cudaMemcpyAsync(ids, impl.kept_ids, size_t(steps) * batch * 4, cudaMemcpyDeviceToHost,
+                                     impl.stream),
+                     "reading back ids");
+      },
+      steps);
   return std::vector<int32_t>(ids, ids + steps * batch);
 }
 

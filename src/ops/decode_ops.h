@@ -81,16 +81,17 @@ inline DecodeColumns uniform_decode_columns(int64_t n, int64_t spread_n) {
 // NOTE: for an output wider than a round of kDecodeMaxBlockN-column tiles (the LM head), uniform tiles leave the last
 // round part-full: Llama-3.2-1B's 128256 logits made 1002 tiles of 128 on 132 SMs, 78 SMs running 8 and 54 running
 // 7, and the 7-tile SMs sat idle ~17 us (one ~16.5 us tile of weight streaming) of a ~1045 us step (GPU trace).
-// Instead: the fewest whole rounds of kDecodeSpreadTasks tiles of at most kDecodeMaxBlockN columns (fewer tiles
-// than a round only where n has fewer units), the units spread evenly, so widths differ by one unit: 1056 tiles,
-// 624 of 128 and 432 of 112. Whole units keep the CUDA-core path's 8 warps at equal shares of output pairs. The
-// wider tiles come first, so that schedulers place them first (longest first): the list scheduler ranks them by cost
-// anyway, round-robin by task order.
+// Whole rounds of 128-column tiles (1056) fixed that, but each SM still ran 8 tiles one after another with 1.4-1.7 us
+// between them in which it had no weight bytes in flight: its ring drains over a tile's last steps and the next
+// tile's prologue goes out only when that tile begins (sixteenth session, run 1: ~10-12 us of the phase's 141).
+// Instead: one round of kDecodeSpreadTasks tiles as wide as it takes (fewer where n has fewer units), the units
+// spread evenly, so widths differ by one unit: 132 tiles of 960 or 976 columns, each SM's logits one stream. Whole
+// units keep the CUDA-core path's 8 warps at equal shares of output pairs. The wider tiles come first, so that
+// schedulers place them first (longest first): the list scheduler ranks them by cost anyway, round-robin by task
+// order.
 inline DecodeColumns balanced_decode_columns(int64_t n) {
-  static_assert(tiles::kDecodeMaxBlockN % tiles::kDecodeMinBlockN == 0, "the widest tile is whole units");
   const int64_t units = blocks(n, tiles::kDecodeMinBlockN);
-  const int64_t round_units = tiles::kDecodeSpreadTasks * (tiles::kDecodeMaxBlockN / tiles::kDecodeMinBlockN);
-  const int64_t count = std::min(units, tiles::kDecodeSpreadTasks * blocks(units, round_units));
+  const int64_t count = std::min<int64_t>(units, tiles::kDecodeSpreadTasks);
   return {n, count, units % count, units / count};
 }
 

@@ -193,6 +193,15 @@ __device__ __forceinline__ uint64_t global_timer_ns() {
   return time;
 }
 
+// ---- programmatic dependent launch (sm_90) ----
+
+// Lets the grid's programmatic dependent launch once every CTA has issued this (any one thread) or exited.
+__device__ __forceinline__ void griddepcontrol_launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+// Waits until the prerequisite grids have completed and their memory is visible; a no-op in a grid without one.
+__device__ __forceinline__ void griddepcontrol_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
 // ---- barriers among some warps of the CTA ----
 
 __device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads) {

@@ -165,18 +165,19 @@ __device__ __forceinline__ bool wait_ready(const MegakernelParams& p, const Shar
 // the last row-wise instruction; the barrier ANDs it over both warpgroups at no extra cost. In decode passes thread 0
 // waits instead for the counter poller's report on the instruction, the next slot of the ready ring (`reported`): the
 // poller's acquire loads, released by its arrive, are acquired by this wait and passed on by the barrier.
+// kDecode: the kernel runs decode passes (megakernel_decode).
+template <bool kDecode>
 __device__ __forceinline__ bool consumers_wait(const MegakernelParams& p, const SharedState& s, const Instruction& in,
                                                Site site, int consumer_thread, bool healthy, PipelineState& reported) {
-  const bool decode = p.dims.decode != 0;
   if (consumer_thread == 0) {
     // NOTE: the report's wait has no timeout of its own, as the producer's (wait_ready): the poller's counter waits
     // time out first and name the counter, and a timeout here could fire first when a lane waits on two counters.
-    const bool met = decode ? wait_ready_slot(p, s, reported) : wait_all_counters(p, in, site);
+    const bool met = kDecode ? wait_ready_slot(p, s, reported) : wait_all_counters(p, in, site);
     *s.flag = met ? 1u : 0u;
   }
   const bool all_healthy = ptx::named_barrier_and(1, KernelConfig::kConsumerThreads, healthy);
   const bool ok = all_healthy && *s.flag != 0;
-  if (decode) {
+  if constexpr (kDecode) {
     // every consumer thread has passed the wait: the poller may refill the slot
     if (consumer_thread == 0 && ok) ptx::mbarrier_arrive(&s.ready_free[reported.stage]);
     reported.advance();

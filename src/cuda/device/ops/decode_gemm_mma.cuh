@@ -252,25 +252,30 @@ __device__ __forceinline__ int32_t decode_k_ranges(const Instruction& in, const 
   return 0;
 }
 
-// Batch rows per pass of task t: its rows in the fewest passes of at most kMmaRows when such passes can take K in
-// ranges, else of at most as many as fit at full K; balanced either way, so that no pass is left with a row or two
-// (Llama-8B's qkv at batch 9: 5 + 4, not 8 + 1 on the CUDA cores).
-__device__ __forceinline__ int32_t decode_pass_rows(const Instruction& in, const DecodeGemmTask& t) {
+// How task t's batch rows go through its weights: in passes of at most `rows` rows, each taking K in `ranges` ranges.
+struct DecodePasses {
+  int32_t rows;
+  int32_t ranges;
+};
+
+// Task t's rows in the fewest passes of at most kMmaRows when such passes can take K in ranges, else of at most as
+// many as fit at full K (one range); balanced either way, so that no pass is left with a row or two (Llama-8B's qkv
+// at batch 9: 5 + 4, not 8 + 1 on the CUDA cores). NOTE: every pass takes a full pass's ranges, the last, shorter
+// pass too, not its own count: at k = 4160 (65 blocks of 64) a pass of 16 rows takes 5 ranges, but one of 15 rows
+// would take none (2-4 ranges do not divide 65 blocks), and was staged at full K over the weight ring (review, ninth
+// session). Ranges that fit a full pass fit a shorter one. NOTE: worked out once a tile (early_weight_prologue): it
+// ran six times a tile, three of them after the wait, and its code drew the most no_instruction stall samples of a
+// decode step (ncu, sixteenth session, run 3).
+__device__ __forceinline__ DecodePasses decode_passes(const Instruction& in, const DecodeGemmTask& t) {
   const int32_t total = t.batch_end - t.batch_begin;
   const auto balanced = [&](int32_t most) {
     const int32_t passes = (total + most - 1) / most;
     return (total + passes - 1) / passes;
   };
   const int32_t in_ranges = balanced(kMmaRows);
-  return decode_k_ranges(in, t, in_ranges) > 0 ? in_ranges : balanced(decode_rows_at_full_k(t));
-}
-
-// K ranges every pass of task t takes: a full pass's (decode_pass_rows), the last, shorter pass's too. NOTE: not each
-// pass's own count: at k = 4160 (65 blocks of 64) a pass of 16 rows takes 5 ranges, but one of 15 rows would take none
-// (2-4 ranges do not divide 65 blocks), and was staged at full K over the weight ring (review, ninth session). Ranges
-// that fit a full pass fit a shorter one.
-__device__ __forceinline__ int32_t decode_pass_ranges(const Instruction& in, const DecodeGemmTask& t) {
-  return decode_k_ranges(in, t, decode_pass_rows(in, t));
+  const int32_t ranges = decode_k_ranges(in, t, in_ranges);
+  if (ranges > 0) return {in_ranges, ranges};
+  return {balanced(decode_rows_at_full_k(t)), 1};
 }
 
 // A pass of staged rows [b0, b0 + rows) over `ranges` K ranges (decode_k_ranges > 1), the first range's weight
@@ -305,9 +310,8 @@ __device__ __forceinline__ void decode_gemm_mma_ranges(const MegakernelParams& p
 // The first steps of the weight stream a pass of `rows` rows uses (its first K range's), sent before the pass stages
 // its rows, so that both land in one round trip. Not for decode_o_proj_combine, whose staging uses the ring.
 __device__ __forceinline__ void issue_pass_prologue(const MegakernelParams& p, const Instruction& in,
-                                                    const DecodeGemmTask& t, int32_t rows, uint4* ring,
-                                                    int consumer_thread) {
-  const int32_t ranges = decode_pass_ranges(in, t);
+                                                    const DecodeGemmTask& t, int32_t rows, int32_t ranges,
+                                                    uint4* ring, int consumer_thread) {
   if (ranges > 1) {
     const DecodeGemmTask first = decode_k_range(t, 0, t.k / ranges);
     MmaStream<1>(first, ring, consumer_thread).issue_prologue(p, in, first);
@@ -320,33 +324,41 @@ __device__ __forceinline__ void issue_pass_prologue(const MegakernelParams& p, c
   }
 }
 
+// What a decode GEMM task did before its counter wait: its passes worked out, and whether the first pass's weight
+// prologue went out.
+struct DecodePrologue {
+  DecodePasses passes;
+  bool sent;
+};
+
 // The first pass's prologue, sent before the task's counter wait (weights depend on nothing), so that a tile of
-// ~64 KB of weights is mostly in shared memory when its inputs arrive.
-__device__ __forceinline__ bool early_weight_prologue(const MegakernelParams& p, const SharedState& s,
-                                                      const Instruction& in, int consumer_thread) {
-  if (in.opcode == Opcode::kDecodeOProjCombine) return false;
+// ~64 KB of weights is mostly in shared memory when its inputs arrive; not for decode_o_proj_combine, whose staging
+// uses the ring.
+__device__ __forceinline__ DecodePrologue early_weight_prologue(const MegakernelParams& p, const SharedState& s,
+                                                                const Instruction& in, int consumer_thread) {
   const DecodeGemmTask t = decode_gemm_task(p, in);
+  const DecodePasses passes = decode_passes(in, t);
+  if (in.opcode == Opcode::kDecodeOProjCombine) return {passes, false};
   uint4* ring = reinterpret_cast<uint4*>(s.stages + kStagedRowBytes);
-  issue_pass_prologue(p, in, t, min(decode_pass_rows(in, t), t.batch_end - t.batch_begin), ring, consumer_thread);
-  return true;
+  issue_pass_prologue(p, in, t, min(passes.rows, t.batch_end - t.batch_begin), passes.ranges, ring, consumer_thread);
+  return {passes, true};
 }
 
 // A decode GEMM task: its batch rows in passes of up to decode_rows_at_full_k, staged at the start of the (otherwise
 // idle) stage ring, the weight steps streamed through its end. NOTE: decode schedules have no TMA ops, so no
 // producer is using the ring.
 __device__ __forceinline__ void run_decode_gemm(const MegakernelParams& p, const SharedState& s, const Instruction& in,
-                                                bool prologue_issued, int consumer_thread) {
+                                                const DecodePrologue& prologue, int consumer_thread) {
   const DecodeGemmTask t = decode_gemm_task(p, in);
   uint4* staged = reinterpret_cast<uint4*>(s.stages);
   uint4* ring = reinterpret_cast<uint4*>(s.stages + kStagedRowBytes);
   float* scratch = reinterpret_cast<float*>(s.output);
-  const int32_t per_pass = decode_pass_rows(in, t);
-  const int32_t ranges = decode_pass_ranges(in, t);
+  const int32_t per_pass = prologue.passes.rows, ranges = prologue.passes.ranges;
   for (int32_t b0 = t.batch_begin; b0 < t.batch_end; b0 += per_pass) {
     const int32_t rows = min(per_pass, t.batch_end - b0);
-    bool issued = prologue_issued && b0 == t.batch_begin;  // later passes stream the weights again
+    bool issued = prologue.sent && b0 == t.batch_begin;  // later passes stream the weights again
     if (!issued && in.opcode != Opcode::kDecodeOProjCombine) {
-      issue_pass_prologue(p, in, t, rows, ring, consumer_thread);  // the previous pass ended synchronized
+      issue_pass_prologue(p, in, t, rows, ranges, ring, consumer_thread);  // the previous pass ended synchronized
       issued = true;
     }
     if (ranges > 1) {
