@@ -1,5 +1,5 @@
 // Fixtures shared by the CPU reference ops' tests (test_reference_ops.cc, test_reference_rope.cc): a one-layer
-// attention config and random fp32 matrices.
+// attention config, random fp32 matrices, and where each head's q, k and v sit in a qkv row.
 #pragma once
 
 #include <cstdint>
@@ -36,6 +36,13 @@ inline Matrix random_matrix(int64_t rows, int64_t cols, uint64_t seed, float std
   mk::Random random(seed);
   for (float& value : m.data) value = random.symmetric(stddev);
   return m;
+}
+
+// Column offsets of head h's q, k and v inside a qkv row.
+inline int64_t q_col(const mk::ModelConfig& c, int64_t head) { return head * c.head_dim; }
+inline int64_t k_col(const mk::ModelConfig& c, int64_t kv_head) { return c.q_dim() + kv_head * c.head_dim; }
+inline int64_t v_col(const mk::ModelConfig& c, int64_t kv_head) {
+  return c.q_dim() + c.kv_dim() + kv_head * c.head_dim;
 }
 
 }  // namespace mk::reference_fixtures

@@ -20,6 +20,9 @@ using mk::ref::Matrix;
 using mk::ref::Range;
 using mk::ref::StackedWeights;
 using mk::reference_fixtures::attention_config;
+using mk::reference_fixtures::k_col;
+using mk::reference_fixtures::q_col;
+using mk::reference_fixtures::v_col;
 using mk::reference_fixtures::random_matrix;
 
 
@@ -36,11 +39,6 @@ std::vector<mk::bf16> bf16_vector(std::initializer_list<float> values) {
   for (float value : values) result.push_back(mk::to_bf16(value));
   return result;
 }
-
-// Column offsets of head h's q, k and v inside a qkv row.
-int64_t q_col(const mk::ModelConfig& c, int64_t head) { return head * c.head_dim; }
-int64_t k_col(const mk::ModelConfig& c, int64_t kv_head) { return c.q_dim() + kv_head * c.head_dim; }
-int64_t v_col(const mk::ModelConfig& c, int64_t kv_head) { return c.q_dim() + c.kv_dim() + kv_head * c.head_dim; }
 
 double naive_dot(const float* a, const mk::bf16* w, int64_t n) {
   double sum = 0;
@@ -63,8 +61,6 @@ void run_attention(const mk::ModelConfig& c, int64_t seq_len, const Matrix& qkv,
   for (int64_t s = 0; s < batch; ++s)
     for (int64_t h = 0; h < c.n_heads; ++h) mk::ref::attention_tile(c, seq_len, qkv, out, s, {0, seq_len}, h);
 }
-
-float pair_norm(const float* head, int64_t i, int64_t half) { return std::hypot(head[i], head[i + half]); }
 
 }  // namespace
 

@@ -13,7 +13,12 @@ namespace {
 
 using mk::ref::Matrix;
 using mk::reference_fixtures::attention_config;
+using mk::reference_fixtures::k_col;
+using mk::reference_fixtures::q_col;
 using mk::reference_fixtures::random_matrix;
+using mk::reference_fixtures::v_col;
+
+float pair_norm(const float* head, int64_t i, int64_t half) { return std::hypot(head[i], head[i + half]); }
 
 }  // namespace
 
