@@ -38,6 +38,9 @@ struct Schedule {
   std::vector<Wait> waits;                // (total waits): the lists Instruction::wait_begin/num_waits point into
 
   size_t num_instructions(int32_t sm) const { return sm_begin[size_t(sm) + 1] - sm_begin[size_t(sm)]; }
+  // The target (signals a launch) of the wait on `counter` of SM sm's instruction `instruction` (its place in the
+  // SM's list), or 0 where there is none: a stalled wait's reported target over it is its launch's epoch.
+  uint32_t wait_target(int32_t sm, uint32_t instruction, uint32_t counter) const;
 };
 
 // Estimated time of one task on one SM, from its FLOPs and bytes and its op's rates and fixed time (TaskWork; see

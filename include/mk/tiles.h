@@ -40,7 +40,9 @@ constexpr int64_t kL2ResidentWeightBytes = int64_t(24) << 20;  // half the H200'
 // second tile's latency on the critical path (measured: qkv's 192 tiles of 16 columns, 1B shape). GEMM tiles are
 // the narrowest power of two of kDecodeMinBlockN..kDecodeMaxBlockN columns that makes at most kDecodeSpreadTasks
 // of them (the H200's SM count, one round; a tiling hint, schedules run on any SM count); wider outputs get tiles of
-// kDecodeMaxBlockN.
+// kDecodeMaxBlockN, but the LM head, which takes one round of kDecodeSpreadTasks tiles as wide as it needs
+// (balanced_decode_columns). NOTE: on fewer SMs (an H100 PCIe's 114) a round's last tiles run a second time on some
+// SMs; for the LM head's wide tiles that nearly doubles its phase, where 8 tiles an SM would have made it 10 against 9.
 constexpr int32_t kDecodeSpreadTasks = 132;
 constexpr int32_t kDecodeMinBlockN = 16;
 constexpr int32_t kDecodeMaxBlockN = 128;

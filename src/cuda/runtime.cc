@@ -37,6 +37,8 @@ struct GpuEngine::Impl {
   uint32_t num_counters = 1;
   bool broken = false;
   MegakernelParams params{};
+  uint32_t pass_first_epoch = 0;  // the last timed pass's first launch's epoch, and its launches (timed_pass)
+  int pass_epochs = 1;
   gpu::DeviceArena arena;
   cudaStream_t stream = nullptr;
   std::vector<void*> buffer_address;          // (graph buffers): device address of each
@@ -275,10 +277,17 @@ void GpuEngine::Impl::throw_device_error(const gpu::DeviceError& error) const {
   const std::string task =
       error.task < graph.tasks().size() ? graph.describe(graph.tasks()[error.task]) : std::string("?");
   if (error.kind == gpu::kErrorCounterStall) {
+    // In a group of launches (decode steps fed on the device), the target says which launch stalled: it is that
+    // launch's epoch times the wait's signals a launch.
+    std::string step;
+    const uint32_t per_launch = schedule.wait_target(int32_t(error.sm), error.instruction, error.counter);
+    const int64_t launch = per_launch > 0 ? int64_t(error.target / per_launch) - int64_t(pass_first_epoch) : -1;
+    if (pass_epochs > 1 && launch >= 0 && launch < pass_epochs)
+      step = fmt::format(" (step {} of the {} launched together)", launch + 1, pass_epochs);
     throw Error(fmt::format("megakernel stall: SM {} instruction {} (task {}: {}) waited {:.1f} s on counter {}, "
-                            "which reached {} of {}",
+                            "which reached {} of {}{}",
                             error.sm, error.instruction, error.task, task, options.stall_timeout_s, error.counter,
-                            error.value, error.target));
+                            error.value, error.target, step));
   }
   if (error.kind == gpu::kErrorPipelineStall) {
     throw Error(fmt::format("megakernel pipeline stall: SM {} instruction {} (task {}: {}) waited {:.1f} s on a "
@@ -302,6 +311,8 @@ float GpuEngine::Impl::timed_pass(const std::function<void()>& enqueue, const st
     params.epoch = 0;
   }
   params.epoch += 1;
+  pass_first_epoch = params.epoch;
+  pass_epochs = epochs;
   check_cuda(cudaEventRecord(start, stream), "recording an event");
   enqueue();
   check_cuda(cudaEventRecord(stop, stream), "recording an event");
@@ -355,6 +366,8 @@ std::vector<int32_t> GpuEngine::run_steps_and_read_ids(BufferRef ref, int steps)
            "internal error: {} decode steps in one pass", steps);
   MK_CHECK(impl.graph.shape().pass == PassKind::kDecode && ref.kind == BufferKind::kSampled,
            "internal error: steps without the host are a decode pass's, fed by its sampled ids");
+  // NOTE: a launch's trace stamps are written before its griddepcontrol.wait: a traced group would mix two steps'.
+  MK_CHECK(impl.params.trace_records == nullptr, "internal error: a group of steps is not traced");
   const int batch = int(impl.graph.shape().batch);
   if (impl.kept_ids == nullptr)
     impl.kept_ids = impl.arena.allocate<int32_t>(size_t(kMaxStepsPerSync) * batch, "allocating the kept ids");

@@ -142,6 +142,14 @@ Schedule make_schedule(const Graph& graph, const Dependencies& deps, SchedulePol
   return schedule_of_lists(graph, deps, policy, forward);
 }
 
+uint32_t Schedule::wait_target(int32_t sm, uint32_t instruction, uint32_t counter) const {
+  if (sm < 0 || size_t(sm) + 1 >= sm_begin.size() || instruction >= num_instructions(sm)) return 0;
+  const Instruction& in = instructions[sm_begin[size_t(sm)] + instruction];
+  for (uint32_t k = 0; k < in.num_waits && size_t(in.wait_begin) + k < waits.size(); ++k)
+    if (waits[in.wait_begin + k].counter == counter) return waits[in.wait_begin + k].target;
+  return 0;
+}
+
 double ScheduleEstimate::idle_fraction() const {
   double busy = 0;
   for (double b : busy_ns) busy += b;

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <numbers>
 #include <vector>
 
 #include "mk/check.h"
@@ -24,8 +23,6 @@ using mk::reference_fixtures::k_col;
 using mk::reference_fixtures::q_col;
 using mk::reference_fixtures::v_col;
 using mk::reference_fixtures::random_matrix;
-
-
 
 std::vector<mk::bf16> random_bf16(int64_t count, uint64_t seed, float stddev = 0.1f) {
   std::vector<mk::bf16> values(static_cast<size_t>(count));

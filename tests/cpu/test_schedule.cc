@@ -115,6 +115,28 @@ TEST(Scheduler, EveryEntryRefusesAnSmCountOutOfRange) {
   }
 }
 
+// The gpu engine names the stalled launch of a group from a stalled wait's target (epoch x the wait's target).
+TEST(Scheduler, WaitTargetFindsAnInstructionsWaitOnACounter) {
+  const Graph graph(find_preset("tiny").config, {2, 16});
+  const Schedule schedule = build(graph, SchedulePolicy::kCostModel, 4);
+  int checked = 0;
+  for (int32_t sm = 0; sm < schedule.num_sms; ++sm) {
+    for (uint32_t i = 0; i < schedule.num_instructions(sm); ++i) {
+      const Instruction& in = schedule.instructions[schedule.sm_begin[size_t(sm)] + i];
+      for (uint32_t k = 0; k < in.num_waits; ++k) {
+        const Wait& wait = schedule.waits[in.wait_begin + k];
+        EXPECT_EQ(schedule.wait_target(sm, i, wait.counter), wait.target) << "SM " << sm << " instruction " << i;
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 0);
+  EXPECT_EQ(schedule.wait_target(0, 0, schedule.num_counters), 0u) << "a counter the instruction does not wait on";
+  EXPECT_EQ(schedule.wait_target(0, uint32_t(schedule.num_instructions(0)), 0), 0u) << "past the SM's list";
+  EXPECT_EQ(schedule.wait_target(schedule.num_sms, 0, 0), 0u) << "past the last SM";
+  EXPECT_EQ(schedule.wait_target(-1, 0, 0), 0u);
+}
+
 TEST(Graph, UnsupportedShapesNameTheConstraint) {
   ModelConfig config = find_preset("tiny").config;
   config.head_dim = 96;

@@ -4,6 +4,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <string>
+
 #include "gpu_fixture.h"
 #include "mk/compare.h"
 #include "mk/generate.h"
@@ -14,6 +17,7 @@ namespace mk {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // Row `row` of `from` appended to `to` (rows grow by one).
 void append_row(ref::Matrix& to, const ref::Matrix& from, int64_t row) {
@@ -229,26 +233,52 @@ TEST_F(Gpu, GenerationOfALlama1bShapedModel) {
   check_generation(config, {9, 3, 7, 5, 12, 1, 8, 6, 4, 11, 6, 10, 2, 7, 3, 10, 5, 3, 8, 4}, 3, 1024, 33);
 }
 
-// In decode passes the counter poller warp checks the consumers' counters; a wait that is never met must still be
-// reported naming its task and counter (the poller's stall report), not as a hang or a shared-memory stall.
-TEST_F(Gpu, DecodeMissingSignalIsReportedNamingTheWait) {
+// What `run` throws from a tiny decode engine of batch 2 on `sm_count` SMs whose sample task waits for a signal that
+// never comes ("" if nothing); `planted` says which wait. Nothing waits for the sample task, so its wait is the only
+// one that can stall.
+std::string planted_stall_message(int32_t sm_count, const std::function<void(GpuEngine&)>& run,
+                                  PlantedWait& planted) {
   const ModelConfig config = find_preset("tiny").config;
   const RunShape shape{2, 1, PassKind::kDecode, 128};
   const Graph graph(config, shape);
-  Schedule schedule = schedule_for(graph);
-  // The planted wait is on the sample task: nothing waits for it, so it is the only wait that can stall.
-  const PlantedWait planted = plant_missing_signal(schedule, Opcode::kSample);
-  ASSERT_TRUE(planted.planted) << "the decode schedule has no sample task with a wait";
+  Schedule schedule = make_schedule(graph, derive_dependencies(graph), SchedulePolicy::kCostModel, sm_count);
+  planted = plant_missing_signal(schedule, Opcode::kSample);
+  if (!planted.planted) return "the decode schedule has no sample task with a wait";
   GpuEngine gpu(graph, schedule, random_weights(config, 1), {.stall_timeout_s = 0.5, .verify = false});
   ref::ModelInput input;
   input.shape = shape;
   input.tokens = {1, 2};
   input.positions = {3, 7};
   gpu.set_input(input);
-  const std::string message = error_of_run(gpu);
+  try {
+    run(gpu);
+  } catch (const Error& error) {
+    return error.what();
+  }
+  return "";
+}
+
+// In decode passes the counter poller warp checks the consumers' counters; a wait that is never met must still be
+// reported naming its task and counter (the poller's stall report), not as a hang or a shared-memory stall.
+TEST_F(Gpu, DecodeMissingSignalIsReportedNamingTheWait) {
+  PlantedWait planted;
+  const std::string message = planted_stall_message(info_.sm_count, [](GpuEngine& gpu) { gpu.run(); }, planted);
+  ASSERT_TRUE(planted.planted) << message;
   EXPECT_THAT(message, HasSubstr("megakernel stall: SM"));
   EXPECT_THAT(message, HasSubstr(fmt::format("(task {}: sample", planted.task)));
   EXPECT_THAT(message, HasSubstr(fmt::format("counter {},", planted.counter)));
+  EXPECT_THAT(message, Not(HasSubstr("launched together"))) << "a single launch names no step";
+}
+
+// In a group of steps fed on the device, the stall names the step that stalled (the later ones leave at their first
+// wait once the first aborts).
+TEST_F(Gpu, DecodeStallInAGroupNamesTheStep) {
+  PlantedWait planted;
+  const std::string message = planted_stall_message(
+      info_.sm_count, [](GpuEngine& gpu) { gpu.run_steps_and_read_ids({BufferKind::kSampled}, 4); }, planted);
+  ASSERT_TRUE(planted.planted) << message;
+  EXPECT_THAT(message, HasSubstr(fmt::format("counter {},", planted.counter)));
+  EXPECT_THAT(message, HasSubstr("(step 1 of the 4 launched together)"));
 }
 
 TEST_F(Gpu, DecodeRefusesWhatItCannotServe) {

@@ -24,14 +24,14 @@ static_assert(kDecodeMaxRows == kMmaRows, "a pass is at most one mma's M");
 static_assert(KernelConfig::kConsumerWarps * 2 * 4 * 32 * 4 <= KernelConfig::kOutputBytes,
               "the K-slices' C fragments (reduce_slices) fit the output tile");
 
-// NOTE: how a tile's groups and its K spread over the 8 consumer warps. Every warp must stream, or the SM's bytes
-// in flight (3 steps of 4 KB a warp) fall short of its share of HBM. With G <= 8 groups (decode_o_proj and
-// decode_down at 16 columns: G = 2; qkv at 32: G = 4), warp w takes group w % G over K-slice w / G (8 / G slices
-// of whole steps, at most one per step of K; G of 5-7 leave 8 - G warps idle), and the slices' C fragments are
-// added through shared memory before the epilogue. With G > 8 (gate_up and the LM head at 64 or 128 pairs: 16 or 32
+// NOTE: how a tile's groups and its K spread over the 8 consumer warps. Every warp must stream, or the SM's bytes in
+// flight (3 steps of 4 KB a warp) fall short of its share of HBM. With G <= 8 groups (decode_o_proj and decode_down at
+// 16 columns: G = 2; qkv at 32: G = 4), warp w takes group w % G over K-slice w / G (8 / G slices of whole steps, at
+// most one per step of K; G of 5-7 leave 8 - G warps idle), and the slices' C fragments are added through shared memory
+// before the epilogue. With G > 8 (gate_up at 64 pairs: 16 groups; the 1B shape's LM head at 480-488 pairs: 120-122
 // groups), a warp takes two groups at once (kGroups = 2, N = 16 a step; units of two groups, warp w taking units w,
-// w + 8, ... over the whole K) rather than one after the other: each A fragment then feeds two mmas, 12
-// shared-memory wavefronts per 512 weight bytes (A 4, B 4, their copies 4) instead of 16, and half the A ldmatrix.
+// w + 8, ... over the whole K) rather than one after the other: each A fragment then feeds two mmas, 12 shared-memory
+// wavefronts per 512 weight bytes (A 4, B 4, their copies 4) instead of 16, and half the A ldmatrix.
 __device__ __forceinline__ int mma_groups_per_warp(const DecodeGemmTask& t) {
   return (t.pairs + kGroupPairs - 1) / kGroupPairs > KernelConfig::kConsumerWarps ? 2 : 1;
 }
@@ -331,9 +331,9 @@ struct DecodePrologue {
   bool sent;
 };
 
-// The first pass's prologue, sent before the task's counter wait (weights depend on nothing), so that a tile of
-// ~64 KB of weights is mostly in shared memory when its inputs arrive; not for decode_o_proj_combine, whose staging
-// uses the ring.
+// The first pass's prologue, sent before the task's counter wait (weights depend on nothing), so that a ring's worth
+// of the tile's weights (all of a 64 KB tile's) is mostly in shared memory when its inputs arrive; not for
+// decode_o_proj_combine, whose staging uses the ring.
 __device__ __forceinline__ DecodePrologue early_weight_prologue(const MegakernelParams& p, const SharedState& s,
                                                                 const Instruction& in, int consumer_thread) {
   const DecodeGemmTask t = decode_gemm_task(p, in);
