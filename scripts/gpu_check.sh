@@ -272,7 +272,7 @@ for s in $steps; do
     ab_decode)
       # Decode against old/'s tree (and old2/'s), alternating, twice: `mk generate`'s p50 per token on the
       # Llama-3.2-1B shape (random weights, 896-token prompt, 128 new tokens, context 1024) at each of
-      # AB_DECODE_BATCHES (default 1 8); then a traced batch-1 step of each tree. NOTE: each tree's default
+      # AB_DECODE_BATCHES (default 1 8); then traced steps (below). NOTE: each tree's default
       # --steps-per-sync: 8 (a group's time over its steps) since 1639e7a, a wait every step before.
       build_old || continue
       prompt=$(seq -s, 1 896)
@@ -289,17 +289,21 @@ for s in $steps; do
           done
         done
       done
-      # Then one traced batch-1 step a tree: its summary (the waits table, the per-layer phases and their stragglers,
-      # the HBM-idle gaps) says where each tree's time went.
-      for tree in $ab_trees; do
-        binary=$(tree_binary "$tree")
-        if ! timeout 300 "$binary" generate --preset llama-3.2-1b --engine gpu --prompt-ids "$prompt" \
-          --max-new-tokens 128 --max-context 1024 --stream none --trace "$out/trace-decode-$tree.json" \
-          >"$out/decode-trace-$tree.log" 2>&1; then
-          echo "!!! traced decode step ($tree) failed"
-          status=1
-        fi
-        grep -E "^trace \(gpu\)|p50" "$out/decode-trace-$tree.log" | sed "s/^/$tree: /"
+      # Then one traced step a tree at each of AB_DECODE_TRACE_BATCHES (default 1): its summary (the per-op table,
+      # the waits table, the per-layer phases and their stragglers, the HBM-idle gaps) says where each tree's time
+      # went. Batch 1's files keep their old names (decode-trace-TREE.log, trace-decode-TREE.json).
+      for batch in ${AB_DECODE_TRACE_BATCHES:-1}; do
+        suffix=$([ "$batch" = 1 ] || echo "-batch$batch")
+        for tree in $ab_trees; do
+          binary=$(tree_binary "$tree")
+          if ! timeout 300 "$binary" generate --preset llama-3.2-1b --engine gpu --prompt-ids "$prompt" \
+            --batch "$batch" --max-new-tokens 128 --max-context 1024 --stream none \
+            --trace "$out/trace-decode-$tree$suffix.json" >"$out/decode-trace-$tree$suffix.log" 2>&1; then
+            echo "!!! traced decode step ($tree, batch $batch) failed"
+            status=1
+          fi
+          grep -E "^trace \(gpu\)|p50" "$out/decode-trace-$tree$suffix.log" | sed "s/^/$tree (batch $batch): /"
+        done
       done
       ;;
     ncu)
