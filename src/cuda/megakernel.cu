@@ -277,7 +277,7 @@ __device__ __forceinline__ void run_consumers(const MegakernelParams& p, uint32_
   }
 }
 
-// The body of both kernels. kDecode: decode passes, which have no GEMM or attention tiles (check_decode_limits), so
+// The body of both kernels. kDecode: decode passes, which have no GEMM or attention tiles (check_kernel_limits), so
 // neither a producer nor a storer; compiled apart so that a decode step's code is about half the kernel's and fits
 // the instruction cache better (docs/perf.md, sixteenth session: one-line changes moved decode steps ~1%, and ~1500
 // added instructions made decode attention miss in code they did not touch).
