@@ -57,10 +57,10 @@ class GpuEngine {
   // stall; the engine is unusable after that.
   void run();
   // `steps` (at most kMaxStepsPerSync) decode steps in one wait for the GPU, each after the first fed the previous
-  // one's sampled ids at the next positions on the device (greedy decoding: no host in between); the sampled ids `ref`
-  // of every step, step after step (steps x batch), kept on the device and read back in one copy in the same wait.
+  // one's sampled ids at the next positions on the device (greedy decoding: no host in between); the sampled ids of
+  // every step, step after step (steps x batch), kept on the device and read back in one copy in the same wait.
   // The input set last is the first step's.
-  std::vector<int32_t> run_steps_and_read_ids(BufferRef ref, int steps);
+  std::vector<int32_t> run_steps_and_read_sampled(int steps);
   // Runs `launches` forward passes, each timed with CUDA events; milliseconds per launch.
   std::vector<float> time_runs(int launches);
   // The same passes as one kernel launch per program step (an op of one layer; split_schedule_by_step), back to back

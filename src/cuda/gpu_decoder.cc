@@ -53,7 +53,7 @@ class GpuDecoder final : public DecodeEngine {
     const ref::ModelInput input = step_input(setup_, tokens, positions);
     decode_.set_input(input);
     logits_stale_ = true;
-    if (setup_.sampling.temperature == 0.0f) return decode_.run_steps_and_read_ids({BufferKind::kSampled}, 1);
+    if (setup_.sampling.temperature == 0.0f) return decode_.run_steps_and_read_sampled(1);
     decode_.run();
     // With a temperature: drawn on the host from the step's logits, exactly as the cpu engines draw.
     const ref::Matrix& all = logits();
@@ -76,7 +76,7 @@ class GpuDecoder final : public DecodeEngine {
                setup_.max_context);
     decode_.set_input(step_input(setup_, tokens, positions));
     logits_stale_ = true;
-    const std::vector<int32_t> ids = decode_.run_steps_and_read_ids({BufferKind::kSampled}, int(count));
+    const std::vector<int32_t> ids = decode_.run_steps_and_read_sampled(int(count));
     const int64_t batch = setup_.batch;
     std::vector<std::vector<int32_t>> made;
     for (int64_t i = 0; i < count; ++i) made.emplace_back(ids.begin() + i * batch, ids.begin() + (i + 1) * batch);

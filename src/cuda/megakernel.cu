@@ -338,23 +338,32 @@ __global__ void __launch_bounds__(KernelConfig::kThreads, 1)
   run_megakernel<true>(p);
 }
 
+namespace {
+
+using Kernel = void (*)(MegakernelParams);
+constexpr Kernel kKernels[] = {megakernel, megakernel_decode};
+
+}  // namespace
+
 cudaError_t prepare_megakernel() {
-  const cudaError_t forward =
-      cudaFuncSetAttribute(megakernel, cudaFuncAttributeMaxDynamicSharedMemorySize, KernelConfig::kSmemBytes);
-  if (forward != cudaSuccess) return forward;
-  return cudaFuncSetAttribute(megakernel_decode, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              KernelConfig::kSmemBytes);
+  for (Kernel kernel : kKernels) {
+    const cudaError_t status =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, KernelConfig::kSmemBytes);
+    if (status != cudaSuccess) return status;
+  }
+  return cudaSuccess;
 }
 
 cudaError_t megakernel_ctas_per_sm(int* ctas) {
-  int forward = 0, decode = 0;
-  cudaError_t status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&forward, megakernel, KernelConfig::kThreads,
-                                                                     KernelConfig::kSmemBytes);
-  if (status == cudaSuccess)
-    status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&decode, megakernel_decode, KernelConfig::kThreads,
-                                                           KernelConfig::kSmemBytes);
-  *ctas = std::min(forward, decode);
-  return status;
+  *ctas = INT32_MAX;
+  for (Kernel kernel : kKernels) {
+    int fit = 0;
+    const cudaError_t status =
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, KernelConfig::kThreads, KernelConfig::kSmemBytes);
+    if (status != cudaSuccess) return status;
+    *ctas = std::min(*ctas, fit);
+  }
+  return cudaSuccess;
 }
 
 namespace {

@@ -38,8 +38,7 @@ struct GpuEngine::Impl {
   uint32_t num_counters = 1;
   bool broken = false;
   MegakernelParams params{};
-  uint32_t pass_first_epoch = 0;  // the last timed pass's first launch's epoch, and its launches (timed_pass)
-  int pass_epochs = 1;
+  int pass_epochs = 1;  // the last timed pass's launches: params.epoch - pass_epochs + 1 was its first's epoch
   gpu::DeviceArena arena;
   cudaStream_t stream = nullptr;
   std::vector<void*> buffer_address;          // (graph buffers): device address of each
@@ -66,7 +65,7 @@ struct GpuEngine::Impl {
   bool input_in_flight = false;        // input_staging may still be read by a copy (input_copied says when not)
   gpu::PinnedBuffer input_staging;     // positions, then tokens
   gpu::PinnedBuffer error_staging;     // (1) gpu::DeviceError
-  gpu::PinnedBuffer readback_staging;  // run_steps_and_read_ids's ids
+  gpu::PinnedBuffer readback_staging;  // run_steps_and_read_sampled's ids
   int32_t* kept_ids = nullptr;         // (kMaxStepsPerSync, batch): a decode group's ids, allocated on the first group
 
   Impl(const Graph& g, const GpuOptions& o) : graph(g), options(o) {}
@@ -254,7 +253,8 @@ void GpuEngine::Impl::throw_device_error(const gpu::DeviceError& error) const {
     // launch's epoch times the wait's signals a launch.
     std::string step;
     const uint32_t per_launch = schedule.wait_target(int32_t(error.sm), error.instruction, error.counter);
-    const int64_t launch = per_launch > 0 ? int64_t(error.target / per_launch) - int64_t(pass_first_epoch) : -1;
+    const int64_t first_epoch = int64_t(params.epoch) - pass_epochs + 1;
+    const int64_t launch = per_launch > 0 ? int64_t(error.target / per_launch) - first_epoch : -1;
     if (pass_epochs > 1 && launch >= 0 && launch < pass_epochs)
       step = fmt::format(" (step {} of the {} launched together)", launch + 1, pass_epochs);
     throw Error(fmt::format("megakernel stall: SM {} instruction {} (task {}: {}) waited {:.1f} s on counter {}, "
@@ -284,7 +284,6 @@ float GpuEngine::Impl::timed_pass(const std::function<void()>& enqueue, const st
     params.epoch = 0;
   }
   params.epoch += 1;
-  pass_first_epoch = params.epoch;
   pass_epochs = epochs;
   check_cuda(cudaEventRecord(start, stream), "recording an event");
   enqueue();
@@ -332,12 +331,12 @@ std::vector<float> GpuEngine::time_runs(int launches) {
   return times;
 }
 
-std::vector<int32_t> GpuEngine::run_steps_and_read_ids(BufferRef ref, int steps) {
+std::vector<int32_t> GpuEngine::run_steps_and_read_sampled(int steps) {
   Impl& impl = *impl_;
   impl.check_usable();
   MK_CHECK(steps >= 1 && steps <= kMaxStepsPerSync && uint64_t(steps) * impl.max_signals < (uint64_t(1) << 32),
            "internal error: {} decode steps in one pass", steps);
-  MK_CHECK(impl.graph.shape().pass == PassKind::kDecode && ref.kind == BufferKind::kSampled,
+  MK_CHECK(impl.graph.shape().pass == PassKind::kDecode,
            "internal error: steps without the host are a decode pass's, fed by its sampled ids");
   // NOTE: a launch's trace stamps are written before its griddepcontrol.wait: a traced group would mix two steps'.
   MK_CHECK(impl.params.trace_records == nullptr, "internal error: a group of steps is not traced");

@@ -21,7 +21,7 @@ void GpuEngine::set_input(const ref::ModelInput&) {}
 void GpuEngine::set_input_device(const void*) {}
 void GpuEngine::run() {}
 std::vector<float> GpuEngine::time_runs(int) { return {}; }
-std::vector<int32_t> GpuEngine::run_steps_and_read_ids(BufferRef, int) { return {}; }
+std::vector<int32_t> GpuEngine::run_steps_and_read_sampled(int) { return {}; }
 std::vector<float> GpuEngine::time_runs_per_step(int) { return {}; }
 Trace GpuEngine::run_traced() { return {}; }
 ref::Matrix GpuEngine::output() const { return {}; }

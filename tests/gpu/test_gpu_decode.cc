@@ -12,6 +12,7 @@
 #include "mk/generate.h"
 #include "mk/random.h"
 #include "../cpu/test_models.h"
+#include "../cpu/test_util.h"
 
 namespace mk {
 namespace {
@@ -234,7 +235,7 @@ TEST_F(Gpu, GenerationOfALlama1bShapedModel) {
 }
 
 // What `run` throws from a tiny decode engine of batch 2 on `sm_count` SMs whose sample task waits for a signal that
-// never comes ("" if nothing); `planted` says which wait. Nothing waits for the sample task, so its wait is the only
+// never comes (a test failure if nothing); `planted` says which wait. Nothing waits for the sample task, so its wait is the only
 // one that can stall.
 std::string planted_stall_message(int32_t sm_count, const std::function<void(GpuEngine&)>& run,
                                   PlantedWait& planted) {
@@ -250,12 +251,7 @@ std::string planted_stall_message(int32_t sm_count, const std::function<void(Gpu
   input.tokens = {1, 2};
   input.positions = {3, 7};
   gpu.set_input(input);
-  try {
-    run(gpu);
-  } catch (const Error& error) {
-    return error.what();
-  }
-  return "";
+  return testing_util::error_of([&] { run(gpu); });
 }
 
 // In decode passes the counter poller warp checks the consumers' counters; a wait that is never met must still be
@@ -275,7 +271,7 @@ TEST_F(Gpu, DecodeMissingSignalIsReportedNamingTheWait) {
 TEST_F(Gpu, DecodeStallInAGroupNamesTheStep) {
   PlantedWait planted;
   const std::string message = planted_stall_message(
-      info_.sm_count, [](GpuEngine& gpu) { gpu.run_steps_and_read_ids({BufferKind::kSampled}, 4); }, planted);
+      info_.sm_count, [](GpuEngine& gpu) { gpu.run_steps_and_read_sampled(4); }, planted);
   ASSERT_TRUE(planted.planted) << message;
   EXPECT_THAT(message, HasSubstr(fmt::format("counter {},", planted.counter)));
   EXPECT_THAT(message, HasSubstr("(step 1 of the 4 launched together)"));
