@@ -309,9 +309,15 @@ __device__ __forceinline__ void decode_gemm_mma_ranges(const MegakernelParams& p
 
 // The first steps of the weight stream a pass of `rows` rows uses (its first K range's), sent before the pass stages
 // its rows, so that both land in one round trip. Not for decode_o_proj_combine, whose staging uses the ring.
+// kNarrow: every pass is of 1-2 rows at full K (megakernel_decode_narrow), so only the CUDA-core path is compiled.
+template <bool kNarrow>
 __device__ __forceinline__ void issue_pass_prologue(const MegakernelParams& p, const Instruction& in,
                                                     const DecodeGemmTask& t, int32_t rows, int32_t ranges,
                                                     uint4* ring, int consumer_thread) {
+  if constexpr (kNarrow) {
+    WeightStream(t, ring, consumer_thread).issue_prologue(p, in, t);
+    return;
+  }
   if (ranges > 1) {
     const DecodeGemmTask first = decode_k_range(t, 0, t.k / ranges);
     MmaStream<1>(first, ring, consumer_thread).issue_prologue(p, in, first);
@@ -331,22 +337,25 @@ struct DecodePrologue {
   bool sent;
 };
 
-// The first pass's prologue, sent before the task's counter wait (weights depend on nothing), so that a ring's worth
-// of the tile's weights (all of a 64 KB tile's) is mostly in shared memory when its inputs arrive; not for
-// decode_o_proj_combine, whose staging uses the ring.
+// The first pass's prologue, sent before the task's counter wait (weights depend on nothing), so that a tile of
+// ~64 KB of weights is mostly in shared memory when its inputs arrive; not for decode_o_proj_combine, whose staging
+// uses the ring. kNarrow: as issue_pass_prologue's.
+template <bool kNarrow>
 __device__ __forceinline__ DecodePrologue early_weight_prologue(const MegakernelParams& p, const SharedState& s,
                                                                 const Instruction& in, int consumer_thread) {
   const DecodeGemmTask t = decode_gemm_task(p, in);
   const DecodePasses passes = decode_passes(in, t);
   if (in.opcode == Opcode::kDecodeOProjCombine) return {passes, false};
   uint4* ring = reinterpret_cast<uint4*>(s.stages + kStagedRowBytes);
-  issue_pass_prologue(p, in, t, min(passes.rows, t.batch_end - t.batch_begin), passes.ranges, ring, consumer_thread);
+  issue_pass_prologue<kNarrow>(p, in, t, min(passes.rows, t.batch_end - t.batch_begin), passes.ranges, ring,
+                               consumer_thread);
   return {passes, true};
 }
 
 // A decode GEMM task: its batch rows in passes of up to decode_rows_at_full_k, staged at the start of the (otherwise
 // idle) stage ring, the weight steps streamed through its end. NOTE: decode schedules have no TMA ops, so no
 // producer is using the ring.
+template <bool kNarrow>
 __device__ __forceinline__ void run_decode_gemm(const MegakernelParams& p, const SharedState& s, const Instruction& in,
                                                 const DecodePrologue& prologue, int consumer_thread) {
   const DecodeGemmTask t = decode_gemm_task(p, in);
@@ -358,23 +367,28 @@ __device__ __forceinline__ void run_decode_gemm(const MegakernelParams& p, const
     const int32_t rows = min(per_pass, t.batch_end - b0);
     bool issued = prologue.sent && b0 == t.batch_begin;  // later passes stream the weights again
     if (!issued && in.opcode != Opcode::kDecodeOProjCombine) {
-      issue_pass_prologue(p, in, t, rows, ranges, ring, consumer_thread);  // the previous pass ended synchronized
+      // the previous pass ended synchronized
+      issue_pass_prologue<kNarrow>(p, in, t, rows, ranges, ring, consumer_thread);
       issued = true;
     }
-    if (ranges > 1) {
-      decode_gemm_mma_ranges(p, in, t, staged, ring, scratch, b0, rows, ranges, consumer_thread);
-      ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);  // the next pass restages
-      continue;
+    if constexpr (!kNarrow) {
+      if (ranges > 1) {
+        decode_gemm_mma_ranges(p, in, t, staged, ring, scratch, b0, rows, ranges, consumer_thread);
+        ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);  // the next pass restages
+        continue;
+      }
     }
     stage_decode_rows(p, in, t, b0, rows, staged, scratch, consumer_thread);
     if (rows == 1) {
       decode_gemm_rows<1>(p, in, t, staged, ring, b0, rows, issued, consumer_thread);
-    } else if (rows == 2) {
+    } else if (kNarrow || rows == 2) {
       decode_gemm_rows<2>(p, in, t, staged, ring, b0, rows, issued, consumer_thread);
-    } else if (mma_groups_per_warp(t) == 1) {
-      decode_gemm_mma<1>(p, in, t, staged, ring, scratch, b0, rows, issued, consumer_thread);
-    } else {
-      decode_gemm_mma<2>(p, in, t, staged, ring, scratch, b0, rows, issued, consumer_thread);
+    } else if constexpr (!kNarrow) {
+      if (mma_groups_per_warp(t) == 1) {
+        decode_gemm_mma<1>(p, in, t, staged, ring, scratch, b0, rows, issued, consumer_thread);
+      } else {
+        decode_gemm_mma<2>(p, in, t, staged, ring, scratch, b0, rows, issued, consumer_thread);
+      }
     }
     ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);  // the next pass restages
   }
