@@ -3,7 +3,8 @@
 // one warp polls those counters ahead of it (in decode passes: every instruction's, ahead of the consumers), and one
 // thread stores (TMA stores of finished GEMM and attention tiles, then their publication); warpgroups 1 and 2 consume
 // (wgmma, row-wise and decode math with plain loads, epilogues, publication of row-wise and decode tiles). Decode
-// passes run the same body compiled for them alone (megakernel_decode).
+// passes run the same body compiled for them alone (megakernel_decode), and batches of 1-2 rows a compilation
+// without the tensor-core decode GEMMs (megakernel_decode_narrow).
 #include <algorithm>
 
 #include "device/config.cuh"
@@ -278,8 +279,8 @@ __device__ __forceinline__ void run_consumers(const MegakernelParams& p, uint32_
   }
 }
 
-// The body of both kernels. kDecode: decode passes, which have no GEMM or attention tiles (check_kernel_limits), so
-// neither a producer nor a storer; compiled apart so that a decode step's code is about half the kernel's and fits
+// The body of the three kernels. kDecode: decode passes, which have no GEMM or attention tiles (check_kernel_limits),
+// so neither a producer nor a storer; compiled apart so that a decode step's code is about half the kernel's and fits
 // the instruction cache better (docs/perf.md, sixteenth session: one-line changes moved decode steps ~1%, and ~1500
 // added instructions made decode attention miss in code they did not touch). kNarrow (decode only): every decode
 // GEMM pass is of 1-2 rows at full K (decode_narrow), so the tensor-core GEMM path is left out too.

@@ -165,7 +165,7 @@ __device__ __forceinline__ bool wait_ready(const MegakernelParams& p, const Shar
 // the last row-wise instruction; the barrier ANDs it over both warpgroups at no extra cost. In decode passes thread 0
 // waits instead for the counter poller's report on the instruction, the next slot of the ready ring (`reported`): the
 // poller's acquire loads, released by its arrive, are acquired by this wait and passed on by the barrier.
-// kDecode: the kernel runs decode passes (megakernel_decode).
+// kDecode: the kernel runs decode passes (megakernel_decode and megakernel_decode_narrow).
 template <bool kDecode>
 __device__ __forceinline__ bool consumers_wait(const MegakernelParams& p, const SharedState& s, const Instruction& in,
                                                Site site, int consumer_thread, bool healthy, PipelineState& reported) {
