@@ -1,6 +1,6 @@
 """Tests of scripts/ncu_stalls.py on a small made-up profile: samples join their source lines by SASS offset (in the
-megakernel's section of the listing alone), helpers are charged to their caller, and a listing of another build is
-refused."""
+section of the megakernel compilation the profile sampled), helpers are charged to their caller, and a listing of
+another build is refused."""
 import gzip
 import importlib.util
 import pathlib
@@ -51,8 +51,7 @@ def test_samples_go_to_the_innermost_line_outside_the_helpers():
     with tempfile.TemporaryDirectory() as work:
         csv_path, lines_path = write_fixture(work)
         samples = ncu_stalls.read_samples(csv_path)
-        chains = ncu_stalls.read_lines(lines_path)
-        ncu_stalls.check_same_code(samples, chains, lines_path)
+        chains = ncu_stalls.profiled_kernel(samples, ncu_stalls.read_lines(lines_path), lines_path)
         lines = ncu_stalls.by_line(samples, chains)
     assert [s[0] for s in samples] == [0x0, 0x10, 0x20]
     assert lines["gemm_sm90.cuh:155"] == [30, {"long_sb": 30, "wait": 0}]  # the barrier wait, not ptx.cuh's line
@@ -60,6 +59,24 @@ def test_samples_go_to_the_innermost_line_outside_the_helpers():
     assert lines["gemm_sm90.cuh:166"][0] == 3
     assert "ptx.cuh:47" not in lines and "sync.cuh:130" not in lines and "sm_30_intrinsics.hpp:110" not in lines
     assert "other.cuh:9" not in lines  # another function's instruction at the same offset
+
+
+def test_the_sampled_compilation_is_picked_among_the_kernels_of_the_cubin():
+    # Another megakernel compilation ahead of the profiled one, with its own code at the same offsets.
+    decode = """//--------------------- .text._ZN2mk3gpu17megakernel_decodeENS0_16MegakernelParamsE ----------
+\t//## File "/src/ops/decode_gemm.cuh", line 350
+        /*0000*/                   LDS R3, [R2] ;
+        /*0010*/                   IMAD.MOV R5, RZ, RZ, R4 ;
+        /*0020*/                   FFMA R8, R8, R9, R8 ;
+"""
+    with tempfile.TemporaryDirectory() as work:
+        csv_path, lines_path = write_fixture(work, decode + LISTING)
+        samples = ncu_stalls.read_samples(csv_path)
+        kernels = ncu_stalls.read_lines(lines_path)
+        lines = ncu_stalls.by_line(samples, ncu_stalls.profiled_kernel(samples, kernels, lines_path))
+    assert sorted(kernels) == ["_ZN2mk3gpu10megakernelENS0_16MegakernelParamsE",
+                               "_ZN2mk3gpu17megakernel_decodeENS0_16MegakernelParamsE"]
+    assert lines["gemm_sm90.cuh:155"][0] == 30 and "decode_gemm.cuh:350" not in lines
 
 
 def test_a_listing_of_another_build_is_refused():
