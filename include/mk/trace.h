@@ -103,6 +103,15 @@ struct TraceSummary {
   double hbm_idle_ns = 0;
   size_t hbm_gaps = 0;
   std::vector<HbmGap> longest_hbm_gaps;  // the 8 longest
+  // Every gap's idle time by the streaming ops around it: the op whose tile ended the covered stretch before the gap
+  // ("(start)" at the span's start) and the op whose tile began the next ("(end)" at its end), without layers, so
+  // that a gap every layer repeats adds up. Most idle time first.
+  struct HbmGapsBetween {
+    std::string before, after;
+    size_t gaps = 0;
+    double idle_ns = 0;
+  };
+  std::vector<HbmGapsBetween> hbm_gaps_between;
   // Each op's phase in a layer, from its tiles' first start (past their counter waits) to their median end (body)
   // and on to the last end (tail), means over the layers the op runs in; and the SM that ended the op's phase last
   // in the most layers: a straggler the schedule repeats holds back everything after the phase. In program order.

@@ -176,21 +176,50 @@ void summarize_layer_phases(const Graph& graph, const Trace& trace, TraceSummary
   }
 }
 
+// Adds a gap to the summary's totals by the streaming ops around it.
+void add_gap_between(std::string before, std::string after, double idle_ns, TraceSummary& summary) {
+  auto& totals = summary.hbm_gaps_between;
+  auto it = std::find_if(totals.begin(), totals.end(), [&](const auto& t) {
+    return t.before == before && t.after == after;
+  });
+  if (it == totals.end()) it = totals.insert(totals.end(), {std::move(before), std::move(after)});
+  it->gaps += 1;
+  it->idle_ns += idle_ns;
+}
+
 // Fills the summary's HBM-idle gaps: the complement, within the span, of the union of streaming tiles' run times.
 void summarize_hbm_gaps(const Graph& graph, const Trace& trace, double first, double last, TraceSummary& summary) {
-  std::vector<std::pair<double, double>> streaming;
-  for (const TraceRecord& r : trace.records)
-    if (streams_from_hbm(graph.tasks()[r.task].opcode) && r.end > r.waits_done)
-      streaming.push_back({r.waits_done, r.end});
+  struct Streaming {
+    double begin, end;
+    Opcode opcode;
+    bool operator<(const Streaming& other) const { return begin < other.begin; }
+  };
+  std::vector<Streaming> streaming;
+  for (const TraceRecord& r : trace.records) {
+    const Opcode opcode = graph.tasks()[r.task].opcode;
+    if (streams_from_hbm(opcode) && r.end > r.waits_done) streaming.push_back({r.waits_done, r.end, opcode});
+  }
   if (streaming.empty()) return;
-  std::sort(streaming.begin(), streaming.end());
+  std::stable_sort(streaming.begin(), streaming.end());
   std::vector<TraceSummary::HbmGap> gaps;
   double covered_until = first;
-  for (const auto& [begin, end] : streaming) {
-    if (begin - covered_until >= kHbmGapThresholdNs) gaps.push_back({covered_until, begin, {}});
-    covered_until = std::max(covered_until, end);
+  std::string covered_by = "(start)";  // the op whose tile ended the covered stretch last
+  for (const Streaming& s : streaming) {
+    if (s.begin - covered_until >= kHbmGapThresholdNs) {
+      gaps.push_back({covered_until, s.begin, {}});
+      add_gap_between(covered_by, opcode_name(s.opcode), s.begin - covered_until, summary);
+    }
+    if (s.end > covered_until) {
+      covered_until = s.end;
+      covered_by = opcode_name(s.opcode);
+    }
   }
-  if (last - covered_until >= kHbmGapThresholdNs) gaps.push_back({covered_until, last, {}});
+  if (last - covered_until >= kHbmGapThresholdNs) {
+    gaps.push_back({covered_until, last, {}});
+    add_gap_between(covered_by, "(end)", last - covered_until, summary);
+  }
+  std::sort(summary.hbm_gaps_between.begin(), summary.hbm_gaps_between.end(),
+            [](const auto& a, const auto& b) { return a.idle_ns > b.idle_ns; });
   summary.hbm_gaps = gaps.size();
   for (const auto& gap : gaps) summary.hbm_idle_ns += gap.end_ns - gap.begin_ns;
   std::sort(gaps.begin(), gaps.end(),
@@ -391,6 +420,9 @@ std::string format_trace_summary(const Graph& graph, const TraceSummary& s, cons
     for (const auto& gap : s.longest_hbm_gaps)
       out += fmt::format("  {:>8.2f} us at {:.1f} us: {}\n", (gap.end_ns - gap.begin_ns) / 1e3, gap.begin_ns / 1e3,
                          gap.during.empty() ? std::string("nothing") : fmt::format("{}", fmt::join(gap.during, ", ")));
+    out += "  all of them by the streaming ops around them (the op whose tile ended last before, the op after):\n";
+    for (const auto& t : s.hbm_gaps_between)
+      out += fmt::format("  {:>8.2f} us in {:>3} gaps: {} -> {}\n", t.idle_ns / 1e3, t.gaps, t.before, t.after);
   }
   out += "per layer (means over the layers an op runs in, us): its tiles' first start past their waits to their\n"
          "median end, on to the last end, and the SM that ended it last in the most layers\n";

@@ -347,8 +347,9 @@ TEST(TraceSummary, FindsEachLayersStragglerSm) {
 }
 
 // A decode step's HBM-idle gaps on a hand-timed trace: with every tile 1 us back to back, the gaps are exactly the
-// runs of tiles that stream nothing from HBM (the embedding, the combines, the sample), each named by its op; a
-// forward pass has none.
+// runs of tiles that stream nothing from HBM (the embedding, the combines, the sample), each named by its op and
+// added up by the streaming ops around it (a combine's between attention and o_proj in every layer); a forward pass
+// has none.
 TEST(TraceSummary, NamesTheHbmIdleGapsOfADecodeStep) {
   const ModelConfig config = find_preset("tiny").config;
   const Graph graph(config, {2, 1, PassKind::kDecode, 256});
@@ -372,7 +373,22 @@ TEST(TraceSummary, NamesTheHbmIdleGapsOfADecodeStep) {
     EXPECT_TRUE(gap.during[0] == "embed" || gap.during[0].rfind("decode_combine", 0) == 0 || gap.during[0] == "sample")
         << gap.during[0];
   }
-  EXPECT_NE(format_trace_summary(graph, summary, trace).find("HBM-idle gaps"), std::string::npos);
+  std::map<std::pair<std::string, std::string>, size_t> between;  // (before, after) -> gaps
+  size_t gaps_between = 0;
+  double idle_between = 0;
+  for (const TraceSummary::HbmGapsBetween& t : summary.hbm_gaps_between) {
+    between[{t.before, t.after}] = t.gaps;
+    gaps_between += t.gaps;
+    idle_between += t.idle_ns;
+  }
+  EXPECT_EQ(gaps_between, gaps);
+  EXPECT_DOUBLE_EQ(idle_between, summary.hbm_idle_ns);
+  EXPECT_EQ((between[{"decode_attention", "decode_o_proj"}]), size_t(config.n_layers));
+  EXPECT_EQ((between[{"decode_lm_head", "(end)"}]), 1u);
+  EXPECT_EQ(between.size(), 3u) << "the embedding's gap, the combines' and the sample's";
+  const std::string text = format_trace_summary(graph, summary, trace);
+  EXPECT_NE(text.find("HBM-idle gaps"), std::string::npos);
+  EXPECT_NE(text.find("gaps: decode_attention -> decode_o_proj"), std::string::npos) << text;
 
   const Graph forward(config, {1, 32});
   const Schedule forward_schedule =
