@@ -286,6 +286,7 @@ __device__ __forceinline__ void run_consumers(const MegakernelParams& p, uint32_
 // GEMM pass is of 1-2 rows at full K (decode_narrow), so the tensor-core GEMM path is left out too.
 template <bool kDecode, bool kNarrow>
 __device__ __forceinline__ void run_megakernel(const MegakernelParams& p) {
+  static_assert(kDecode || !kNarrow, "only decode passes have a narrow compilation");
   const SharedState s = shared_state();
 
   if (threadIdx.x == 0) {
@@ -353,6 +354,8 @@ constexpr Kernel kKernels[] = {megakernel, megakernel_decode, megakernel_decode_
 
 // Whether every decode GEMM pass of a decode pass with these dims is of 1-2 rows at full K: a tile's rows are at
 // most the batch, and two rows of the widest input fit the staging space (decode_passes then takes one K range).
+// NOTE: this mirrors decode_passes (decode_gemm_mma.cuh), which the narrow kernel does not check: a change to either
+// must keep them agreeing, or a narrow pass would drop rows or stage K over the weight ring.
 bool decode_narrow(const ModelDims& d) {
   const int64_t widest = std::max({d.d_model, d.q_dim, d.d_ff});
   return d.batch <= 2 && 2 * 2 * widest <= KernelConfig::kDecodeStagedRowBytes;

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <tuple>
 
 #include "mk/check.h"
 
@@ -218,8 +219,9 @@ void summarize_hbm_gaps(const Graph& graph, const Trace& trace, double first, do
     gaps.push_back({covered_until, last, {}});
     add_gap_between(covered_by, "(end)", last - covered_until, summary);
   }
-  std::sort(summary.hbm_gaps_between.begin(), summary.hbm_gaps_between.end(),
-            [](const auto& a, const auto& b) { return a.idle_ns > b.idle_ns; });
+  std::sort(summary.hbm_gaps_between.begin(), summary.hbm_gaps_between.end(), [](const auto& a, const auto& b) {
+    return std::tie(b.idle_ns, a.before, a.after) < std::tie(a.idle_ns, b.before, b.after);
+  });
   summary.hbm_gaps = gaps.size();
   for (const auto& gap : gaps) summary.hbm_idle_ns += gap.end_ns - gap.begin_ns;
   std::sort(gaps.begin(), gaps.end(),

@@ -35,12 +35,12 @@ LISTING = """//--------------------- .text._ZN2mk3gpu10megakernelENS0_16Megakern
 """
 
 
-def write_fixture(work, listing=LISTING):
+def write_fixture(work, listing=LISTING, profile=PROFILE):
     csv_path = pathlib.Path(work) / "source.csv.gz"
     with gzip.open(csv_path, "wt") as f:
         f.write('"Kernel Name","megakernel",\n')
         f.write(",".join(f'"{h}"' for h in HEADER) + "\n")
-        for address, sass, samples, long_sb, wait in PROFILE:
+        for address, sass, samples, long_sb, wait in profile:
             f.write(f'"{address}","{sass}","{samples}","{samples}","{long_sb}","{wait}","0","0"\n')
     lines_path = pathlib.Path(work) / "sass-lines.txt"
     lines_path.write_text(listing)
@@ -77,6 +77,15 @@ def test_the_sampled_compilation_is_picked_among_the_kernels_of_the_cubin():
     assert sorted(kernels) == ["_ZN2mk3gpu10megakernelENS0_16MegakernelParamsE",
                                "_ZN2mk3gpu17megakernel_decodeENS0_16MegakernelParamsE"]
     assert lines["gemm_sm90.cuh:155"][0] == 30 and "decode_gemm.cuh:350" not in lines
+    # And the other way round: a profile of the decode kernel, listed first, picks its section, not the last one.
+    decode_profile = [("0x7f00", "      LDS R3, [R2]", 5, 5, 0), ("0x7f10", "      IMAD.MOV R5, RZ, RZ, R4", 4, 0, 4),
+                      ("0x7f20", "      FFMA R8, R8, R9, R8", 2, 0, 2)]
+    with tempfile.TemporaryDirectory() as work:
+        csv_path, lines_path = write_fixture(work, decode + LISTING, decode_profile)
+        samples = ncu_stalls.read_samples(csv_path)
+        lines = ncu_stalls.by_line(samples, ncu_stalls.profiled_kernel(samples, ncu_stalls.read_lines(lines_path),
+                                                                       lines_path))
+    assert lines == {"decode_gemm.cuh:350": [11, {"long_sb": 5, "wait": 6}]}
 
 
 def test_a_listing_of_another_build_is_refused():

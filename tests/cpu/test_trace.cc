@@ -383,9 +383,10 @@ TEST(TraceSummary, NamesTheHbmIdleGapsOfADecodeStep) {
   }
   EXPECT_EQ(gaps_between, gaps);
   EXPECT_DOUBLE_EQ(idle_between, summary.hbm_idle_ns);
-  EXPECT_EQ((between[{"decode_attention", "decode_o_proj"}]), size_t(config.n_layers));
-  EXPECT_EQ((between[{"decode_lm_head", "(end)"}]), 1u);
-  EXPECT_EQ(between.size(), 3u) << "the embedding's gap, the combines' and the sample's";
+  ASSERT_EQ(between.size(), 3u) << "the embedding's gap, the combines' and the sample's";
+  EXPECT_EQ(between.count({"(start)", "decode_q"}) + between.count({"(start)", "decode_kv"}), 1u);
+  EXPECT_EQ(between.at({"decode_attention", "decode_o_proj"}), size_t(config.n_layers));
+  EXPECT_EQ(between.at({"decode_lm_head", "(end)"}), 1u);
   const std::string text = format_trace_summary(graph, summary, trace);
   EXPECT_NE(text.find("HBM-idle gaps"), std::string::npos);
   EXPECT_NE(text.find("gaps: decode_attention -> decode_o_proj"), std::string::npos) << text;
