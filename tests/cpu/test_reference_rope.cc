@@ -20,6 +20,20 @@ using mk::reference_fixtures::v_col;
 
 float pair_norm(const float* head, int64_t i, int64_t half) { return std::hypot(head[i], head[i + half]); }
 
+// A random (rows, qkv_dim) matrix and a copy of it rotated by RoPE (token t at position t % seq_len), with the table.
+struct Rotated {
+  mk::ref::RopeTable table;
+  Matrix original;  // (rows, qkv_dim)
+  Matrix rotated;   // (rows, qkv_dim)
+};
+
+Rotated rotate_random(const mk::ModelConfig& c, int64_t seq_len, int64_t rows, uint64_t seed) {
+  Rotated r{mk::ref::make_rope_table(c, seq_len), random_matrix(rows, c.qkv_dim(), seed), {}};
+  r.rotated = r.original;
+  mk::ref::rope_tile(c, r.table, seq_len, r.rotated, {0, rows}, {0, c.qkv_dim()});
+  return r;
+}
+
 }  // namespace
 
 // ---- RoPE ----
@@ -88,10 +102,7 @@ TEST(Rope, Llama3ScalingMatchesTheFormula) {
 TEST(Rope, PositionZeroIsTheIdentityAndValuesNeverRotate) {
   const mk::ModelConfig c = attention_config(2, 1, 16, mk::RopeType::kDefault);
   const int64_t S = 5;
-  const mk::ref::RopeTable table = mk::ref::make_rope_table(c, S);
-  const Matrix original = random_matrix(2 * S, c.qkv_dim(), 20);
-  Matrix qkv = original;
-  mk::ref::rope_tile(c, table, S, qkv, {0, 2 * S}, {0, c.qkv_dim()});
+  const auto [table, original, qkv] = rotate_random(c, S, 2 * S, 20);
   for (int64_t t : {int64_t{0}, S}) {  // position 0 of either sequence
     for (int64_t col = 0; col < c.qkv_dim(); ++col) EXPECT_EQ(qkv.row(t)[col], original.row(t)[col]) << col;
   }
@@ -110,10 +121,7 @@ TEST(Rope, PositionZeroIsTheIdentityAndValuesNeverRotate) {
 TEST(Rope, MatchesTheClosedFormRotation) {
   const mk::ModelConfig c = attention_config(1, 1, 16, mk::RopeType::kDefault);
   const int64_t S = 40;
-  const mk::ref::RopeTable table = mk::ref::make_rope_table(c, S);
-  const Matrix original = random_matrix(S, c.qkv_dim(), 21);
-  Matrix qkv = original;
-  mk::ref::rope_tile(c, table, S, qkv, {0, S}, {0, c.qkv_dim()});
+  const auto [table, original, qkv] = rotate_random(c, S, S, 21);
   const int64_t half = c.head_dim / 2;
   for (int64_t p = 0; p < S; ++p) {
     for (int64_t col : {q_col(c, 0), k_col(c, 0)}) {
@@ -131,10 +139,7 @@ TEST(Rope, MatchesTheClosedFormRotation) {
 TEST(Rope, PreservesPairNormsAndInvertsWithTheOppositeAngle) {
   const mk::ModelConfig& tiny = mk::find_preset("tiny").config;  // llama3 scaling, GQA
   const int64_t S = 50;
-  const mk::ref::RopeTable table = mk::ref::make_rope_table(tiny, S);
-  const Matrix original = random_matrix(S, tiny.qkv_dim(), 22);
-  Matrix qkv = original;
-  mk::ref::rope_tile(tiny, table, S, qkv, {0, S}, {0, tiny.qkv_dim()});
+  auto [table, original, qkv] = rotate_random(tiny, S, S, 22);
   const int64_t half = tiny.head_dim / 2;
   for (int64_t t = 0; t < S; ++t) {
     for (int64_t head = 0; head < tiny.n_heads + tiny.n_kv_heads; ++head) {
