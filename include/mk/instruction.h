@@ -41,6 +41,13 @@ enum class Opcode : uint8_t {
 // Instruction::layer of ops before or after the layers (embedding, final norm, LM head).
 constexpr uint16_t kNoLayer = 0xFFFF;
 
+// Instruction::flags of decode combines linked to their attention tasks (link_decode_combines, include/mk/schedule.h).
+// On the GPU the last of a combine's attention tasks to finish runs the combine and signals its counter, and the SM
+// that lists the combine skips it: the combine's hop to another SM is gone from every layer's chain. The CPU engines
+// run it where it is listed, after the same writes, for the same bits.
+constexpr uint8_t kCombineRunByLastAttention = 1;  // on a kDecodeCombine
+constexpr uint8_t kAttentionRunsCombine = 2;       // on a kDecodeAttention: combine_instruction names its combine
+
 // A wait: proceed once counters[counter] >= epoch * target. Counters only ever grow, so nothing is reset between
 // launches; the epoch (1, 2, ...) is a launch argument.
 struct Wait {
@@ -53,7 +60,7 @@ struct Wait {
 // columns; for kDecodeAttention, rows are partial rows of one sequence, and `head` is a kv head.
 struct Instruction {
   Opcode opcode;
-  uint8_t reserved0;
+  uint8_t flags;  // kCombineRunByLastAttention, kAttentionRunsCombine; 0 otherwise
   uint16_t layer;
   uint32_t task;            // index of the task in the graph: names it in errors and traces
   int32_t row_begin;
@@ -65,7 +72,9 @@ struct Instruction {
   uint32_t signal_counter;  // incremented once when the task's output is published
   uint32_t wait_begin;      // the task's waits are waits[wait_begin, wait_begin + num_waits)
   uint32_t num_waits;
-  uint32_t reserved1[5];
+  uint32_t combine_instruction;  // kAttentionRunsCombine: its combine's index in this instruction array
+  uint32_t combine_counter;      // kAttentionRunsCombine: the counter that combine signals
+  uint32_t reserved1[3];
 };
 static_assert(sizeof(Instruction) == 64, "instructions are 64 bytes: one fetch of two 32-byte sectors");
 

@@ -23,6 +23,7 @@ namespace mk {
 struct TraceRecord {
   uint32_t sm = 0;
   uint32_t index = 0;  // within the SM's list
+  int32_t ran_on_sm = -1;  // the SM that ran it, where that is not `sm` (a linked decode combine); -1: `sm`
   uint32_t task = 0;
   double start = 0;
   double waits_done = 0;
@@ -35,6 +36,9 @@ struct TraceRecord {
   double published = -1;
   double tile_free = -1;  // gpu GEMM: the epilogue found the output tile free (and its residual loaded)
 };
+
+// The SM whose time line the record belongs on.
+inline uint32_t ran_on(const TraceRecord& r) { return r.ran_on_sm >= 0 ? uint32_t(r.ran_on_sm) : r.sm; }
 
 struct Trace {
   std::string engine;

@@ -46,6 +46,7 @@ __device__ __forceinline__ SharedState shared_state() {
   s.flag = reinterpret_cast<volatile uint32_t*>(s.held_loaded + 1);
   s.freed = s.flag + 1;
   s.held_stage = s.freed + 1;
+  s.last_of_group = s.held_stage + 1;
   return s;
 }
 
@@ -53,17 +54,22 @@ __device__ uint64_t* trace_slots(const MegakernelParams& p, uint32_t instruction
   return p.trace_records != nullptr ? p.trace_records + uint64_t(instruction) * kTraceSlots : nullptr;
 }
 
-// Walks the SM's instructions in order that `keep(opcode)` takes: run(in, index, site) for each, until it returns
-// false.
+// Walks the SM's instructions in order that `keep(in)` takes: run(in, index, site) for each, until it returns false.
 template <typename Keep, typename Run>
 __device__ __forceinline__ void for_each_instruction(const MegakernelParams& p, uint32_t sm, Keep keep, Run run) {
   const uint32_t begin = p.sm_begin[sm];
   const uint32_t end = p.sm_begin[sm + 1];
   for (uint32_t i = begin; i < end; ++i) {
     const Instruction in = p.instructions[i];
-    if (!keep(in.opcode)) continue;
+    if (!keep(in)) continue;
     if (!run(in, i, Site{sm, i - begin, in.task})) return;
   }
+}
+
+// Linked decode combines: their last attention task runs them (run_combine_if_last); the SM that lists them skips
+// them, its consumers and its counter poller alike.
+__device__ __forceinline__ bool skipped_in_decode(const Instruction& in) {
+  return (in.flags & kCombineRunByLastAttention) != 0;
 }
 
 // The instructions that go through the stage ring and the output tile.
@@ -75,7 +81,7 @@ __device__ __forceinline__ bool is_tile_instruction(Opcode opcode) {
 // the same instructions (one report, one load and one store each), so they share it.
 template <typename Run>
 __device__ __forceinline__ void for_each_tile_instruction(const MegakernelParams& p, uint32_t sm, Run run) {
-  for_each_instruction(p, sm, [](Opcode opcode) { return is_tile_instruction(opcode); }, run);
+  for_each_instruction(p, sm, [](const Instruction& in) { return is_tile_instruction(in.opcode); }, run);
 }
 
 __device__ void run_producer(const MegakernelParams& p, const SharedState& s, uint32_t sm) {
@@ -123,11 +129,11 @@ template <bool kDecode>
 __device__ void run_counter_poller(const MegakernelParams& p, const SharedState& s, uint32_t sm, uint32_t lane) {
   PipelineState ready;  // the next slot of the ready ring
   // Decode passes have no tile instructions; the poller serves the consumers instead (consumers_wait), every
-  // instruction. NOTE: the consumer thread that polled its counters itself is in a warp whose weight copies are in
+  // instruction they run. NOTE: the consumer thread that polled its counters itself is in a warp whose weight copies are in
   // flight, and its acquire loads took longer the more were: one more 4 KB step a warp before the wait made batch 1's
   // hops 1.1 -> 2.2 us (docs/perf.md, ninth session, run 5). This warp has no copies of its own.
   for_each_instruction(
-      p, sm, [&](Opcode opcode) { return kDecode || is_tile_instruction(opcode); },
+      p, sm, [&](const Instruction& in) { return kDecode ? !skipped_in_decode(in) : is_tile_instruction(in.opcode); },
       [&](const Instruction& in, uint32_t, Site site) { return poll_and_report(p, s, in, site, lane, ready); });
 }
 
@@ -228,8 +234,10 @@ __device__ __forceinline__ void run_consumers(const MegakernelParams& p, uint32_
   // fails at once; the tiles are garbage) to the next row-wise instruction, whose first barrier tells all to leave.
   bool healthy = true;
   PipelineState reported;  // decode: the counter poller's next report (consumers_wait)
+  bool waited_for_previous_grid = false;
   for (uint32_t i = begin; i < end; ++i) {
     const Instruction in = p.instructions[i];
+    if (kDecode && skipped_in_decode(in)) continue;
     const SharedState s = shared_state();
     // NOTE: opaque: what the row-wise and decode ops derive from the thread index (lanes, shared addresses) is
     // computed per instruction instead of hoisted out of this loop, where it stayed live across the GEMM tiles'
@@ -250,7 +258,8 @@ __device__ __forceinline__ void run_consumers(const MegakernelParams& p, uint32_
       // (programmatic dependent launch), so no consumer reads what the group's kernels write before this wait:
       // tokens (the embedding), positions and older cache rows (prestage reads both; the newest of those rows is the
       // previous step's), activations, counters, the abort flag. The weights above are none of that.
-      if (i == begin) ptx::griddepcontrol_wait();
+      if (!waited_for_previous_grid) ptx::griddepcontrol_wait();
+      waited_for_previous_grid = true;
       if (in.opcode == Opcode::kDecodeAttention) prestage_decode_attention(p, s, in, thread);
     }
     if (rowwise && !consumers_wait<kDecode>(p, s, in, site, thread, healthy, reported)) {
@@ -272,6 +281,10 @@ __device__ __forceinline__ void run_consumers(const MegakernelParams& p, uint32_
       publish(p, in.signal_counter, thread);  // the storer publishes GEMM and attention tiles
     }
     if (trace) trace[kTraceEnd] = clock64();
+    if constexpr (kDecode) {
+      if (in.flags & kAttentionRunsCombine)
+        run_combine_if_last(p, s, in, sm, thread, thread == 0 ? trace_slots(p, in.combine_instruction) : nullptr);
+    }
   }
   if (p.trace_sms != nullptr && consumer_thread == 0) {
     p.trace_sms[4 * sm + 2] = ptx::global_timer_ns();

@@ -64,7 +64,9 @@ enum TraceSlot : int {
   kTraceProducerLoadsIssued,
   kTracePublished,           // GEMM, attention: the storer's TMA store landed and the counter was released
   kTraceTileFree,            // GEMM: its epilogue found the output tile free (and a residual loaded into it)
-  kTraceSlots = 10,
+  kTraceRanOnSm,             // a linked decode combine: 1 + the SM that ran it (its last attention task's), whose clock
+                             // its stamps are in
+  kTraceSlots = 11,
 };
 
 struct ModelDims {
@@ -117,6 +119,9 @@ struct MegakernelParams {
   const uint32_t* sm_begin;         // (num_sms + 1)
   const Wait* waits;
   uint32_t* counters;               // (num_counters), monotonic across launches
+  // (n_layers, B, n_kv_heads) after the counters, monotonic as they are and cleared with them: each attention task
+  // of a linked combine's group takes one, and the one that takes the launch's last runs the combine.
+  uint32_t* combine_tickets;
   uint32_t epoch;                   // 1 for the first launch, then 2, ...
   uint64_t stall_timeout_ns;       // a counter wait's
   // A shared-memory wait's: an eighth longer, so that when a signal is missing the counter wait that lacks it (the

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <cmath>
@@ -17,6 +18,7 @@
 #include "mk/check.h"
 #include "mk/generate.h"
 #include "mk/gpu.h"
+#include "mk/kv_cache.h"
 #include "mk/ops.h"
 #include "model_on_device.h"
 
@@ -163,15 +165,25 @@ void GpuEngine::Impl::upload_schedule(const Schedule& schedule) {
   p.instructions = arena.upload(schedule.instructions, "uploading instructions");
   p.sm_begin = arena.upload(schedule.sm_begin, "uploading the schedule");
   p.waits = arena.upload(schedule.waits.empty() ? std::vector<Wait>{Wait{0, 0}} : schedule.waits, "uploading waits");
-  num_counters = std::max<uint32_t>(schedule.num_counters, 1);
+  // Linked decode combines' tickets (MegakernelParams::combine_tickets) follow the counters, cleared with them.
+  const ModelConfig& c = graph.config();
+  const RunShape& shape = graph.shape();
+  const bool linked = std::any_of(schedule.instructions.begin(), schedule.instructions.end(),
+                                  [](const Instruction& in) { return (in.flags & kAttentionRunsCombine) != 0; });
+  const int64_t tickets = linked ? c.n_layers * shape.batch * c.n_kv_heads : 0;
+  MK_CHECK(uint64_t(schedule.num_counters) + uint64_t(tickets) < (uint64_t(1) << 32),
+           "gpu engine: {} counters and {} combine tickets overflow 32-bit indices", schedule.num_counters, tickets);
+  num_counters = std::max<uint32_t>(schedule.num_counters + uint32_t(tickets), 1);
   p.counters = arena.allocate<uint32_t>(num_counters, "allocating counters");
   check_cuda(cudaMemset(p.counters, 0, num_counters * sizeof(uint32_t)), "clearing counters");
+  p.combine_tickets = p.counters + schedule.num_counters;
   p.error = arena.allocate<gpu::DeviceError>(1, "allocating the error slot");
   check_cuda(cudaMemset(p.error, 0, sizeof(gpu::DeviceError)), "clearing the error slot");
   // Counters grow by their signals per launch; the fastest-growing one bounds the epochs before a reset.
   std::vector<uint32_t> signals(num_counters, 0);
   for (const Instruction& in : schedule.instructions) ++signals[in.signal_counter];
   for (uint32_t count : signals) max_signals = std::max(max_signals, count);
+  if (linked) max_signals = std::max(max_signals, uint32_t(kv_split(c, shape).splits));  // tickets a launch
   sm_begin = schedule.sm_begin;
   for (const Instruction& in : schedule.instructions) task_of_instruction.push_back(in.task);
   this->schedule = schedule;
@@ -417,29 +429,36 @@ Trace GpuEngine::run_traced() {
   trace.engine = "gpu";
   trace.num_sms = impl.num_sms;
   trace.launch_ns = double(times.at(0)) * 1e6;
-  for (int32_t s = 0; s < impl.num_sms; ++s) {
-    const uint64_t* stamps = &sms[size_t(4 * s)];
+  // A linked decode combine's stamps are in the clock of the SM that ran it, which its record names.
+  auto to_ns = [&](uint64_t sm, uint64_t clock) {
+    const uint64_t* stamps = &sms[size_t(4 * sm)];
     const double ns_per_clock =
         stamps[3] > stamps[1] ? double(stamps[2] - stamps[0]) / double(stamps[3] - stamps[1]) : 0.0;
-    auto to_ns = [&](uint64_t clock) {
-      return clock == 0 ? -1.0 : double(stamps[0] - base) + double(int64_t(clock - stamps[1])) * ns_per_clock;
-    };
+    return clock == 0 ? -1.0 : double(stamps[0] - base) + double(int64_t(clock - stamps[1])) * ns_per_clock;
+  };
+  for (int32_t s = 0; s < impl.num_sms; ++s) {
     for (uint32_t i = impl.sm_begin[size_t(s)]; i < impl.sm_begin[size_t(s) + 1]; ++i) {
       const uint64_t* slot = &records[size_t(i) * gpu::kTraceSlots];
+      const uint64_t ran_on = slot[gpu::kTraceRanOnSm];
+      MK_CHECK(ran_on <= uint64_t(impl.num_sms), "internal error: a trace record ran on SM {} of {}", ran_on - 1,
+               impl.num_sms);
+      const uint64_t clock_sm = ran_on > 0 ? ran_on - 1 : uint64_t(s);
+      const auto to_ns_of = [&](uint64_t clock) { return to_ns(clock_sm, clock); };
       TraceRecord r;
       r.sm = uint32_t(s);
+      r.ran_on_sm = int32_t(clock_sm);
       r.index = i - impl.sm_begin[size_t(s)];
       r.task = impl.task_of_instruction[i];
-      r.start = to_ns(slot[gpu::kTraceStart]);
-      r.waits_done = to_ns(slot[gpu::kTraceWaitsDone]);
-      r.data_ready = to_ns(slot[gpu::kTraceDataReady]);
-      r.math_done = to_ns(slot[gpu::kTraceMathDone]);
-      r.end = to_ns(slot[gpu::kTraceEnd]);
-      r.producer_start = to_ns(slot[gpu::kTraceProducerStart]);
-      r.producer_waits_done = to_ns(slot[gpu::kTraceProducerWaitsDone]);
-      r.producer_loads_issued = to_ns(slot[gpu::kTraceProducerLoadsIssued]);
-      r.published = to_ns(slot[gpu::kTracePublished]);
-      r.tile_free = to_ns(slot[gpu::kTraceTileFree]);
+      r.start = to_ns_of(slot[gpu::kTraceStart]);
+      r.waits_done = to_ns_of(slot[gpu::kTraceWaitsDone]);
+      r.data_ready = to_ns_of(slot[gpu::kTraceDataReady]);
+      r.math_done = to_ns_of(slot[gpu::kTraceMathDone]);
+      r.end = to_ns_of(slot[gpu::kTraceEnd]);
+      r.producer_start = to_ns_of(slot[gpu::kTraceProducerStart]);
+      r.producer_waits_done = to_ns_of(slot[gpu::kTraceProducerWaitsDone]);
+      r.producer_loads_issued = to_ns_of(slot[gpu::kTraceProducerLoadsIssued]);
+      r.published = to_ns_of(slot[gpu::kTracePublished]);
+      r.tile_free = to_ns_of(slot[gpu::kTraceTileFree]);
       trace.records.push_back(r);
     }
   }

@@ -110,6 +110,7 @@ Schedule schedule_of_lists(const Graph& graph, const Dependencies& deps, Schedul
   MK_CHECK(schedule.instructions.size() == tasks.size(),
            "internal error: the dependency graph has a cycle ({} of {} tasks placed)", schedule.instructions.size(),
            tasks.size());
+  link_decode_combines(graph, schedule);
   return schedule;
 }
 

@@ -150,7 +150,7 @@ void summarize_layer_phases(const Graph& graph, const Trace& trace, TraceSummary
     phase.ends.push_back(r.end);
     if (r.end > phase.last_end) {
       phase.last_end = r.end;
-      phase.last_sm = r.sm;
+      phase.last_sm = ran_on(r);
     }
   }
   std::map<Opcode, std::pair<TraceSummary::LayerPhase, std::map<uint32_t, size_t>>> by_op;  // and last-SM counts
@@ -257,23 +257,24 @@ std::string trace_to_chrome_json(const Graph& graph, const Trace& trace) {
                            {"instruction", r.index},
                            {"rows", fmt::format("[{},{})", task.row_begin, task.row_end)},
                            {"cols", fmt::format("[{},{})", task.col_begin, task.col_end)}};
+    if (ran_on(r) != r.sm) args["listed_on_sm"] = r.sm;  // a linked decode combine, run by its last attention task
     if (task.sequence >= 0) {
       args["sequence"] = task.sequence;
       args["head"] = task.head;
     }
-    if (r.waits_done > r.start) slice("wait", "wait", r.sm, 0, r.start, r.waits_done, {{"task", r.task}});
-    slice(name, category, r.sm, 0, r.waits_done, r.end, args);
+    if (r.waits_done > r.start) slice("wait", "wait", ran_on(r), 0, r.start, r.waits_done, {{"task", r.task}});
+    slice(name, category, ran_on(r), 0, r.waits_done, r.end, args);
     const double work_start = r.data_ready >= 0 ? r.data_ready : r.waits_done;
-    if (r.data_ready > r.start) slice("data wait", "wait", r.sm, 2, r.start, r.data_ready, {{"task", r.task}});
+    if (r.data_ready > r.start) slice("data wait", "wait", ran_on(r), 2, r.start, r.data_ready, {{"task", r.task}});
     if (r.math_done > work_start && r.math_done < r.end) {
-      slice("math", category, r.sm, 2, work_start, r.math_done, {{"task", r.task}});
-      slice("epilogue", category, r.sm, 2, r.math_done, r.end, {{"task", r.task}});
+      slice("math", category, ran_on(r), 2, work_start, r.math_done, {{"task", r.task}});
+      slice("epilogue", category, ran_on(r), 2, r.math_done, r.end, {{"task", r.task}});
     }
-    if (r.published > r.end) slice("store " + name, category, r.sm, 3, r.end, r.published, {{"task", r.task}});
+    if (r.published > r.end) slice("store " + name, category, ran_on(r), 3, r.end, r.published, {{"task", r.task}});
     if (r.producer_start >= 0) {
       if (r.producer_waits_done > r.producer_start)
-        slice("wait", "wait", r.sm, 1, r.producer_start, r.producer_waits_done, {{"task", r.task}});
-      slice("load " + name, category, r.sm, 1, r.producer_waits_done, r.producer_loads_issued, {{"task", r.task}});
+        slice("wait", "wait", ran_on(r), 1, r.producer_start, r.producer_waits_done, {{"task", r.task}});
+      slice("load " + name, category, ran_on(r), 1, r.producer_waits_done, r.producer_loads_issued, {{"task", r.task}});
     }
   }
   const nlohmann::json document = {{"traceEvents", events},
@@ -315,7 +316,7 @@ TraceSummary summarize_trace(const Graph& graph, const Schedule& schedule, const
     // NOTE: from the later of the consumers' start and the end of the counter wait, so that a tile held up by other
     // SMs does not read as one starved of bandwidth.
     op.delivery_ns += std::max(0.0, r.math_done - std::max(r.start, wait_end(r)));
-    TraceSummary::Sm& sm = summary.sms[r.sm];
+    TraceSummary::Sm& sm = summary.sms[ran_on(r)];
     sm.busy_ns += r.end - r.waits_done;
     sm.waiting_ns += r.waits_done - r.start;
   }

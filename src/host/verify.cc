@@ -115,6 +115,7 @@ class Verifier {
   void run() {
     check_sm_ranges();
     check_instructions();
+    check_combine_links(graph_, schedule_);
     check_counters();
     check_writes();
     check_reads();

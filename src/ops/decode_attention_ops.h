@@ -76,20 +76,21 @@ struct DecodeAttentionOp {
   }
 };
 
-// One task per kDecodeCombineRows sequences and kv head: the kv head's query heads, their partials merged.
+// One task per sequence and kv head: the kv head's query heads, their partials merged. Its sequence and head name
+// the attention tasks whose partials it merges (the group link_decode_combines links it to).
 struct DecodeCombineOp {
   static constexpr Opcode kOpcode = Opcode::kDecodeCombine;
   static constexpr const char* kName = "decode_combine";
   static BufferRef output(uint16_t layer) { return {BK::kAttn, layer}; }
   static void check(const OpContext&) {}
   static void tile(const OpContext& ctx, uint16_t layer, std::vector<Task>& tasks) {
+    static_assert(tiles::kDecodeCombineRows == 1, "a combine task merges one attention group: one sequence");
     const ModelConfig& c = ctx.config;
     const int64_t width = c.group_size() * c.head_dim;
-    for (int64_t b = 0; b < ctx.shape.batch; b += tiles::kDecodeCombineRows) {
-      const int64_t end = std::min<int64_t>(ctx.shape.batch, b + tiles::kDecodeCombineRows);
+    for (int64_t b = 0; b < ctx.shape.batch; ++b) {
       for (int64_t g = 0; g < c.n_kv_heads; ++g)
-        tasks.push_back(
-            {kOpcode, layer, int32_t(b), int32_t(end), int32_t(g * width), int32_t((g + 1) * width), -1, -1});
+        tasks.push_back({kOpcode, layer, int32_t(b), int32_t(b + 1), int32_t(g * width), int32_t((g + 1) * width),
+                         int32_t(b), int32_t(g)});
     }
   }
   static int64_t num_tasks(const OpContext& ctx) {

@@ -52,7 +52,7 @@ struct KernelConfig {
   // consumers), then ready/ready_free per slot of the counter poller's ring (poller -> producer, of kNumStages slots),
   // then held_loaded (a wide tile's second residual half, TMA -> consumers)
   static constexpr int kNumBarriers = 2 * kNumStages + 3 + 2 * kNumStages + 1;
-  // + the consumers' broadcast flag, the freed count, the held stage (a word each), padding
+  // + the consumers' broadcast flag, the freed count, the held stage, the last-of-group flag (a word each)
   static constexpr int kBarrierBytes = kNumBarriers * 8 + 16;
   static constexpr int kSmemBytes = 1024 + kNumStages * kStageBytes + kOutputBytes + kBarrierBytes;  // + alignment
 };

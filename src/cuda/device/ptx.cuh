@@ -187,6 +187,14 @@ __device__ __forceinline__ void add_release(uint32_t* address, uint32_t value) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(address), "r"(value) : "memory");
 }
 
+// Returns the value before the add. Releases what the CTA's barrier ordered before it, and acquires what the adds
+// before it released.
+__device__ __forceinline__ uint32_t add_acq_rel(uint32_t* address, uint32_t value) {
+  uint32_t before;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(before) : "l"(address), "r"(value) : "memory");
+  return before;
+}
+
 __device__ __forceinline__ uint64_t global_timer_ns() {
   uint64_t time;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(time));

@@ -38,6 +38,7 @@ struct SharedState {
   volatile uint32_t* freed;  // uses of the output tile whose store has read it (the storer counts; see output_tile.cuh)
   volatile uint32_t* held_stage;  // the ring stage a wide GEMM tile's second output half is staged in (consumers ->
                                   // storer, published by the staged arrive)
+  volatile uint32_t* last_of_group;  // consumer broadcast: did this linked attention task take its group's last ticket
   __device__ __forceinline__ uint8_t* stage(uint32_t index) const { return stages + index * KernelConfig::kStageBytes; }
 };
 

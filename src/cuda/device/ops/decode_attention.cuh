@@ -444,4 +444,41 @@ __device__ __forceinline__ void run_decode_combine(const MegakernelParams& p, co
   }
 }
 
+// The end of a linked attention task (kAttentionRunsCombine), after its own publication: it takes a ticket of its
+// group (layer, sequence, kv head), and the task that takes the launch's last runs the group's combine in the combine
+// instruction's place and signals the combine's counter. `trace`: the combine's trace slots, or null.
+// NOTE: thread 0's ticket releases this task's partials (ordered before it by the publication's barrier) and
+// acquires those the group's earlier tickets released; the barrier after it passes that on to every consumer, as
+// the poller's report did when the combine waited for its counters on an SM of its own.
+__device__ __forceinline__ void run_combine_if_last(const MegakernelParams& p, const SharedState& s,
+                                                    const Instruction& in, uint32_t sm, int consumer_thread,
+                                                    uint64_t* trace) {
+  const ModelDims& d = p.dims;
+  ptx::cp_async_wait<0>();  // the combine stages its records where the attention staged K and V
+  if (consumer_thread == 0) {
+    const int64_t kv_heads = d.kv_dim / d.head_dim;
+    uint32_t* ticket = p.combine_tickets + (int64_t(in.layer) * d.batch + in.sequence) * kv_heads + in.head;
+    *s.last_of_group = ptx::add_acq_rel(ticket, 1) + 1 == p.epoch * uint32_t(d.kv_splits) ? 1u : 0u;
+  }
+  ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
+  // NOTE: rewritten only at the next linked attention task, after the next instruction's counter wait's barrier.
+  if (*s.last_of_group == 0) return;
+  if (trace) trace[kTraceStart] = trace[kTraceWaitsDone] = clock64();
+  const int32_t width = d.group_size * d.head_dim;
+  Instruction combine{};
+  combine.opcode = Opcode::kDecodeCombine;
+  combine.layer = in.layer;
+  combine.row_begin = in.sequence;
+  combine.row_end = in.sequence + 1;
+  combine.col_begin = in.head * width;
+  combine.col_end = combine.col_begin + width;
+  run_decode_combine(p, s, combine, consumer_thread);
+  if (trace) trace[kTraceMathDone] = clock64();
+  publish(p, in.combine_counter, consumer_thread);
+  if (trace) {
+    trace[kTraceEnd] = clock64();
+    trace[kTraceRanOnSm] = sm + 1;
+  }
+}
+
 }  // namespace mk::gpu

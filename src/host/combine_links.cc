@@ -1,0 +1,105 @@
+// Decode combines linked to their attention tasks, so that on the GPU the last attention task of a group runs its
+// combine (include/mk/instruction.h), and the check that the links are whole and right.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+#include <vector>
+
+#include "mk/check.h"
+#include "mk/kv_cache.h"
+#include "mk/schedule.h"
+
+namespace mk {
+
+namespace {
+
+// An attention group: the layer, sequence and kv head of a combine task and of the attention tasks it merges.
+using Group = std::tuple<uint16_t, int32_t, int32_t>;
+
+Group group_of(const Instruction& in) { return {in.layer, in.sequence, in.head}; }
+
+std::string where(const Graph& graph, const Schedule& schedule, uint32_t i) {
+  const uint32_t sm = uint32_t(std::upper_bound(schedule.sm_begin.begin(), schedule.sm_begin.end(), i) -
+                               schedule.sm_begin.begin()) - 1;
+  const Instruction& in = schedule.instructions[i];
+  const std::string task = in.task < graph.tasks().size() ? graph.describe(graph.tasks()[in.task]) : "?";
+  return fmt::format("SM {} instruction {} (task {}: {})", sm, i - schedule.sm_begin[sm], in.task, task);
+}
+
+bool inside(const Region& inner, const Region& outer) {
+  return inner.buffer == outer.buffer && inner.row_begin >= outer.row_begin && inner.row_end <= outer.row_end &&
+         inner.col_begin >= outer.col_begin && inner.col_end <= outer.col_end;
+}
+
+// The checks of one linked attention instruction, `attention`, against the combine it names.
+void check_attention_link(const Graph& graph, const Schedule& schedule, uint32_t attention) {
+  const Instruction& in = schedule.instructions[attention];
+  const std::string at = where(graph, schedule, attention);
+  MK_CHECK(in.combine_instruction < schedule.instructions.size(), "{}: links combine instruction {} of {}", at,
+           in.combine_instruction, schedule.instructions.size());
+  const Instruction& combine = schedule.instructions[in.combine_instruction];
+  const std::string target = where(graph, schedule, in.combine_instruction);
+  MK_CHECK(combine.opcode == Opcode::kDecodeCombine && (combine.flags & kCombineRunByLastAttention) != 0,
+           "{}: links {}, which is not a linked decode combine", at, target);
+  MK_CHECK(group_of(combine) == group_of(in), "{}: links {}, the combine of another layer, sequence or kv head", at,
+           target);
+  // The GPU runs the combine from the attention instruction's own fields: they must give the combine's rows and
+  // columns, and its counter.
+  const int64_t width = graph.config().group_size() * graph.config().head_dim;
+  MK_CHECK(combine.row_begin == in.sequence && combine.row_end == in.sequence + 1 &&
+               combine.col_begin == in.head * width && combine.col_end == (in.head + 1) * width,
+           "{}: links {}, whose rows and columns are not its sequence's and kv head's", at, target);
+  MK_CHECK(in.combine_counter == combine.signal_counter, "{}: links counter {}, but {} signals counter {}", at,
+           in.combine_counter, target, combine.signal_counter);
+  const TaskRegions attention_regions = graph.regions(graph.tasks()[in.task]);
+  const TaskRegions combine_regions = graph.regions(graph.tasks()[combine.task]);
+  MK_CHECK(combine_regions.num_reads > 0 && inside(attention_regions.write, combine_regions.reads[0]),
+           "{}: links {}, which does not read what it writes", at, target);
+}
+
+}  // namespace
+
+void link_decode_combines(const Graph& graph, Schedule& schedule) {
+  if (graph.shape().pass != PassKind::kDecode) return;
+  std::vector<Instruction>& instructions = schedule.instructions;
+  std::map<Group, uint32_t> combine_of;
+  for (uint32_t i = 0; i < instructions.size(); ++i)
+    if (instructions[i].opcode == Opcode::kDecodeCombine) combine_of[group_of(instructions[i])] = i;
+  for (Instruction& in : instructions) {
+    if (in.opcode != Opcode::kDecodeAttention) continue;
+    const auto found = combine_of.find(group_of(in));
+    MK_CHECK(found != combine_of.end(), "internal error: no decode combine for {}", graph.describe(graph.tasks()[in.task]));
+    Instruction& combine = instructions[found->second];
+    in.flags = kAttentionRunsCombine;
+    in.combine_instruction = found->second;
+    in.combine_counter = combine.signal_counter;
+    combine.flags = kCombineRunByLastAttention;
+  }
+}
+
+void check_combine_links(const Graph& graph, const Schedule& schedule) {
+  const std::vector<Instruction>& instructions = schedule.instructions;
+  std::vector<uint32_t> links(instructions.size(), 0);
+  for (uint32_t i = 0; i < instructions.size(); ++i) {
+    const Instruction& in = instructions[i];
+    const uint8_t allowed = in.opcode == Opcode::kDecodeCombine     ? kCombineRunByLastAttention
+                            : in.opcode == Opcode::kDecodeAttention ? kAttentionRunsCombine
+                                                                    : 0;
+    MK_CHECK((in.flags & ~allowed) == 0, "{}: flags {:#x}, which its opcode cannot have", where(graph, schedule, i),
+             in.flags);
+    if ((in.flags & kAttentionRunsCombine) == 0) continue;
+    check_attention_link(graph, schedule, i);
+    ++links[in.combine_instruction];
+  }
+  // The GPU takes the group's last ticket as the splits' count: every task of the group must take one.
+  const int64_t splits = graph.shape().pass == PassKind::kDecode ? kv_split(graph.config(), graph.shape()).splits : 0;
+  for (uint32_t i = 0; i < instructions.size(); ++i) {
+    if ((instructions[i].flags & kCombineRunByLastAttention) == 0) continue;
+    MK_CHECK(links[i] == splits, "{}: runs in its last attention task, but {} of the {} tasks of its group link it",
+             where(graph, schedule, i), links[i], splits);
+  }
+}
+
+}  // namespace mk
