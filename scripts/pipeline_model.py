@@ -17,11 +17,12 @@ of its previous use has read it is a failure too (silent corruption on the GPU).
 Decode passes (--decode) have no GEMM or attention tiles, so producer and storer idle; the poller walks every
 instruction of the SM and reports it to the consumers through the same ring: consumer thread 0 waits on the slot, both
 warpgroups pass the named barrier, then thread 0 frees the slot. A reader that takes another instruction's report, or
-a report of counters not met (its inputs not yet published), fails.
+a report of counters not met (its inputs not yet published), fails. Linked decode combines are skipped by both: the
+attention task that takes its group's last ticket runs the combine and publishes its counter (run_combine_if_last).
 
 The model mirrors the kernel's waits by hand (produce_gemm, produce_attention, gemm_mainloop, attention_mainloop,
 stage_output, store_output_tile, run_counter_poller, poll_and_report, take_ready, and run_consumers' row-wise path
-through consumers_wait in src/cuda/device/sync.cuh): change it with them. It found the fifth session's
+through consumers_wait in src/cuda/device/sync.cuh, and run_combine_if_last): change it with them. It found the fifth session's
 stall, where the producer waited for the output tile by parity (`--producer-waits parity` brings that rule back);
 `--poller laps` lets the poller report without waiting for a free slot of its ring and `--poller early` report
 before the counters are met, which must fail too, in forward and decode passes; `--held-stage unreleased` has the
@@ -46,6 +47,7 @@ import tempfile
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 GEMMS = {"kQkv", "kOProj", "kGateUp", "kDown", "kLmHead"}
 RESIDUAL = {"kOProj", "kDown"}
+COMBINE_RUN_BY_LAST_ATTENTION, ATTENTION_RUNS_COMBINE = 1, 2  # Instruction::flags
 TILE_OPS = GEMMS | {"kAttention"}  # through the stage ring and the output tile; every other op is the consumers' alone
 
 
@@ -64,7 +66,7 @@ def stage_count():
 
 def load_schedule(path):
     data = pathlib.Path(path).read_bytes()
-    if data[:8] != b"MKSCHED2":
+    if data[:8] != b"MKSCHED3":
         raise SystemExit(f"{path}: not a schedule of the version this model reads (src/host/schedule.cc)")
     length = struct.unpack("<Q", data[8:16])[0]
     header = json.loads(data[16:16 + length])
@@ -78,10 +80,11 @@ def load_schedule(path):
     names = opcode_names()
     instructions = []
     for _ in range(header["num_instructions"]):
-        f = struct.unpack("<BBHIiiiiiiIII5I", data[at:at + 64])
+        f = struct.unpack("<BBHIiiiiiiIIIII3I", data[at:at + 64])
         at += 64
-        instructions.append({"op": names[f[0]], "layer": f[2], "rows": (f[4], f[5]), "cols": (f[6], f[7]),
-                             "sequence": f[8], "signal": f[10], "waits": (f[11], f[12])})
+        instructions.append({"op": names[f[0]], "flags": f[1], "layer": f[2], "rows": (f[4], f[5]),
+                             "cols": (f[6], f[7]), "sequence": f[8], "signal": f[10], "waits": (f[11], f[12]),
+                             "combine": f[13], "combine_signal": f[14]})
     waits = [struct.unpack("<II", data[at + 8 * i:at + 8 * i + 8]) for i in range(header["num_waits"])]
     return header, sm_begin, instructions, waits
 
@@ -166,6 +169,15 @@ class Model:
         self.block_kv = header["tiles"]["block_kv"]
         self.counters = {}
         self.decode = header["pass"] == "decode"
+        # Linked decode combines (include/mk/instruction.h): tickets taken per combine, and the tasks that take them.
+        self.tickets = {}
+        self.ticket_takers = {}
+        for x in instructions:
+            if x["flags"] & ATTENTION_RUNS_COMBINE:
+                self.ticket_takers[x["combine"]] = self.ticket_takers.get(x["combine"], 0) + 1
+
+    def skipped(self, x):  # skipped_in_decode: a linked combine, run by its last attention task instead
+        return self.decode and x["flags"] & COMBINE_RUN_BY_LAST_ATTENTION
 
     def wide(self, x):  # is_wide_gemm: a plain GEMM tile of more than kBlockN columns
         return x["op"] in GEMMS and x["op"] != "kGateUp" and x["cols"][1] - x["cols"][0] > self.block_n
@@ -185,7 +197,7 @@ class Model:
         ready = Ring(self.stages)  # the poller's cursor over the ready ring
         for i in order:
             x = self.ins[i]
-            if x["op"] not in TILE_OPS and not self.decode:  # decode: every instruction, reported to the consumers
+            if (x["op"] not in TILE_OPS and not self.decode) or self.skipped(x):  # decode: every instruction run here
                 continue
             if self.poller_mode != "early":
                 yield ("poller: counters", i), lambda x=x: self.met(x)
@@ -291,6 +303,8 @@ class Model:
 
         for i in order:
             x = self.ins[i]
+            if self.skipped(x):
+                continue
             if x["op"] not in TILE_OPS:  # row-wise and decode ops
                 yield from self.rowwise(sm, warpgroup, x, i, reported)
                 continue
@@ -365,6 +379,25 @@ class Model:
             (lambda n=sm.published[warpgroup]: min(sm.published) >= n)
         if warpgroup == 0:
             self.publish(x)
+        if self.decode and x["flags"] & ATTENTION_RUNS_COMBINE:
+            yield from self.combine_if_last(sm, warpgroup, x, i)
+
+    def combine_if_last(self, sm, warpgroup, x, i):
+        """run_combine_if_last: thread 0 takes a ticket, both warpgroups pass a named barrier to learn whether it was
+        the group's last; if so they run the combine and publish its counter (one more barrier)."""
+        if warpgroup == 0:
+            taken = self.tickets.get(x["combine"], 0) + 1
+            self.tickets[x["combine"]] = taken
+            sm.last_of_group = taken == self.ticket_takers[x["combine"]]
+        sm.arrived[warpgroup] += 1
+        yield (f"consumers {warpgroup}: ticket barrier", i), (lambda n=sm.arrived[warpgroup]: min(sm.arrived) >= n)
+        if not sm.last_of_group:
+            return
+        sm.published[warpgroup] += 1
+        yield (f"consumers {warpgroup}: combine's publish barrier", i), \
+            (lambda n=sm.published[warpgroup]: min(sm.published) >= n)
+        if warpgroup == 0:
+            self.counters[x["combine_signal"]] = self.counters.get(x["combine_signal"], 0) + 1
 
     def issue_turn(self, sm, warpgroup, i, last):
         """IssueTurns: wait for this warpgroup's turn (bar.sync on its barrier), issue, pass the turn (bar.arrive on the
@@ -402,6 +435,7 @@ class SmState:
         self.turns = [NamedBarrier(), NamedBarrier()]  # named barriers 2 and 3: warpgroup 0's and 1's issue turn
         self.arrived, self.published = [0, 0], [0, 0]
         self.held = [None, None]  # each warpgroup's held stage of its current wide GEMM tile
+        self.last_of_group = False  # decode: did the SM's linked attention task take its group's last ticket
 
 
 def interleave(schedule, producer_parity, seed, poller="kernel", held_stage="kernel"):

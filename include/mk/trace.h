@@ -23,7 +23,6 @@ namespace mk {
 struct TraceRecord {
   uint32_t sm = 0;
   uint32_t index = 0;  // within the SM's list
-  int32_t ran_on_sm = -1;  // the SM that ran it, where that is not `sm` (a linked decode combine); -1: `sm`
   uint32_t task = 0;
   double start = 0;
   double waits_done = 0;
@@ -35,6 +34,7 @@ struct TraceRecord {
   double producer_loads_issued = -1;
   double published = -1;
   double tile_free = -1;  // gpu GEMM: the epilogue found the output tile free (and its residual loaded)
+  int32_t ran_on_sm = -1;  // the SM that ran it, where that is not `sm` (a linked decode combine); -1: `sm`
 };
 
 // The SM whose time line the record belongs on.

@@ -282,7 +282,7 @@ std::string explain_schedule(const Graph& graph, const Schedule& schedule, const
 
 namespace {
 
-constexpr char kScheduleMagic[8] = {'M', 'K', 'S', 'C', 'H', 'E', 'D', '2'};
+constexpr char kScheduleMagic[8] = {'M', 'K', 'S', 'C', 'H', 'E', 'D', '3'};
 
 // The tile sizes a schedule was built with: a file made for other tiles describes other tasks.
 nlohmann::json tiles_json() {

@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <map>
+#include <tuple>
 #include <vector>
 
 #include "graph_text.h"
@@ -174,6 +176,85 @@ TEST_F(PlantedDecodeBug, RaceDetectorExposesIt) {
   input.positions = {0, 0};
   session.set_input(input);
   EXPECT_THAT([&] { session.launch(); }, testing::ThrowsMessage<Error>(HasSubstr("race: reads kv_cache[1]")));
+}
+
+// Every decode attention task is linked to the combine of its layer, sequence and kv head, which is flagged to be run
+// by the last of them on the GPU; a per-op-launch step runs its own instructions, unlinked; other passes have no links.
+TEST(DecodeGraph, CombinesAreLinkedToTheirAttentionTasks) {
+  const Graph graph(find_preset("tiny").config, kTinyDecode);
+  const Schedule schedule = make_schedule(graph, derive_dependencies(graph), SchedulePolicy::kCostModel, 5);
+  const int64_t splits = kv_split(graph.config(), graph.shape()).splits;
+  ASSERT_EQ(splits, 2) << "sequences of 2 KV blocks, a split each: a group of two tickets";
+  std::map<uint32_t, int64_t> links;
+  int64_t combines = 0;
+  for (const Instruction& in : schedule.instructions) {
+    if (in.opcode == Opcode::kDecodeCombine) {
+      EXPECT_EQ(in.flags, kCombineRunByLastAttention);
+      ++combines;
+    }
+    if (in.opcode != Opcode::kDecodeAttention) {
+      EXPECT_EQ(in.flags & kAttentionRunsCombine, 0) << graph.describe(graph.tasks()[in.task]);
+      continue;
+    }
+    ASSERT_EQ(in.flags, kAttentionRunsCombine);
+    const Instruction& combine = schedule.instructions.at(in.combine_instruction);
+    EXPECT_EQ(combine.opcode, Opcode::kDecodeCombine);
+    EXPECT_EQ(std::tuple(combine.layer, combine.sequence, combine.head), std::tuple(in.layer, in.sequence, in.head));
+    EXPECT_EQ(in.combine_counter, combine.signal_counter);
+    ++links[in.combine_instruction];
+  }
+  EXPECT_EQ(int64_t(links.size()), combines);
+  for (const auto& [combine, count] : links) EXPECT_EQ(count, splits) << "combine instruction " << combine;
+  for (const Schedule& step : split_schedule_by_step(graph, schedule))
+    for (const Instruction& in : step.instructions) EXPECT_EQ(in.flags, 0);
+  const Graph forward(find_preset("tiny").config, {2, 8});
+  for (const Instruction& in : make_schedule(forward, derive_dependencies(forward), SchedulePolicy::kCostModel, 5).instructions)
+    EXPECT_EQ(in.flags, 0);
+}
+
+// A broken link would have the GPU run a combine before its partials are written, signal the wrong counter, or run it
+// never: the verifier names each.
+TEST(DecodeGraph, VerifierRejectsBrokenCombineLinks) {
+  const Graph graph(find_preset("tiny").config, kTinyDecode);
+  const Schedule linked = make_schedule(graph, derive_dependencies(graph), SchedulePolicy::kCostModel, 5);
+  auto first = [&](Schedule& s, Opcode opcode, int32_t sequence) -> Instruction& {
+    for (Instruction& in : s.instructions)
+      if (in.opcode == opcode && (sequence < 0 || in.sequence == sequence)) return in;
+    throw Error("no such instruction");
+  };
+  const struct {
+    const char* broken;
+    std::function<void(Schedule&)> edit;
+    const char* message;
+  } cases[] = {
+      {"another group's combine",
+       [&](Schedule& s) {
+         first(s, Opcode::kDecodeAttention, 0).combine_instruction = first(s, Opcode::kDecodeAttention, 1).combine_instruction;
+       },
+       "the combine of another layer, sequence or kv head"},
+      {"another counter", [&](Schedule& s) { first(s, Opcode::kDecodeAttention, 0).combine_counter += 1; },
+       "links counter"},
+      {"a combine past the end",
+       [&](Schedule& s) { first(s, Opcode::kDecodeAttention, 0).combine_instruction = uint32_t(s.instructions.size()); },
+       "links combine instruction"},
+      {"an unlinked task of a linked combine's group",
+       [&](Schedule& s) { first(s, Opcode::kDecodeAttention, 0).flags = 0; }, "but 1 of the 2 tasks of its group link it"},
+      {"a link to an unflagged combine",
+       [&](Schedule& s) {
+         Instruction& attention = first(s, Opcode::kDecodeAttention, 0);
+         s.instructions[attention.combine_instruction].flags = 0;
+       },
+       "which is not a linked decode combine"},
+      {"a flag on a GEMM", [&](Schedule& s) { first(s, Opcode::kDecodeOProj, -1).flags = kCombineRunByLastAttention; },
+       "which its opcode cannot have"},
+  };
+  for (const auto& c : cases) {
+    Schedule schedule = linked;
+    c.edit(schedule);
+    EXPECT_THAT([&] { verify_schedule(graph, schedule); }, testing::ThrowsMessage<Error>(HasSubstr(c.message)))
+        << c.broken;
+  }
+  EXPECT_NO_THROW(verify_schedule(graph, linked));
 }
 
 // Weight streaming at batch 1 is the whole cost of a decode step: the cost model puts the step near the bandwidth
