@@ -75,18 +75,19 @@ void verify_schedule(const Graph& graph, const Schedule& schedule);
 
 // Links each decode combine to the attention tasks whose partials it merges (the flags in include/mk/instruction.h):
 // on the GPU the last of them to finish runs it. Schedules of other passes are left as they are. make_schedule links
-// every schedule it builds.
+// every schedule it builds; the GPU runs no unlinked decode combine.
 void link_decode_combines(const Graph& graph, Schedule& schedule);
-// Throws mk::Error naming the instruction unless every link is whole and right: a linked attention task names a linked
-// combine of its layer, sequence and kv head, and that combine's counter; every linked combine has all the kv split's
-// attention tasks of its group linked to it, their writes inside its read; no other instruction has a flag.
-// Part of verify_schedule.
+// Throws mk::Error naming the instruction unless every link is whole and right: every decode combine is linked (the GPU
+// runs no other); a linked attention task names a linked combine of its layer, sequence and kv head, and that
+// combine's counter; every linked combine has all the kv split's attention tasks of its group linked to it, their
+// writes inside its read; no other instruction has a flag. Part of verify_schedule.
 void check_combine_links(const Graph& graph, const Schedule& schedule);
 
 // The per-op-launch ablation: one schedule per program step (an op of one layer), holding each SM's instructions of
 // that step in their order, to be launched one after another (`mk run --launch-per-op`). Waits and counters stay the
-// whole schedule's: a step waits only on earlier steps, which the launches before it completed. Decode combines are
-// unlinked: each step's launch runs its own instructions.
+// whole schedule's: a step waits only on earlier steps, which the launches before it completed. Decode combines stay
+// linked: the attention step's launch runs them, the combine step's skips them (their combine_instruction still
+// indexes the whole schedule, which only traced launches read, and per-step launches are never traced).
 std::vector<Schedule> split_schedule_by_step(const Graph& graph, const Schedule& schedule);
 
 // Binary schedule file: a magic, the model, shape and tile sizes it was built for (JSON), then the arrays.

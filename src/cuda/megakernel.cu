@@ -185,7 +185,8 @@ __device__ __forceinline__ bool run_forward_instruction(const MegakernelParams& 
   return ok;
 }
 
-// One instruction of a decode pass in the consumer warpgroups; false for an opcode decode passes do not have.
+// One instruction of a decode pass in the consumer warpgroups; false for an opcode decode passes do not have (combines
+// are skipped, each run by its last attention task: run_combine_if_last).
 // `prologue`: what a decode GEMM did before its wait (early_weight_prologue). kNarrow: as run_megakernel's.
 template <bool kNarrow>
 __device__ __forceinline__ bool run_decode_instruction(const MegakernelParams& p, const SharedState& s,
@@ -206,9 +207,6 @@ __device__ __forceinline__ bool run_decode_instruction(const MegakernelParams& p
       return true;
     case Opcode::kDecodeAttention:
       run_decode_attention(p, s, in, thread);
-      return true;
-    case Opcode::kDecodeCombine:
-      run_decode_combine(p, s, in, thread);
       return true;
     case Opcode::kSample:
       run_sample(p, s, in, thread);

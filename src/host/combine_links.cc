@@ -41,8 +41,7 @@ void check_attention_link(const Graph& graph, const Schedule& schedule, uint32_t
            in.combine_instruction, schedule.instructions.size());
   const Instruction& combine = schedule.instructions[in.combine_instruction];
   const std::string target = where(graph, schedule, in.combine_instruction);
-  MK_CHECK(combine.opcode == Opcode::kDecodeCombine && (combine.flags & kCombineRunByLastAttention) != 0,
-           "{}: links {}, which is not a linked decode combine", at, target);
+  MK_CHECK(combine.opcode == Opcode::kDecodeCombine, "{}: links {}, which is not a decode combine", at, target);
   MK_CHECK(group_of(combine) == group_of(in), "{}: links {}, the combine of another layer, sequence or kv head", at,
            target);
   // The GPU runs the combine from the attention instruction's own fields: they must give the combine's rows and
@@ -81,7 +80,6 @@ void link_decode_combines(const Graph& graph, Schedule& schedule) {
 
 void check_combine_links(const Graph& graph, const Schedule& schedule) {
   const std::vector<Instruction>& instructions = schedule.instructions;
-  std::vector<uint32_t> links(instructions.size(), 0);
   for (uint32_t i = 0; i < instructions.size(); ++i) {
     const Instruction& in = instructions[i];
     const uint8_t allowed = in.opcode == Opcode::kDecodeCombine     ? kCombineRunByLastAttention
@@ -89,9 +87,15 @@ void check_combine_links(const Graph& graph, const Schedule& schedule) {
                                                                     : 0;
     MK_CHECK((in.flags & ~allowed) == 0, "{}: flags {:#x}, which its opcode cannot have", where(graph, schedule, i),
              in.flags);
-    if ((in.flags & kAttentionRunsCombine) == 0) continue;
+    MK_CHECK(in.opcode != Opcode::kDecodeCombine || in.flags == kCombineRunByLastAttention,
+             "{}: a decode combine not linked to its attention tasks (the GPU runs combines only in the last of them)",
+             where(graph, schedule, i));
+  }
+  std::vector<uint32_t> links(instructions.size(), 0);
+  for (uint32_t i = 0; i < instructions.size(); ++i) {
+    if ((instructions[i].flags & kAttentionRunsCombine) == 0) continue;
     check_attention_link(graph, schedule, i);
-    ++links[in.combine_instruction];
+    ++links[instructions[i].combine_instruction];
   }
   // The GPU takes the group's last ticket as the splits' count: every task of the group must take one.
   const int64_t splits = graph.shape().pass == PassKind::kDecode ? kv_split(graph.config(), graph.shape()).splits : 0;

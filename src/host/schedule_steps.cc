@@ -40,10 +40,7 @@ std::vector<Schedule> split_schedule_by_step(const Graph& graph, const Schedule&
       const Instruction& in = schedule.instructions[i];
       MK_CHECK(in.task < step_of_task.size(), "internal error: instruction {} of SM {} names task {} of {}", i, sm,
                in.task, step_of_task.size());
-      Instruction unlinked = in;
-      unlinked.flags = 0;
-      unlinked.combine_instruction = unlinked.combine_counter = 0;
-      steps[step_of_task[in.task]].instructions.push_back(unlinked);
+      steps[step_of_task[in.task]].instructions.push_back(in);
     }
   }
   for (Schedule& step : steps) step.sm_begin.push_back(uint32_t(step.instructions.size()));

@@ -179,7 +179,7 @@ TEST_F(PlantedDecodeBug, RaceDetectorExposesIt) {
 }
 
 // Every decode attention task is linked to the combine of its layer, sequence and kv head, which is flagged to be run
-// by the last of them on the GPU; a per-op-launch step runs its own instructions, unlinked; other passes have no links.
+// by the last of them on the GPU; per-op-launch steps keep the links; other passes have none.
 TEST(DecodeGraph, CombinesAreLinkedToTheirAttentionTasks) {
   const Graph graph(find_preset("tiny").config, kTinyDecode);
   const Schedule schedule = make_schedule(graph, derive_dependencies(graph), SchedulePolicy::kCostModel, 5);
@@ -205,8 +205,13 @@ TEST(DecodeGraph, CombinesAreLinkedToTheirAttentionTasks) {
   }
   EXPECT_EQ(int64_t(links.size()), combines);
   for (const auto& [combine, count] : links) EXPECT_EQ(count, splits) << "combine instruction " << combine;
-  for (const Schedule& step : split_schedule_by_step(graph, schedule))
-    for (const Instruction& in : step.instructions) EXPECT_EQ(in.flags, 0);
+  for (const Schedule& step : split_schedule_by_step(graph, schedule)) {
+    for (const Instruction& in : step.instructions) {
+      EXPECT_EQ(in.flags, in.opcode == Opcode::kDecodeCombine     ? kCombineRunByLastAttention
+                          : in.opcode == Opcode::kDecodeAttention ? kAttentionRunsCombine
+                                                                  : 0);
+    }
+  }
   const Graph forward(find_preset("tiny").config, {2, 8});
   for (const Instruction& in : make_schedule(forward, derive_dependencies(forward), SchedulePolicy::kCostModel, 5).instructions)
     EXPECT_EQ(in.flags, 0);
@@ -239,12 +244,14 @@ TEST(DecodeGraph, VerifierRejectsBrokenCombineLinks) {
        "links combine instruction"},
       {"an unlinked task of a linked combine's group",
        [&](Schedule& s) { first(s, Opcode::kDecodeAttention, 0).flags = 0; }, "but 1 of the 2 tasks of its group link it"},
-      {"a link to an unflagged combine",
+      {"a link to another op",
        [&](Schedule& s) {
          Instruction& attention = first(s, Opcode::kDecodeAttention, 0);
-         s.instructions[attention.combine_instruction].flags = 0;
+         attention.combine_instruction = uint32_t(&first(s, Opcode::kDecodeOProj, -1) - s.instructions.data());
        },
-       "which is not a linked decode combine"},
+       "which is not a decode combine"},
+      {"an unlinked combine", [&](Schedule& s) { first(s, Opcode::kDecodeCombine, -1).flags = 0; },
+       "a decode combine not linked to its attention tasks"},
       {"a flag on a GEMM", [&](Schedule& s) { first(s, Opcode::kDecodeOProj, -1).flags = kCombineRunByLastAttention; },
        "which its opcode cannot have"},
   };
