@@ -165,6 +165,8 @@ void GpuEngine::Impl::upload_schedule(const Schedule& schedule) {
   p.instructions = arena.upload(schedule.instructions, "uploading instructions");
   p.sm_begin = arena.upload(schedule.sm_begin, "uploading the schedule");
   p.waits = arena.upload(schedule.waits.empty() ? std::vector<Wait>{Wait{0, 0}} : schedule.waits, "uploading waits");
+  // NOTE: checked even unverified: the kernel skips a decode combine that is not linked, and would then stall.
+  check_combine_links(graph, schedule);
   // Linked decode combines' tickets (MegakernelParams::combine_tickets) follow the counters, cleared with them.
   const ModelConfig& c = graph.config();
   const RunShape& shape = graph.shape();
