@@ -397,5 +397,46 @@ TEST(TraceSummary, NamesTheHbmIdleGapsOfADecodeStep) {
   EXPECT_TRUE(summarize_trace(forward, forward_schedule, back_to_back(forward_schedule)).longest_hbm_gaps.empty());
 }
 
+// A linked decode combine runs on the SM of its group's last attention task: its record keeps its place in its listing
+// SM's list but is counted, and drawn, on the SM that ran it.
+TEST(TraceSummary, ACombineCountsOnTheSmThatRanIt) {
+  const Graph graph(find_preset("tiny").config, {2, 1, PassKind::kDecode, 256});
+  const Schedule schedule = make_schedule(graph, derive_dependencies(graph), SchedulePolicy::kRoundRobin, 3);
+  Trace trace;
+  trace.engine = "gpu";
+  trace.num_sms = schedule.num_sms;
+  size_t combine = SIZE_MAX;
+  for (int32_t sm = 0; sm < schedule.num_sms; ++sm) {
+    for (uint32_t i = schedule.sm_begin[sm]; i < schedule.sm_begin[sm + 1]; ++i) {
+      TraceRecord r;
+      r.sm = uint32_t(sm);
+      r.index = i - schedule.sm_begin[sm];
+      r.task = schedule.instructions[i].task;
+      r.start = r.waits_done = 1000.0 * double(r.index);
+      r.math_done = r.start + 500;
+      r.end = r.start + 1000;
+      if (combine == SIZE_MAX && sm == 1 && schedule.instructions[i].opcode == Opcode::kDecodeCombine)
+        combine = trace.records.size();
+      trace.records.push_back(r);
+    }
+  }
+  ASSERT_NE(combine, SIZE_MAX) << "no combine on SM 1: change the schedule";
+  trace.launch_ns = 1e9;
+  const TraceSummary listed = summarize_trace(graph, schedule, trace);
+  trace.records[combine].ran_on_sm = 2;
+  const TraceSummary ran = summarize_trace(graph, schedule, trace);
+  EXPECT_DOUBLE_EQ(ran.sms[1].busy_ns, listed.sms[1].busy_ns - 1000);
+  EXPECT_DOUBLE_EQ(ran.sms[2].busy_ns, listed.sms[2].busy_ns + 1000);
+  size_t moved = 0;
+  const nlohmann::json document = nlohmann::json::parse(trace_to_chrome_json(graph, trace));
+  for (const nlohmann::json& event : document["traceEvents"]) {
+    if (event["ph"] != "X" || !event["args"].contains("listed_on_sm")) continue;
+    EXPECT_EQ(event["pid"], 2);
+    EXPECT_EQ(event["args"]["listed_on_sm"], 1);
+    ++moved;
+  }
+  EXPECT_GT(moved, 0u);
+}
+
 }  // namespace
 }  // namespace mk
