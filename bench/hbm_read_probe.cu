@@ -3,9 +3,10 @@
 //
 // Why: decode's streaming ops (gate_up, down, the LM head) read at ~3.7 TB/s against the 4.2 TB/s the bandwidth
 // floor assumes (docs/perf.md, fifteenth session). This asks whether the access pattern or the bytes in flight set
-// that rate: each warp reads 4 KB steps either as two rows' 2 KB runs (the decode pattern: pairs of weight rows of
-// 4 KB, warp w taking pairs w, w + 8, ...) or as one contiguous 4 KB run of the CTA's region, with 4 or 6 steps per
-// warp in its ring.
+// that rate: each warp reads 4 KB steps either as R rows' runs of 4 KB / R (R weight rows of 4 KB, warp w taking
+// units of R rows w, w + 8, ...: R = 2 is the CUDA-core decode pattern, R = 8 and 16 the tensor-core one's, one or
+// two groups of 8 rows a step) or as one contiguous 4 KB run of the CTA's region, with 4 or 6 steps per warp in its
+// ring.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -34,21 +35,25 @@ __device__ __forceinline__ void cp_async_16(void* shared, const void* global) {
 }
 
 // The global address of this lane's 16-byte chunk c (0..7) of step `step` of warp `warp` in a region of `bytes`.
-// Rows: step s of warp w is pair p = w + 8 (s / 2), k-half s % 2; chunks 0-3 from row 2p, 4-7 from row 2p + 1.
-// Contiguous: step s of warp w is the 4 KB block w + 8 s.
-template <bool kRows>
+// kRuns rows a step (0: contiguous): step s of warp w reads unit u = w + 8 (s / kRuns) of kRuns rows, each row's run
+// (s % kRuns) of 4 KB / kRuns bytes; its 256 chunks (c 32 + lane) go row by row. Contiguous: step s of warp w is the
+// 4 KB block w + 8 s.
+template <int kRuns>
 __device__ __forceinline__ const char* chunk_address(const char* region, int warp, int step, int lane, int c) {
-  if (kRows) {
-    const int64_t pair = warp + kWarps * int64_t(step / 2);
-    const int64_t row = 2 * pair + c / 4;
-    return region + row * kRowBytes + (step % 2) * 2048 + (c % 4) * 512 + lane * 16;
+  if constexpr (kRuns > 0) {
+    constexpr int kRunChunks = kRowBytes / kRuns / 16;
+    const int64_t unit = warp + kWarps * int64_t(step / kRuns);
+    const int i = c * 32 + lane;
+    const int64_t row = unit * kRuns + i / kRunChunks;
+    return region + row * kRowBytes + (step % kRuns) * (kRowBytes / kRuns) + (i % kRunChunks) * 16;
+  } else {
+    return region + (warp + kWarps * int64_t(step)) * kStepBytes + c * 512 + lane * 16;
   }
-  return region + (warp + kWarps * int64_t(step)) * kStepBytes + c * 512 + lane * 16;
 }
 
 // Each CTA streams its region (bytes_per_cta) through each warp's ring of kRing steps, kRing - 1 in flight while one
 // is read back; the xor of what it read goes to sink so that nothing is elided.
-template <int kRing, bool kRows>
+template <int kRing, int kRuns>
 __global__ void __launch_bounds__(kWarps * 32, 1) stream(const char* weights, int64_t bytes_per_cta, uint32_t* sink) {
   extern __shared__ uint4 ring[];  // (kWarps, kRing, kStepBytes / 16)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -59,7 +64,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) stream(const char* weights, in
     if (step < steps)
       for (int c = 0; c < 8; ++c)
         cp_async_16(own + (step % kRing) * (kStepBytes / 16) + c * 32 + lane,
-                    chunk_address<kRows>(region, warp, step, lane, c));
+                    chunk_address<kRuns>(region, warp, step, lane, c));
     asm volatile("cp.async.commit_group;" ::: "memory");
   };
   for (int step = 0; step < kRing - 1; ++step) issue(step);
@@ -99,14 +104,14 @@ float best_ms(int reps, Launch launch) {
   return best;
 }
 
-template <int kRing, bool kRows>
+template <int kRing, int kRuns>
 void measure(const char* name, const char* weights, int64_t bytes, int ctas, uint32_t* sink) {
   const int smem = kWarps * kRing * kStepBytes;
-  CHECK(cudaFuncSetAttribute(stream<kRing, kRows>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  // whole pairs of steps a warp, so that the row pattern ends inside the region
-  const int64_t per_cta = bytes / ctas / (2 * kWarps * kStepBytes) * (2 * kWarps * kStepBytes);
+  CHECK(cudaFuncSetAttribute(stream<kRing, kRuns>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  // whole units of 16 steps a warp, so that every row pattern ends inside the region
+  const int64_t per_cta = bytes / ctas / (16 * kWarps * kStepBytes) * (16 * kWarps * kStepBytes);
   const float ms = best_ms(6, [&] {
-    stream<kRing, kRows><<<ctas, kWarps * 32, smem>>>(weights, per_cta, sink);
+    stream<kRing, kRuns><<<ctas, kWarps * 32, smem>>>(weights, per_cta, sink);
     CHECK(cudaGetLastError());
   });
   const double read = double(per_cta) * ctas;
@@ -126,10 +131,12 @@ int main() {
   CHECK(cudaMalloc(&sink, ctas * sizeof(uint32_t)));
   CHECK(cudaMemset(weights, 0x5a, bytes));
   std::printf("%d CTAs of %d warps, 4 KB steps a warp\n", ctas, kWarps);
-  measure<4, true>("two rows' 2 KB runs (decode)", weights, bytes, ctas, sink);
-  measure<4, false>("contiguous 4 KB runs", weights, bytes, ctas, sink);
-  measure<6, true>("two rows' 2 KB runs (decode)", weights, bytes, ctas, sink);
-  measure<6, false>("contiguous 4 KB runs", weights, bytes, ctas, sink);
+  measure<4, 2>("two rows' 2 KB runs (CUDA cores)", weights, bytes, ctas, sink);
+  measure<4, 8>("8 rows' 512 B runs (mma, 1 group)", weights, bytes, ctas, sink);
+  measure<4, 16>("16 rows' 256 B runs (mma, 2 groups)", weights, bytes, ctas, sink);
+  measure<4, 0>("contiguous 4 KB runs", weights, bytes, ctas, sink);
+  measure<6, 2>("two rows' 2 KB runs (CUDA cores)", weights, bytes, ctas, sink);
+  measure<6, 16>("16 rows' 256 B runs (mma, 2 groups)", weights, bytes, ctas, sink);
   const float copy_ms = best_ms(6, [&] {  // for scale
     CHECK(cudaMemcpy(weights, weights + (bytes >> 1), bytes >> 1, cudaMemcpyDeviceToDevice));
   });
