@@ -40,6 +40,8 @@ __device__ __forceinline__ int mma_groups_per_warp(const DecodeGemmTask& t) {
 // (unit of kGroups groups, K-slice), job j = unit + slice units; warp w takes jobs w, w + 8, ..., their steps one
 // stream (more than one job only when there is one slice). In a step buffer (kRows, kChunks), row n's chunks are
 // XORed with n % 8 (ldmatrix reads 8 rows at one chunk: no bank conflicts).
+// NOTE: the unit and K-step of the step issue() sends next are counted along, as WeightStream's are: dividing the
+// step by steps_per_slice (known only at run time) drew 6.8% of batch 8's stall samples (nineteenth session, run 2).
 template <int kGroups>
 struct MmaStream {
   static constexpr int kRows = 8 * kGroups;
@@ -50,6 +52,8 @@ struct MmaStream {
   int32_t units, slices, steps_per_slice, steps;
   int32_t first_unit, first_slice_step;  // of this warp's first job
   uint4* own;                            // this warp's kStepBuffers steps
+  int32_t sent = 0;                      // steps issue() has sent (or a prologue sent from another stream)
+  int32_t next_unit, next_slice_step;    // the unit and step within its K-slice of the step issue() sends next
 
   __device__ __forceinline__ MmaStream(const DecodeGemmTask& t, uint4* ring, int consumer_thread) {
     constexpr int kWarps = KernelConfig::kConsumerWarps;
@@ -65,26 +69,25 @@ struct MmaStream {
     first_unit = warp % units;
     first_slice_step = warp / units * steps_per_slice;
     own = ring + warp * kStepBuffers * kStepUint4s;
+    next_unit = first_unit;
+    next_slice_step = 0;
   }
-  __device__ __forceinline__ int32_t unit_of(int32_t step) const {
-    return first_unit + step / steps_per_slice * KernelConfig::kConsumerWarps;
-  }
-  // The first K chunk of step `step`.
-  __device__ __forceinline__ int32_t first_chunk(int32_t step) const {
-    return (first_slice_step + step % steps_per_slice) * kChunks;
+  // The first K chunk of the step `slice_step` steps into this warp's K-slice.
+  __device__ __forceinline__ int32_t first_chunk(int32_t slice_step) const {
+    return (first_slice_step + slice_step) * kChunks;
   }
   // Lane l copies row l % kRows: one weight row address a lane. Pairs past the tile's (its last group may have
-  // fewer than 4) and chunks past the row are zeros, read from nowhere.
+  // fewer than 4) and chunks past the row are zeros, read from nowhere. `step`: the one after the last sent.
   __device__ __forceinline__ void issue(const MegakernelParams& p, const Instruction& in, const DecodeGemmTask& t,
-                                        int32_t step) const {
+                                        int32_t step) {
     if (step < steps) {
       const int n = lane % kRows;
-      const int32_t pair = (unit_of(step) * kGroups + n / 8) * kGroupPairs + n % 8 / 2;
+      const int32_t pair = (next_unit * kGroups + n / 8) * kGroupPairs + n % 8 / 2;
       const bool real = pair < t.pairs;
       const int2 rows = decode_weight_rows(p, in, real ? pair : 0);
       const uint4* row = reinterpret_cast<const uint4*>(t.w + int64_t(n % 2 == 0 ? rows.x : rows.y) * t.row_stride);
       uint4* buffer = own + step % kStepBuffers * kStepUint4s + n * kChunks;
-      const int32_t first = first_chunk(step), chunks = t.k / 8;
+      const int32_t first = first_chunk(next_slice_step), chunks = t.k / 8;
 #pragma unroll
       for (int i = 0; i < kCopies; ++i) {
         const int c = lane / kRows + i * (32 / kRows);
@@ -93,14 +96,29 @@ struct MmaStream {
       }
     }
     ptx::cp_async_commit();  // empty groups too: one group per step keeps the wait count exact
+    step_past();
   }
   // NOTE: the prologue fills every buffer (kStepBuffers - 1 stay in flight once one is computed on): it goes out
   // before the counter wait, and 128 KB of a tile's weights instead of 96 then arrive during it. Batch 8 on the 1B
   // shape -2.7% (ninth session, run 5); batch 1 (WeightStream) +2.7% while the consumers polled their own counters,
   // -0.6% since the counter poller polls for them (fourteenth session, run 3).
   __device__ __forceinline__ void issue_prologue(const MegakernelParams& p, const Instruction& in,
-                                                 const DecodeGemmTask& t) const {
+                                                 const DecodeGemmTask& t) {
     for (int32_t step = 0; step < kStepBuffers; ++step) issue(p, in, t, step);
+  }
+  // The prologue went out, from this stream or another of the same task and range (before the counter wait): the
+  // stream goes on after it.
+  __device__ __forceinline__ void prologue_sent() {
+    while (sent < kStepBuffers) step_past();
+  }
+
+ private:
+  __device__ __forceinline__ void step_past() {
+    ++sent;
+    if (++next_slice_step == steps_per_slice) {
+      next_slice_step = 0;
+      next_unit += KernelConfig::kConsumerWarps;
+    }
   }
 };
 
@@ -190,23 +208,31 @@ __device__ __forceinline__ void reduce_slices(const MegakernelParams& p, const I
 // after the loop), acc restarting for the warp's next job. `prologue_issued`: as in decode_gemm_rows.
 template <int kGroups>
 __device__ __forceinline__ void mma_steps(const MegakernelParams& p, const Instruction& in, const DecodeGemmTask& t,
-                                          const MmaStream<kGroups>& stream, const uint4* staged, int32_t b0,
-                                          int32_t rows, bool prologue_issued, bool finish,
-                                          float (&acc)[kGroups][4]) {
+                                          MmaStream<kGroups>& stream, const uint4* staged, int32_t b0, int32_t rows,
+                                          bool prologue_issued, bool finish, float (&acc)[kGroups][4]) {
   const int32_t chunks = t.k / 8;
   const MmaLane fragment_addresses = mma_lane(staged, chunks, rows, stream.lane);
-  if (!prologue_issued) stream.issue_prologue(p, in, t);
+  if (prologue_issued) {
+    stream.prologue_sent();
+  } else {
+    stream.issue_prologue(p, in, t);
+  }
+  int32_t unit = stream.first_unit, slice_step = 0;  // of the step computed, counted along as the stream's
   for (int32_t step = 0; step < stream.steps; ++step) {
     __syncwarp();  // every lane's reads of the buffer refilled next (the previous step's) are done
     issue_next_step(stream, p, in, t, step);
     ptx::cp_async_wait<kStepBuffers - 1>();
     __syncwarp();  // and the other lanes' copies of this step have landed
-    mma_step<kGroups>(fragment_addresses, stream.own + step % kStepBuffers * kStepUint4s, stream.first_chunk(step),
-                      chunks, acc);
-    if (!finish || (step + 1) % stream.steps_per_slice != 0 || stream.slices > 1) continue;
-    mma_epilogue<kGroups>(p, in, t, stream.unit_of(step), b0, rows, acc, stream.lane);
+    mma_step<kGroups>(fragment_addresses, stream.own + step % kStepBuffers * kStepUint4s,
+                      stream.first_chunk(slice_step), chunks, acc);
+    if (++slice_step != stream.steps_per_slice) continue;
+    slice_step = 0;
+    if (finish && stream.slices == 1) {
+      mma_epilogue<kGroups>(p, in, t, unit, b0, rows, acc, stream.lane);
 #pragma unroll
-    for (int g = 0; g < kGroups; ++g) acc[g][0] = acc[g][1] = acc[g][2] = acc[g][3] = 0.0f;
+      for (int g = 0; g < kGroups; ++g) acc[g][0] = acc[g][1] = acc[g][2] = acc[g][3] = 0.0f;
+    }
+    unit += KernelConfig::kConsumerWarps;
   }
   ptx::cp_async_wait<0>();  // the trailing empty groups
 }
@@ -218,7 +244,7 @@ __device__ __forceinline__ void decode_gemm_mma(const MegakernelParams& p, const
                                                 const DecodeGemmTask& t, const uint4* staged, uint4* ring,
                                                 float* scratch, int32_t b0, int32_t rows, bool prologue_issued,
                                                 int consumer_thread) {
-  const MmaStream<kGroups> stream(t, ring, consumer_thread);
+  MmaStream<kGroups> stream(t, ring, consumer_thread);
   float acc[kGroups][4] = {};  // (groups, C fragment: rows g and g + 8 of the pass x 2 columns)
   mma_steps<kGroups>(p, in, t, stream, staged, b0, rows, prologue_issued, true, acc);
   if (stream.slices > 1) reduce_slices<kGroups>(p, in, t, stream, scratch, b0, rows, acc);
@@ -290,7 +316,7 @@ __device__ __forceinline__ void decode_gemm_mma_ranges(const MegakernelParams& p
 #pragma unroll 1
   for (int32_t r = 0; r < ranges; ++r) {
     const DecodeGemmTask range = decode_k_range(t, r * length, length);
-    const MmaStream<1> stream(range, ring, consumer_thread);
+    MmaStream<1> stream(range, ring, consumer_thread);
     if (r > 0) {
       __syncwarp();  // the warp's last reads of its own ring are done
       stream.issue_prologue(p, in, range);
