@@ -22,8 +22,9 @@ attention task that takes its group's last ticket runs the combine and publishes
 
 The model mirrors the kernel's waits by hand (produce_gemm, produce_attention, gemm_mainloop, attention_mainloop,
 stage_output, store_output_tile, run_counter_poller, poll_and_report, take_ready, and run_consumers' row-wise path
-through consumers_wait in src/cuda/device/sync.cuh, and run_combine_if_last): change it with them. It found the fifth session's
-stall, where the producer waited for the output tile by parity (`--producer-waits parity` brings that rule back);
+through consumers_wait in src/cuda/device/sync.cuh, and run_combine_if_last): change it with them. It found the
+fifth session's stall, where the producer waited for the output tile by parity (`--producer-waits parity` brings that
+rule back);
 `--poller laps` lets the poller report without waiting for a free slot of its ring and `--poller early` report
 before the counters are met, which must fail too, in forward and decode passes; `--held-stage unreleased` has the
 storer keep a wide tile's held stage, which must deadlock. Attention's consumers take turns

@@ -129,9 +129,9 @@ template <bool kDecode>
 __device__ void run_counter_poller(const MegakernelParams& p, const SharedState& s, uint32_t sm, uint32_t lane) {
   PipelineState ready;  // the next slot of the ready ring
   // Decode passes have no tile instructions; the poller serves the consumers instead (consumers_wait), every
-  // instruction they run. NOTE: the consumer thread that polled its counters itself is in a warp whose weight copies are in
-  // flight, and its acquire loads took longer the more were: one more 4 KB step a warp before the wait made batch 1's
-  // hops 1.1 -> 2.2 us (docs/perf.md, ninth session, run 5). This warp has no copies of its own.
+  // instruction they run. NOTE: the consumer thread that polled its counters itself is in a warp whose weight copies
+  // are in flight, and its acquire loads took longer the more were: one more 4 KB step a warp before the wait made
+  // batch 1's hops 1.1 -> 2.2 us (docs/perf.md, ninth session, run 5). This warp has no copies of its own.
   for_each_instruction(
       p, sm, [&](const Instruction& in) { return kDecode ? !skipped_in_decode(in) : is_tile_instruction(in.opcode); },
       [&](const Instruction& in, uint32_t, Site site) { return poll_and_report(p, s, in, site, lane, ready); });

@@ -69,7 +69,8 @@ void link_decode_combines(const Graph& graph, Schedule& schedule) {
   for (Instruction& in : instructions) {
     if (in.opcode != Opcode::kDecodeAttention) continue;
     const auto found = combine_of.find(group_of(in));
-    MK_CHECK(found != combine_of.end(), "internal error: no decode combine for {}", graph.describe(graph.tasks()[in.task]));
+    MK_CHECK(found != combine_of.end(), "internal error: no decode combine for {}",
+             graph.describe(graph.tasks()[in.task]));
     Instruction& combine = instructions[found->second];
     in.flags = kAttentionRunsCombine;
     in.combine_instruction = found->second;

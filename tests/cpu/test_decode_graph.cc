@@ -213,8 +213,8 @@ TEST(DecodeGraph, CombinesAreLinkedToTheirAttentionTasks) {
     }
   }
   const Graph forward(find_preset("tiny").config, {2, 8});
-  for (const Instruction& in : make_schedule(forward, derive_dependencies(forward), SchedulePolicy::kCostModel, 5).instructions)
-    EXPECT_EQ(in.flags, 0);
+  const Schedule forward_schedule = make_schedule(forward, derive_dependencies(forward), SchedulePolicy::kCostModel, 5);
+  for (const Instruction& in : forward_schedule.instructions) EXPECT_EQ(in.flags, 0);
 }
 
 // A broken link would have the GPU run a combine before its partials are written, signal the wrong counter, or run it
@@ -234,16 +234,20 @@ TEST(DecodeGraph, VerifierRejectsBrokenCombineLinks) {
   } cases[] = {
       {"another group's combine",
        [&](Schedule& s) {
-         first(s, Opcode::kDecodeAttention, 0).combine_instruction = first(s, Opcode::kDecodeAttention, 1).combine_instruction;
+         const uint32_t other = first(s, Opcode::kDecodeAttention, 1).combine_instruction;
+         first(s, Opcode::kDecodeAttention, 0).combine_instruction = other;
        },
        "the combine of another layer, sequence or kv head"},
       {"another counter", [&](Schedule& s) { first(s, Opcode::kDecodeAttention, 0).combine_counter += 1; },
        "links counter"},
       {"a combine past the end",
-       [&](Schedule& s) { first(s, Opcode::kDecodeAttention, 0).combine_instruction = uint32_t(s.instructions.size()); },
+       [&](Schedule& s) {
+         first(s, Opcode::kDecodeAttention, 0).combine_instruction = uint32_t(s.instructions.size());
+       },
        "links combine instruction"},
       {"an unlinked task of a linked combine's group",
-       [&](Schedule& s) { first(s, Opcode::kDecodeAttention, 0).flags = 0; }, "but 1 of the 2 tasks of its group link it"},
+       [&](Schedule& s) { first(s, Opcode::kDecodeAttention, 0).flags = 0; },
+       "but 1 of the 2 tasks of its group link it"},
       {"a link to another op",
        [&](Schedule& s) {
          Instruction& attention = first(s, Opcode::kDecodeAttention, 0);
