@@ -165,7 +165,9 @@ void GpuEngine::Impl::upload_schedule(const Schedule& schedule) {
   p.instructions = arena.upload(schedule.instructions, "uploading instructions");
   p.sm_begin = arena.upload(schedule.sm_begin, "uploading the schedule");
   p.waits = arena.upload(schedule.waits.empty() ? std::vector<Wait>{Wait{0, 0}} : schedule.waits, "uploading waits");
-  // NOTE: checked even unverified: the kernel skips a decode combine that is not linked, and would then stall.
+  // NOTE: checked even unverified: the decode kernels run a combine only in its group's last attention task, so a
+  // group not wholly linked would leave its combine unrun (o_proj stalls), and an unlinked combine is refused there
+  // as a bad instruction; a linked task's fields address its ticket.
   check_combine_links(graph, schedule);
   // Linked decode combines' tickets (MegakernelParams::combine_tickets) follow the counters, cleared with them.
   const ModelConfig& c = graph.config();
@@ -441,14 +443,14 @@ Trace GpuEngine::run_traced() {
   for (int32_t s = 0; s < impl.num_sms; ++s) {
     for (uint32_t i = impl.sm_begin[size_t(s)]; i < impl.sm_begin[size_t(s) + 1]; ++i) {
       const uint64_t* slot = &records[size_t(i) * gpu::kTraceSlots];
-      const uint64_t ran_on = slot[gpu::kTraceRanOnSm];
-      MK_CHECK(ran_on <= uint64_t(impl.num_sms), "internal error: a trace record ran on SM {} of {}", ran_on - 1,
-               impl.num_sms);
-      const uint64_t clock_sm = ran_on > 0 ? ran_on - 1 : uint64_t(s);
+      const uint64_t ran_on_plus_1 = slot[gpu::kTraceRanOnSm];
+      MK_CHECK(ran_on_plus_1 <= uint64_t(impl.num_sms), "internal error: a trace record ran on SM {} of {}",
+               ran_on_plus_1 - 1, impl.num_sms);
+      const uint64_t clock_sm = ran_on_plus_1 > 0 ? ran_on_plus_1 - 1 : uint64_t(s);
       const auto to_ns_of = [&](uint64_t clock) { return to_ns(clock_sm, clock); };
       TraceRecord r;
       r.sm = uint32_t(s);
-      r.ran_on_sm = int32_t(clock_sm);
+      if (ran_on_plus_1 > 0) r.ran_on_sm = int32_t(clock_sm);
       r.index = i - impl.sm_begin[size_t(s)];
       r.task = impl.task_of_instruction[i];
       r.start = to_ns_of(slot[gpu::kTraceStart]);

@@ -21,11 +21,46 @@ using Group = std::tuple<uint16_t, int32_t, int32_t>;
 Group group_of(const Instruction& in) { return {in.layer, in.sequence, in.head}; }
 
 std::string where(const Graph& graph, const Schedule& schedule, uint32_t i) {
-  const uint32_t sm = uint32_t(std::upper_bound(schedule.sm_begin.begin(), schedule.sm_begin.end(), i) -
-                               schedule.sm_begin.begin()) - 1;
   const Instruction& in = schedule.instructions[i];
   const std::string task = in.task < graph.tasks().size() ? graph.describe(graph.tasks()[in.task]) : "?";
+  const auto after = std::upper_bound(schedule.sm_begin.begin(), schedule.sm_begin.end(), i);
+  if (after == schedule.sm_begin.begin()) return fmt::format("instruction {} (task {}: {})", i, in.task, task);
+  const uint32_t sm = uint32_t(after - schedule.sm_begin.begin()) - 1;
   return fmt::format("SM {} instruction {} (task {}: {})", sm, i - schedule.sm_begin[sm], in.task, task);
+}
+
+// The layer and sequence of the decode attention tasks that alone signal each counter; kMixed where the counter has
+// other signallers (or none).
+constexpr Group kMixed{kNoLayer, -1, -1};
+std::vector<Group> attention_of_counters(const Schedule& schedule) {
+  std::vector<Group> of(schedule.num_counters, Group{kNoLayer, -2, -2});
+  for (const Instruction& in : schedule.instructions) {
+    if (in.signal_counter >= of.size()) continue;
+    Group& group = of[in.signal_counter];
+    const Group mine = in.opcode == Opcode::kDecodeAttention ? Group{in.layer, in.sequence, -1} : kMixed;
+    group = std::get<1>(group) == -2 ? mine : (group == mine ? group : kMixed);
+  }
+  for (Group& group : of)
+    if (std::get<1>(group) == -2) group = kMixed;
+  return of;
+}
+
+// A linked combine runs on the GPU once its group's attention tasks are done, whatever it waits for: the verifier's
+// proofs through its waits hold only where they wait for attention tasks of its own layer and sequence, whose inputs
+// its group's tasks waited for as well. (A combine that waited for another combine, say, would lend the readers of
+// its counter a completion that the GPU does not give them.)
+void check_combine_waits(const Graph& graph, const Schedule& schedule, const std::vector<Group>& attention_of,
+                         uint32_t i) {
+  const Instruction& in = schedule.instructions[i];
+  for (uint32_t k = 0; k < in.num_waits; ++k) {
+    const uint64_t at = uint64_t(in.wait_begin) + k;
+    MK_CHECK(at < schedule.waits.size(), "{}: wait list [{}, +{}) lies outside the {} waits", where(graph, schedule, i),
+             in.wait_begin, in.num_waits, schedule.waits.size());
+    const uint32_t counter = schedule.waits[at].counter;
+    const bool own = counter < attention_of.size() && attention_of[counter] == Group{in.layer, in.sequence, -1};
+    MK_CHECK(own, "{}: a linked combine waits on counter {}, which not only its sequence's attention tasks signal (the "
+             "GPU runs it without waiting)", where(graph, schedule, i), counter);
+  }
 }
 
 bool inside(const Region& inner, const Region& outer) {
@@ -40,6 +75,8 @@ void check_attention_link(const Graph& graph, const Schedule& schedule, uint32_t
   MK_CHECK(in.combine_instruction < schedule.instructions.size(), "{}: links combine instruction {} of {}", at,
            in.combine_instruction, schedule.instructions.size());
   const Instruction& combine = schedule.instructions[in.combine_instruction];
+  MK_CHECK(combine.task < graph.tasks().size(), "{}: links an instruction of task {} of {}", at, combine.task,
+           graph.tasks().size());
   const std::string target = where(graph, schedule, in.combine_instruction);
   MK_CHECK(combine.opcode == Opcode::kDecodeCombine, "{}: links {}, which is not a decode combine", at, target);
   MK_CHECK(group_of(combine) == group_of(in), "{}: links {}, the combine of another layer, sequence or kv head", at,
@@ -81,8 +118,15 @@ void link_decode_combines(const Graph& graph, Schedule& schedule) {
 
 void check_combine_links(const Graph& graph, const Schedule& schedule) {
   const std::vector<Instruction>& instructions = schedule.instructions;
+  const std::vector<Task>& tasks = graph.tasks();
   for (uint32_t i = 0; i < instructions.size(); ++i) {
     const Instruction& in = instructions[i];
+    // The GPU derives a linked task's ticket and its combine's rows from these fields: they must be its task's.
+    const bool faithful = in.task < tasks.size() && tasks[in.task].opcode == in.opcode &&
+                          tasks[in.task].layer == in.layer && tasks[in.task].sequence == in.sequence &&
+                          tasks[in.task].head == in.head;
+    MK_CHECK(in.flags == 0 || faithful, "{}: a linked instruction whose fields are not its task's",
+             where(graph, schedule, i));
     const uint8_t allowed = in.opcode == Opcode::kDecodeCombine     ? kCombineRunByLastAttention
                             : in.opcode == Opcode::kDecodeAttention ? kAttentionRunsCombine
                                                                     : 0;
@@ -92,8 +136,10 @@ void check_combine_links(const Graph& graph, const Schedule& schedule) {
              "{}: a decode combine not linked to its attention tasks (the GPU runs combines only in the last of them)",
              where(graph, schedule, i));
   }
+  const std::vector<Group> attention_of = attention_of_counters(schedule);
   std::vector<uint32_t> links(instructions.size(), 0);
   for (uint32_t i = 0; i < instructions.size(); ++i) {
+    if (instructions[i].flags & kCombineRunByLastAttention) check_combine_waits(graph, schedule, attention_of, i);
     if ((instructions[i].flags & kAttentionRunsCombine) == 0) continue;
     check_attention_link(graph, schedule, i);
     ++links[instructions[i].combine_instruction];

@@ -24,6 +24,15 @@ const Instruction& instruction_of(const Schedule& schedule, const TraceRecord& r
   return schedule.instructions[schedule.sm_begin[r.sm] + r.index];
 }
 
+// The record that ended last, before r started, on the SM that ran r; null if none.
+const TraceRecord* ran_before(const Trace& trace, const TraceRecord& r) {
+  const TraceRecord* before = nullptr;
+  for (const TraceRecord& x : trace.records)
+    if (&x != &r && ran_on(x) == ran_on(r) && x.end <= r.start && (before == nullptr || x.end > before->end))
+      before = &x;
+  return before;
+}
+
 // When a tile's output could be read by others: its publication (the storer's, for GEMM and attention tiles), else
 // the end of its consumers' work.
 double output_ready(const TraceRecord& r) { return r.published >= 0 ? r.published : r.end; }
@@ -334,14 +343,19 @@ TraceSummary summarize_trace(const Graph& graph, const Schedule& schedule, const
   if (summary.longest_waits.size() > 10) summary.longest_waits.resize(10);
 
   // Observed critical path: from the last instruction to finish, step to whatever released it: the tile that held it
-  // back, else its predecessor on the same SM.
+  // back, else its predecessor on the same SM (for a linked decode combine, the task it ran after on the SM that
+  // ran it: its group's last attention task).
   const TraceRecord* at = nullptr;
   for (const TraceRecord& r : trace.records)
     if (at == nullptr || r.end > at->end) at = &r;
   while (at != nullptr) {
     summary.critical_path.push_back(at->task);
     const TraceRecord* next = signals.held_back_by(schedule, *at);
-    if (next == nullptr && at->index > 0) next = &trace.records[schedule.sm_begin[at->sm] + at->index - 1];
+    if (next == nullptr && ran_on(*at) != at->sm) {
+      next = ran_before(trace, *at);
+    } else if (next == nullptr && at->index > 0) {
+      next = &trace.records[schedule.sm_begin[at->sm] + at->index - 1];
+    }
     at = next;
   }
   std::reverse(summary.critical_path.begin(), summary.critical_path.end());

@@ -258,6 +258,19 @@ TEST(DecodeGraph, VerifierRejectsBrokenCombineLinks) {
        "a decode combine not linked to its attention tasks"},
       {"a flag on a GEMM", [&](Schedule& s) { first(s, Opcode::kDecodeOProj, -1).flags = kCombineRunByLastAttention; },
        "which its opcode cannot have"},
+      {"a combine that waits for more than its sequence's attention",
+       [&](Schedule& s) {
+         Instruction& combine = first(s, Opcode::kDecodeCombine, -1);
+         std::vector<Wait> waits(s.waits.begin() + combine.wait_begin,
+                                 s.waits.begin() + combine.wait_begin + combine.num_waits);
+         const uint32_t q_counter = first(s, Opcode::kDecodeQ, -1).signal_counter;
+         waits.push_back({q_counter, 1});
+         combine.wait_begin = uint32_t(s.waits.size());
+         combine.num_waits = uint32_t(waits.size());
+         s.waits.insert(s.waits.end(), waits.begin(), waits.end());
+       },
+       "which not only its sequence's attention tasks signal"},
+
   };
   for (const auto& c : cases) {
     Schedule schedule = linked;
@@ -266,6 +279,11 @@ TEST(DecodeGraph, VerifierRejectsBrokenCombineLinks) {
         << c.broken;
   }
   EXPECT_NO_THROW(verify_schedule(graph, linked));
+  // The gpu engine checks the links of unverified schedules too, where nothing else checked an instruction's fields.
+  Schedule unfaithful = linked;
+  first(unfaithful, Opcode::kDecodeAttention, 0).head += 1;
+  EXPECT_THAT([&] { check_combine_links(graph, unfaithful); },
+              testing::ThrowsMessage<Error>(HasSubstr("whose fields are not its task's")));
 }
 
 // Weight streaming at batch 1 is the whole cost of a decode step: the cost model puts the step near the bandwidth

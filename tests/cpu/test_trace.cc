@@ -436,6 +436,18 @@ TEST(TraceSummary, ACombineCountsOnTheSmThatRanIt) {
     ++moved;
   }
   EXPECT_GT(moved, 0u);
+  // Made the step's last record, the combine's critical path steps to what ran before it on SM 2, not on SM 1.
+  TraceRecord& combine_record = trace.records[combine];
+  combine_record.start = combine_record.waits_done = 1e7;
+  combine_record.math_done = combine_record.end = 1e7 + 1000;
+  const TraceRecord* before = nullptr;
+  for (const TraceRecord& r : trace.records)
+    if (&r != &combine_record && ran_on(r) == 2 && (before == nullptr || r.end > before->end)) before = &r;
+  ASSERT_NE(before, nullptr);
+  const std::vector<uint32_t> path = summarize_trace(graph, schedule, trace).critical_path;
+  ASSERT_GE(path.size(), 2u);
+  EXPECT_EQ(path.back(), combine_record.task);
+  EXPECT_EQ(path[path.size() - 2], before->task);
 }
 
 }  // namespace
