@@ -21,6 +21,7 @@
 #include "mk/kv_cache.h"
 #include "mk/ops.h"
 #include "model_on_device.h"
+#include "trace_stamps.h"
 
 namespace mk {
 
@@ -426,49 +427,9 @@ Trace GpuEngine::run_traced() {
   check_cuda(cudaMemcpy(records.data(), impl.trace_records, records.size() * 8, cudaMemcpyDeviceToHost), "reading the trace");
   check_cuda(cudaMemcpy(sms.data(), impl.trace_sms, sms.size() * 8, cudaMemcpyDeviceToHost), "reading the trace");
 
-  // Each SM's clock64 runs at its own offset: map it onto the global timer with the SM's first and last stamps.
-  uint64_t base = UINT64_MAX;
-  for (int32_t s = 0; s < impl.num_sms; ++s) base = std::min(base, sms[size_t(4 * s)]);
-  Trace trace;
-  trace.engine = "gpu";
-  trace.num_sms = impl.num_sms;
-  trace.launch_ns = double(times.at(0)) * 1e6;
-  // A linked decode combine's stamps are in the clock of the SM that ran it, which its record names.
-  auto to_ns = [&](uint64_t sm, uint64_t clock) {
-    const uint64_t* stamps = &sms[size_t(4 * sm)];
-    const double ns_per_clock =
-        stamps[3] > stamps[1] ? double(stamps[2] - stamps[0]) / double(stamps[3] - stamps[1]) : 0.0;
-    return clock == 0 ? -1.0 : double(stamps[0] - base) + double(int64_t(clock - stamps[1])) * ns_per_clock;
-  };
-  for (int32_t s = 0; s < impl.num_sms; ++s) {
-    for (uint32_t i = impl.sm_begin[size_t(s)]; i < impl.sm_begin[size_t(s) + 1]; ++i) {
-      const uint64_t* slot = &records[size_t(i) * gpu::kTraceSlots];
-      const uint64_t ran_on_plus_1 = slot[gpu::kTraceRanOnSm];
-      MK_CHECK(ran_on_plus_1 <= uint64_t(impl.num_sms), "internal error: a trace record ran on SM {} of {}",
-               ran_on_plus_1 - 1, impl.num_sms);
-      const uint64_t clock_sm = ran_on_plus_1 > 0 ? ran_on_plus_1 - 1 : uint64_t(s);
-      const auto to_ns_of = [&](uint64_t clock) { return to_ns(clock_sm, clock); };
-      TraceRecord r;
-      r.sm = uint32_t(s);
-      if (ran_on_plus_1 > 0) r.ran_on_sm = int32_t(clock_sm);
-      r.index = i - impl.sm_begin[size_t(s)];
-      r.task = impl.task_of_instruction[i];
-      r.start = to_ns_of(slot[gpu::kTraceStart]);
-      r.waits_done = to_ns_of(slot[gpu::kTraceWaitsDone]);
-      r.data_ready = to_ns_of(slot[gpu::kTraceDataReady]);
-      r.math_done = to_ns_of(slot[gpu::kTraceMathDone]);
-      r.end = to_ns_of(slot[gpu::kTraceEnd]);
-      r.producer_start = to_ns_of(slot[gpu::kTraceProducerStart]);
-      r.producer_waits_done = to_ns_of(slot[gpu::kTraceProducerWaitsDone]);
-      r.producer_loads_issued = to_ns_of(slot[gpu::kTraceProducerLoadsIssued]);
-      r.published = to_ns_of(slot[gpu::kTracePublished]);
-      r.tile_free = to_ns_of(slot[gpu::kTraceTileFree]);
-      trace.records.push_back(r);
-    }
-  }
-  return trace;
+  return gpu::trace_of_stamps(records, sms, impl.sm_begin, impl.task_of_instruction, impl.num_sms,
+                              double(times.at(0)) * 1e6);
 }
-
 
 ref::Matrix GpuEngine::output() const {
   const uint32_t id = impl_->graph.output_buffer();

@@ -29,19 +29,18 @@ std::string where(const Graph& graph, const Schedule& schedule, uint32_t i) {
   return fmt::format("SM {} instruction {} (task {}: {})", sm, i - schedule.sm_begin[sm], in.task, task);
 }
 
-// The layer and sequence of the decode attention tasks that alone signal each counter; kMixed where the counter has
-// other signallers (or none).
+// The layer and sequence of the decode attention tasks that alone signal each counter; kMixed where others do, and
+// kUnsignalled (matching no combine either) where nothing does.
 constexpr Group kMixed{kNoLayer, -1, -1};
+constexpr Group kUnsignalled{kNoLayer, -2, -2};
 std::vector<Group> attention_of_counters(const Schedule& schedule) {
-  std::vector<Group> of(schedule.num_counters, Group{kNoLayer, -2, -2});
+  std::vector<Group> of(schedule.num_counters, kUnsignalled);
   for (const Instruction& in : schedule.instructions) {
     if (in.signal_counter >= of.size()) continue;
     Group& group = of[in.signal_counter];
     const Group mine = in.opcode == Opcode::kDecodeAttention ? Group{in.layer, in.sequence, -1} : kMixed;
-    group = std::get<1>(group) == -2 ? mine : (group == mine ? group : kMixed);
+    group = group == kUnsignalled || group == mine ? mine : kMixed;
   }
-  for (Group& group : of)
-    if (std::get<1>(group) == -2) group = kMixed;
   return of;
 }
 
