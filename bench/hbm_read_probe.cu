@@ -6,7 +6,8 @@
 // that rate: each warp reads 4 KB steps either as R rows' runs of 4 KB / R (R weight rows of 4 KB, warp w taking
 // units of R rows w, w + 8, ...: R = 2 is the CUDA-core decode pattern, R = 8 and 16 the tensor-core one's, one or
 // two groups of 8 rows a step) or as one contiguous 4 KB run of the CTA's region, with 4 or 6 steps per warp in its
-// ring.
+// ring. R = 32 (128 B runs) is near decode attention's pattern at head_dim 64: one kv head's 128 B of each key's K
+// and of its V.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -134,6 +135,7 @@ int main() {
   measure<4, 2>("two rows' 2 KB runs (CUDA cores)", weights, bytes, ctas, sink);
   measure<4, 8>("8 rows' 512 B runs (mma, 1 group)", weights, bytes, ctas, sink);
   measure<4, 16>("16 rows' 256 B runs (mma, 2 groups)", weights, bytes, ctas, sink);
+  measure<4, 32>("32 rows' 128 B runs (decode attention)", weights, bytes, ctas, sink);
   measure<4, 0>("contiguous 4 KB runs", weights, bytes, ctas, sink);
   measure<6, 2>("two rows' 2 KB runs (CUDA cores)", weights, bytes, ctas, sink);
   measure<6, 16>("16 rows' 256 B runs (mma, 2 groups)", weights, bytes, ctas, sink);

@@ -32,18 +32,20 @@ __host__ __device__ constexpr int32_t kv_stride(int32_t head_dim) { return head_
 
 // Keys [key_begin, key_end) of a block's K and V (rows padded) for one kv head into shared memory with cp.async,
 // every 16-byte copy in flight at once, leaving out key `skip` (-1: none). The caller waits for the copies.
+// NOTE: each thread keeps one chunk of a row and steps over keys (threads past the last whole row of chunks idle):
+// a loop over copies divided every copy's index by the run-time chunk count.
 __device__ __forceinline__ void stage_kv_rows(const ModelDims& d, const __nv_bfloat16* k, int32_t key_begin,
                                               int32_t key_end, int32_t skip, __nv_bfloat16* k_block,
                                               __nv_bfloat16* v_block, int consumer_thread) {
-  const int32_t chunks = d.head_dim / 8, keys = key_end - key_begin;
-  for (int32_t i = consumer_thread; i < 2 * keys * chunks; i += KernelConfig::kConsumerThreads) {
-    const bool value = i >= keys * chunks;
-    const int32_t j = value ? i - keys * chunks : i, key = key_begin + j / chunks, chunk = j % chunks;
+  const int32_t chunks = d.head_dim / 8, keys_at_once = KernelConfig::kConsumerThreads / chunks;
+  const int32_t chunk = consumer_thread % chunks, first = consumer_thread / chunks;
+  if (first >= keys_at_once) return;
+  for (int32_t key = key_begin + first; key < key_end; key += keys_at_once) {
     if (key == skip) continue;
-    const uint4* source =
-        reinterpret_cast<const uint4*>(k + int64_t(key) * 2 * d.kv_dim + (value ? d.kv_dim : 0)) + chunk;
-    __nv_bfloat16* target = (value ? v_block : k_block) + key * kv_stride(d.head_dim);
-    ptx::cp_async_16(reinterpret_cast<uint4*>(target) + chunk, source, 16);
+    const uint4* source = reinterpret_cast<const uint4*>(k + int64_t(key) * 2 * d.kv_dim) + chunk;
+    const int32_t row = key * kv_stride(d.head_dim);
+    ptx::cp_async_16(reinterpret_cast<uint4*>(k_block + row) + chunk, source, 16);
+    ptx::cp_async_16(reinterpret_cast<uint4*>(v_block + row) + chunk, source + d.kv_dim / 8, 16);
   }
 }
 

@@ -137,28 +137,42 @@ __device__ __forceinline__ MmaLane mma_lane(const uint4* staged, int32_t chunks,
   return {ptx::smem_address(staged + row * chunks), lane / 16, row & 7, lane % 8, lane / 8};
 }
 
+// The mmas of 4-chunk slice q of a step: acc[g] += the staged rows' chunks [first + 4 q, +4) . group g's 8 weight rows.
+template <int kGroups>
+__device__ __forceinline__ void mma_slice(const MmaLane& m, uint32_t b_base, int32_t first, int q,
+                                          float (&acc)[kGroups][4]) {
+  constexpr int kChunks = MmaStream<kGroups>::kChunks;
+  uint32_t a[2][4];
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+    ptx::ldmatrix_x4(a[h], m.a_row + uint32_t(first + ((4 * q + 2 * h + m.a_half) ^ m.a_swizzle)) * 16);
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    uint32_t b[4];
+    const int row = g * 8 + m.b_row;
+    ptx::ldmatrix_x4(b, b_base + uint32_t(row * kChunks + ((4 * q + m.b_chunk) ^ m.b_row)) * 16);
+    ptx::mma_m16n8k16_bf16(acc[g], a[0], b[0], b[1]);
+    ptx::mma_m16n8k16_bf16(acc[g], a[1], b[2], b[3]);
+  }
+}
+
 // The mmas of one step: acc[g] += the staged rows' chunks [first, first + kChunks) . group g's 8 weight rows.
+// NOTE: a step inside the row takes its slices with no check between them, so that ptxas may load a slice's
+// fragments while the previous slice's mmas run; checked before every slice, each slice's mmas waited for its own
+// loads (ncu's SASS samples, nineteenth session, run 7). Only a row's last step can be partial.
 template <int kGroups>
 __device__ __forceinline__ void mma_step(const MmaLane& m, const uint4* buffer, int32_t first, int32_t chunks,
                                          float (&acc)[kGroups][4]) {
   constexpr int kChunks = MmaStream<kGroups>::kChunks;
   const uint32_t b_base = ptx::smem_address(buffer);
+  if (first + kChunks <= chunks) {
 #pragma unroll
-  for (int q = 0; q < kChunks / 4; ++q) {
-    if (first + 4 * q >= chunks) break;  // k % 64 == 0 (GemmOp::check): whole 8-chunk blocks, as the swizzle needs
-    uint32_t a[2][4];
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      ptx::ldmatrix_x4(a[h], m.a_row + uint32_t(first + ((4 * q + 2 * h + m.a_half) ^ m.a_swizzle)) * 16);
-#pragma unroll
-    for (int g = 0; g < kGroups; ++g) {
-      uint32_t b[4];
-      const int row = g * 8 + m.b_row;
-      ptx::ldmatrix_x4(b, b_base + uint32_t(row * kChunks + ((4 * q + m.b_chunk) ^ m.b_row)) * 16);
-      ptx::mma_m16n8k16_bf16(acc[g], a[0], b[0], b[1]);
-      ptx::mma_m16n8k16_bf16(acc[g], a[1], b[2], b[3]);
-    }
+    for (int q = 0; q < kChunks / 4; ++q) mma_slice<kGroups>(m, b_base, first, q, acc);
+    return;
   }
+  // k % 64 == 0 (GemmOp::check): whole 8-chunk blocks, as the swizzle needs
+#pragma unroll 1
+  for (int q = 0; first + 4 * q < chunks; ++q) mma_slice<kGroups>(m, b_base, first, q, acc);
 }
 
 // The epilogues of one unit: lane (g = lane / 4, t = lane % 4) holds C[g][2t, 2t + 1] and C[g + 8][2t, 2t + 1] of
