@@ -32,27 +32,34 @@ __host__ __device__ constexpr int32_t kv_stride(int32_t head_dim) { return head_
 
 // Keys [key_begin, key_end) of a block's K and V (rows padded) for one kv head into shared memory with cp.async,
 // every 16-byte copy in flight at once, leaving out key `skip` (-1: none). The caller waits for the copies.
-// NOTE: each thread keeps one chunk of a row and steps over keys (threads past the last whole row of chunks idle):
-// a loop over copies divided every copy's index by the run-time chunk count.
+// NOTE: each thread keeps one chunk of a row and steps over keys (threads past the last whole row of chunks idle): a
+// loop over copies divided every copy's index by the run-time chunk count (twentieth session, run 1).
 __device__ __forceinline__ void stage_kv_rows(const ModelDims& d, const __nv_bfloat16* k, int32_t key_begin,
                                               int32_t key_end, int32_t skip, __nv_bfloat16* k_block,
                                               __nv_bfloat16* v_block, int consumer_thread) {
   const int32_t chunks = d.head_dim / 8, keys_at_once = KernelConfig::kConsumerThreads / chunks;
   const int32_t chunk = consumer_thread % chunks, first = consumer_thread / chunks;
   if (first >= keys_at_once) return;
+  const int32_t row_uint4s = 2 * d.kv_dim / 8, stride_uint4s = kv_stride(d.head_dim) / 8;
+  const uint4* source = reinterpret_cast<const uint4*>(k) + int64_t(key_begin + first) * row_uint4s + chunk;
+  int32_t at = (key_begin + first) * stride_uint4s + chunk;
   for (int32_t key = key_begin + first; key < key_end; key += keys_at_once) {
-    if (key == skip) continue;
-    const uint4* source = reinterpret_cast<const uint4*>(k + int64_t(key) * 2 * d.kv_dim) + chunk;
-    const int32_t row = key * kv_stride(d.head_dim);
-    ptx::cp_async_16(reinterpret_cast<uint4*>(k_block + row) + chunk, source, 16);
-    ptx::cp_async_16(reinterpret_cast<uint4*>(v_block + row) + chunk, source + d.kv_dim / 8, 16);
+    if (key != skip) {
+      ptx::cp_async_16(reinterpret_cast<uint4*>(k_block) + at, source, 16);
+      ptx::cp_async_16(reinterpret_cast<uint4*>(v_block) + at, source + d.kv_dim / 8, 16);
+    }
+    source += int64_t(keys_at_once) * row_uint4s;
+    at += keys_at_once * stride_uint4s;
   }
 }
 
 // Where a decode attention tile keeps q, its block's scores or weights and stats, and its staged K and V blocks in the
 // (otherwise idle) stage ring: the CUDA-core path's buffers, the tensor-core path's, then as many K and V block
-// buffers as fit (up to kMaxKvBuffers), so that later blocks load while earlier ones are computed.
+// buffers as fit (a power of two up to kMaxKvBuffers: a block's buffer is then a mask of its index, not a run-time
+// modulo, 7% of attention's stall samples at batch 32, twentieth session, run 1), so that later blocks load while
+// earlier ones are computed.
 constexpr int kMaxKvBuffers = 4;
+static_assert((kMaxKvBuffers & (kMaxKvBuffers - 1)) == 0, "a block's buffer is its index masked");
 struct DecodeAttentionSmem {
   static constexpr int kFloats = kMaxGroup * kMaxHeadDim + kMaxGroup * kDecodeKvBlock + 2 * kMaxGroup +
                                  2 * KernelConfig::kConsumerWarps * kMmaHeads;
@@ -63,8 +70,9 @@ struct DecodeAttentionSmem {
     return 2 * kDecodeKvBlock * kv_stride(head_dim) * 2;
   }
   __host__ __device__ static constexpr int32_t kv_buffers(int32_t head_dim) {
-    const int32_t fit = (KernelConfig::kNumStages * KernelConfig::kStageBytes - kFixedBytes) / kv_buffer_bytes(head_dim);
-    return fit < kMaxKvBuffers ? fit : kMaxKvBuffers;
+    const int32_t ring = KernelConfig::kNumStages * KernelConfig::kStageBytes;
+    const int32_t fit = (ring - kFixedBytes) / kv_buffer_bytes(head_dim);
+    return fit >= kMaxKvBuffers ? kMaxKvBuffers : fit >= 2 ? 2 : fit;
   }
   float* q;                    // (G, head_dim), CUDA cores
   float* scores;               // (G, kDecodeKvBlock), CUDA cores
@@ -89,7 +97,7 @@ struct DecodeAttentionSmem {
         buffers(kv_buffers(head_dim)) {}
   // K and V of block j of the tile (its buffer is j % buffers).
   __device__ __forceinline__ __nv_bfloat16* k_block(int32_t j) const {
-    return kv + int64_t(j % buffers) * 2 * kDecodeKvBlock * stride;
+    return kv + int64_t(j & (buffers - 1)) * 2 * kDecodeKvBlock * stride;
   }
   __device__ __forceinline__ __nv_bfloat16* v_block(int32_t j) const { return k_block(j) + kDecodeKvBlock * stride; }
 };
@@ -110,19 +118,28 @@ __device__ __forceinline__ int32_t partial_row_of_block(const ModelDims& d, int3
   return (block % d.kv_splits) * d.kv_blocks_per_split + block / d.kv_splits;
 }
 
-// The keys of partial row `row` of a decode attention tile: block `first_key / kDecodeKvBlock`, `keys` of them
-// (0 for a block past the sequence's position).
+// The keys of one KV block of a decode attention tile: block `first_key / kDecodeKvBlock`, `keys` of them (0 for a
+// block past the sequence's position).
 struct KvBlockKeys {
   int32_t first_key;
   int32_t keys;
 };
-__device__ __forceinline__ KvBlockKeys kv_block_keys(const ModelDims& d, const Instruction& in, int32_t row,
-                                                     int32_t position) {
-  const int32_t local = row - in.sequence * partial_rows_per_sequence(d);
-  const int32_t block = (local % d.kv_blocks_per_split) * d.kv_splits + local / d.kv_blocks_per_split;
-  const int32_t first_key = block * kDecodeKvBlock;
-  return {first_key, block < d.kv_blocks ? min(kDecodeKvBlock, position + 1 - first_key) : 0};
-}
+
+// The KV blocks of a decode attention tile: its partial row in.row_begin + j holds block first + j * splits, a tile's
+// rows being one split's blocks in order (KvSplit). NOTE: worked out once a tile: per block, the divisions by the
+// split's run-time sizes drew 8% of attention's stall samples at batch 32 (twentieth session, run 1).
+struct TileKvBlocks {
+  int32_t first, splits, blocks, position;
+  __device__ __forceinline__ TileKvBlocks(const ModelDims& d, const Instruction& in, int32_t sequence_position)
+      : splits(d.kv_splits), blocks(d.kv_blocks), position(sequence_position) {
+    const int32_t local = in.row_begin - in.sequence * partial_rows_per_sequence(d);
+    first = (local % d.kv_blocks_per_split) * d.kv_splits + local / d.kv_blocks_per_split;
+  }
+  __device__ __forceinline__ KvBlockKeys keys_of(int32_t j) const {
+    const int32_t block = first + j * splits, first_key = block * kDecodeKvBlock;
+    return {first_key, block < blocks ? min(kDecodeKvBlock, position + 1 - first_key) : 0};
+  }
+};
 
 // The cache's K of kv head in.head at `first_key` of the tile's sequence (V is kv_dim further along each row).
 __device__ __forceinline__ const __nv_bfloat16* cache_keys(const MegakernelParams& p, const Instruction& in,
@@ -141,10 +158,10 @@ __device__ __forceinline__ int32_t prestaged_blocks(const DecodeAttentionSmem& s
 // Stages block j (partial row in.row_begin + j) of the tile into its buffer as one cp.async group (empty past the
 // tile's blocks or the sequence's position, so that every block counts one group).
 __device__ __forceinline__ void stage_tile_block(const MegakernelParams& p, const Instruction& in,
-                                                 const DecodeAttentionSmem& smem, int32_t j, int32_t position,
-                                                 int consumer_thread) {
+                                                 const DecodeAttentionSmem& smem, const TileKvBlocks& tile,
+                                                 int32_t j, int consumer_thread) {
   if (in.row_begin + j < in.row_end) {
-    const KvBlockKeys block = kv_block_keys(p.dims, in, in.row_begin + j, position);
+    const KvBlockKeys block = tile.keys_of(j);
     if (block.keys > 0)
       stage_kv_rows(p.dims, cache_keys(p, in, block.first_key), 0, block.keys, -1, smem.k_block(j), smem.v_block(j),
                     consumer_thread);
@@ -154,11 +171,11 @@ __device__ __forceinline__ void stage_tile_block(const MegakernelParams& p, cons
 
 // After the counter wait: the newest key into whichever prestaged block holds it, as one group.
 __device__ __forceinline__ void stage_newest_key(const MegakernelParams& p, const Instruction& in,
-                                                 const DecodeAttentionSmem& smem, int32_t position,
+                                                 const DecodeAttentionSmem& smem, const TileKvBlocks& tile,
                                                  int consumer_thread) {
   for (int32_t j = 0; j < prestaged_blocks(smem, in); ++j) {
-    const KvBlockKeys block = kv_block_keys(p.dims, in, in.row_begin + j, position);
-    const int32_t newest = position - block.first_key;
+    const KvBlockKeys block = tile.keys_of(j);
+    const int32_t newest = tile.position - block.first_key;
     if (newest >= 0 && newest < block.keys)
       stage_kv_rows(p.dims, cache_keys(p, in, block.first_key), newest, newest + 1, -1, smem.k_block(j),
                     smem.v_block(j), consumer_thread);
@@ -170,12 +187,12 @@ __device__ __forceinline__ void stage_newest_key(const MegakernelParams& p, cons
 // the others were written by earlier steps and the prefill, so they depend on nothing in this launch. One group.
 __device__ __forceinline__ void prestage_decode_attention(const MegakernelParams& p, const SharedState& s,
                                                           const Instruction& in, int consumer_thread) {
-  const int32_t position = p.positions[in.sequence];
+  const TileKvBlocks tile(p.dims, in, p.positions[in.sequence]);
   const DecodeAttentionSmem smem(s, p.dims.head_dim);
   for (int32_t j = 0; j < prestaged_blocks(smem, in); ++j) {
-    const KvBlockKeys block = kv_block_keys(p.dims, in, in.row_begin + j, position);
+    const KvBlockKeys block = tile.keys_of(j);
     if (block.keys > 0)
-      stage_kv_rows(p.dims, cache_keys(p, in, block.first_key), 0, block.keys, position - block.first_key,
+      stage_kv_rows(p.dims, cache_keys(p, in, block.first_key), 0, block.keys, tile.position - block.first_key,
                     smem.k_block(j), smem.v_block(j), consumer_thread);
   }
   ptx::cp_async_commit();
@@ -314,25 +331,24 @@ __device__ __forceinline__ void run_decode_attention(const MegakernelParams& p, 
   const int warp = consumer_thread / 32, lane = consumer_thread % 32;
   const int64_t B = d.batch, layer = in.layer;
   const int32_t G = d.group_size, hd = d.head_dim, stride = hd + kPartialStats;
-  const int32_t rows_per_sequence = partial_rows_per_sequence(d);
-  const int32_t position = p.positions[in.sequence];
+  const TileKvBlocks tile(d, in, p.positions[in.sequence]);
   const DecodeAttentionSmem smem(s, hd);
   const bool ahead = smem.buffers > 1;
   stage_query_heads(d, p.decode_q + (layer * B + in.sequence) * d.q_dim + in.head * G * hd, smem, consumer_thread);
-  stage_newest_key(p, in, smem, position, consumer_thread);
-  for (int32_t j = 0; j < in.row_end - in.row_begin; ++j) {
+  stage_newest_key(p, in, smem, tile, consumer_thread);
+  const int64_t record_row = int64_t(d.q_dim / hd) * stride;  // floats of a partial row
+  float* record = p.attn_partial + (layer * B * partial_rows_per_sequence(d) + in.row_begin) * record_row +
+                  int64_t(in.head) * G * stride;  // block j's at record + j record_row
+  for (int32_t j = 0; j < in.row_end - in.row_begin; ++j, record += record_row) {
     // Groups committed after the one block j needs: those of the blocks requested ahead of it.
     if (ahead) {
-      stage_tile_block(p, in, smem, j + smem.buffers - 1, position, consumer_thread);
+      stage_tile_block(p, in, smem, tile, j + smem.buffers - 1, consumer_thread);
       ptx::cp_async_wait_at_most(min(j + 1, smem.buffers - 1));
     } else {
-      if (j >= prestaged_blocks(smem, in)) stage_tile_block(p, in, smem, j, position, consumer_thread);
+      if (j >= prestaged_blocks(smem, in)) stage_tile_block(p, in, smem, tile, j, consumer_thread);
       ptx::cp_async_wait<0>();
     }
-    const int32_t row = in.row_begin + j;
-    const KvBlockKeys block = kv_block_keys(d, in, row, position);
-    float* record = p.attn_partial + (layer * B * rows_per_sequence + row) * int64_t(d.q_dim / hd) * stride +
-                    int64_t(in.head) * G * stride;
+    const KvBlockKeys block = tile.keys_of(j);
     if (block.keys <= 0) {
       for (int32_t i = consumer_thread; i < G * stride; i += KernelConfig::kConsumerThreads)
         record[i] = i % stride == hd ? -INFINITY : 0.0f;

@@ -39,7 +39,9 @@ __device__ __forceinline__ int mma_groups_per_warp(const DecodeGemmTask& t) {
 // One warp's stream of weight steps (4 KB: kRows weight rows x kChunks 16-byte chunks) through its ring. A job is
 // (unit of kGroups groups, K-slice), job j = unit + slice units; warp w takes jobs w, w + 8, ..., their steps one
 // stream (more than one job only when there is one slice). In a step buffer (kRows, kChunks), row n's chunks are
-// XORed with n % 8 (ldmatrix reads 8 rows at one chunk: no bank conflicts).
+// XORed with n % 8 (ldmatrix reads 8 rows at one chunk: no bank conflicts). Built on one K range's task (t.k the
+// range's length) with `ranges` > 1 (decode_gemm_mma_ranges), a job's slice goes through every range in turn, range
+// r's columns r t.k further along the rows: the stream runs on from one range into the next.
 // NOTE: the unit and K-step of the step issue() sends next are counted along, as WeightStream's are: dividing the
 // step by steps_per_slice (known only at run time) drew 6.8% of batch 8's stall samples (nineteenth session, run 2).
 template <int kGroups>
@@ -52,10 +54,14 @@ struct MmaStream {
   int32_t units, slices, steps_per_slice, steps;
   int32_t first_unit, first_slice_step;  // of this warp's first job
   uint4* own;                            // this warp's kStepBuffers steps
+  int32_t ranges;                        // K ranges of t.k columns each, in turn for each job
   int32_t sent = 0;                      // steps issue() has sent (or a prologue sent from another stream)
-  int32_t next_unit, next_slice_step;    // the unit and step within its K-slice of the step issue() sends next
+  int32_t next_unit, next_slice_step;    // the unit, step within its K-slice and range of the step issue() sends next
+  int32_t next_range = 0;
 
-  __device__ __forceinline__ MmaStream(const DecodeGemmTask& t, uint4* ring, int consumer_thread) {
+  __device__ __forceinline__ MmaStream(const DecodeGemmTask& t, uint4* ring, int consumer_thread,
+                                       int32_t k_ranges = 1)
+      : ranges(k_ranges) {
     constexpr int kWarps = KernelConfig::kConsumerWarps;
     warp = consumer_thread / 32;
     lane = consumer_thread % 32;
@@ -65,7 +71,7 @@ struct MmaStream {
     slices = max(1, min(kWarps / units, steps_per_row));
     steps_per_slice = (steps_per_row + slices - 1) / slices;
     const int32_t jobs = units * slices;
-    steps = (warp < jobs ? (jobs - warp + kWarps - 1) / kWarps : 0) * steps_per_slice;
+    steps = (warp < jobs ? (jobs - warp + kWarps - 1) / kWarps : 0) * steps_per_slice * ranges;
     first_unit = warp % units;
     first_slice_step = warp / units * steps_per_slice;
     own = ring + warp * kStepBuffers * kStepUint4s;
@@ -87,12 +93,12 @@ struct MmaStream {
       const int2 rows = decode_weight_rows(p, in, real ? pair : 0);
       const uint4* row = reinterpret_cast<const uint4*>(t.w + int64_t(n % 2 == 0 ? rows.x : rows.y) * t.row_stride);
       uint4* buffer = own + step % kStepBuffers * kStepUint4s + n * kChunks;
-      const int32_t first = first_chunk(next_slice_step), chunks = t.k / 8;
+      const int32_t first = first_chunk(next_slice_step), chunks = t.k / 8, range_begin = next_range * chunks;
 #pragma unroll
       for (int i = 0; i < kCopies; ++i) {
         const int c = lane / kRows + i * (32 / kRows);
         const bool valid = real && first + c < chunks;
-        ptx::cp_async_16(buffer + (c ^ (n % 8)), row + (valid ? first + c : 0), valid ? 16 : 0);
+        ptx::cp_async_16(buffer + (c ^ (n % 8)), row + (valid ? range_begin + first + c : 0), valid ? 16 : 0);
       }
     }
     ptx::cp_async_commit();  // empty groups too: one group per step keeps the wait count exact
@@ -115,10 +121,11 @@ struct MmaStream {
  private:
   __device__ __forceinline__ void step_past() {
     ++sent;
-    if (++next_slice_step == steps_per_slice) {
-      next_slice_step = 0;
-      next_unit += KernelConfig::kConsumerWarps;
-    }
+    if (++next_slice_step < steps_per_slice) return;
+    next_slice_step = 0;
+    if (++next_range < ranges) return;
+    next_range = 0;
+    next_unit += KernelConfig::kConsumerWarps;
   }
 };
 
@@ -217,22 +224,21 @@ __device__ __forceinline__ void reduce_slices(const MegakernelParams& p, const I
   mma_epilogue<kGroups>(p, in, t, warp, b0, rows, acc, lane);
 }
 
-// The steps of the stream over staged rows [b0, b0 + rows) of task t (all of its K, or one range of it): acc
-// accumulates. With `finish`, each job's epilogue runs after its last step (one slice a unit; else reduce_slices
-// after the loop), acc restarting for the warp's next job. `prologue_issued`: as in decode_gemm_rows.
+// Steps [first_step, end_step) of the stream over staged rows [b0, b0 + rows) of task t (all of its K, or one range
+// of it, the stream's steps of that range): acc accumulates. With `finish`, each job's epilogue runs after its last
+// step (one slice a unit; else reduce_slices after the loop), acc restarting for the warp's next job. The window
+// starts at a job's (or range's) first step. `prologue_issued`: as in decode_gemm_rows.
 template <int kGroups>
 __device__ __forceinline__ void mma_steps(const MegakernelParams& p, const Instruction& in, const DecodeGemmTask& t,
                                           MmaStream<kGroups>& stream, const uint4* staged, int32_t b0, int32_t rows,
-                                          bool prologue_issued, bool finish, float (&acc)[kGroups][4]) {
+                                          int32_t first_step, int32_t end_step, bool prologue_issued, bool finish,
+                                          float (&acc)[kGroups][4]) {
   const int32_t chunks = t.k / 8;
   const MmaLane fragment_addresses = mma_lane(staged, chunks, rows, stream.lane);
-  if (prologue_issued) {
-    stream.prologue_sent();
-  } else {
-    stream.issue_prologue(p, in, t);
-  }
+  if (first_step == 0 && prologue_issued) stream.prologue_sent();
+  if (first_step == 0 && !prologue_issued) stream.issue_prologue(p, in, t);
   int32_t unit = stream.first_unit, slice_step = 0;  // of the step computed, counted along as the stream's
-  for (int32_t step = 0; step < stream.steps; ++step) {
+  for (int32_t step = first_step; step < end_step; ++step) {
     __syncwarp();  // every lane's reads of the buffer refilled next (the previous step's) are done
     issue_next_step(stream, p, in, t, step);
     ptx::cp_async_wait<kStepBuffers - 1>();
@@ -248,7 +254,7 @@ __device__ __forceinline__ void mma_steps(const MegakernelParams& p, const Instr
     }
     unit += KernelConfig::kConsumerWarps;
   }
-  ptx::cp_async_wait<0>();  // the trailing empty groups
+  if (end_step == stream.steps) ptx::cp_async_wait<0>();  // the trailing empty groups
 }
 
 // Every output pair of the task for staged rows [b0, b0 + rows), 3 <= rows <= kMmaRows. `prologue_issued`: as in
@@ -260,7 +266,7 @@ __device__ __forceinline__ void decode_gemm_mma(const MegakernelParams& p, const
                                                 int consumer_thread) {
   MmaStream<kGroups> stream(t, ring, consumer_thread);
   float acc[kGroups][4] = {};  // (groups, C fragment: rows g and g + 8 of the pass x 2 columns)
-  mma_steps<kGroups>(p, in, t, stream, staged, b0, rows, prologue_issued, true, acc);
+  mma_steps<kGroups>(p, in, t, stream, staged, b0, rows, 0, stream.steps, prologue_issued, true, acc);
   if (stream.slices > 1) reduce_slices<kGroups>(p, in, t, stream, scratch, b0, rows, acc);
 }
 
@@ -318,32 +324,30 @@ __device__ __forceinline__ DecodePasses decode_passes(const Instruction& in, con
   return {balanced(decode_rows_at_full_k(t)), 1};
 }
 
-// A pass of staged rows [b0, b0 + rows) over `ranges` K ranges (decode_k_ranges > 1), the first range's weight
-// prologue already issued: each later range's goes out before its rows are staged, so the two land in one round
-// trip. Ends with the consumers synchronized.
+// A pass of staged rows [b0, b0 + rows) over `ranges` K ranges (decode_k_ranges > 1), the stream's first steps
+// already issued. One stream runs through the ranges: while a range is computed, the next range's first steps go out
+// into the buffers it frees, and only the rows are restaged between ranges. Ends with the consumers synchronized.
+// NOTE: with a stream a range, each later range's prologue went out only once the previous range was done, and its
+// rows' staging (a wait for every copy in flight) waited for all of it: a full round trip of 128 KB an SM a range.
 __device__ __forceinline__ void decode_gemm_mma_ranges(const MegakernelParams& p, const Instruction& in,
                                                        const DecodeGemmTask& t, uint4* staged, uint4* ring,
                                                        float* scratch, int32_t b0, int32_t rows, int32_t ranges,
                                                        int consumer_thread) {
   const int32_t length = t.k / ranges;
+  const DecodeGemmTask first = decode_k_range(t, 0, length);
+  MmaStream<1> stream(first, ring, consumer_thread, ranges);
+  const int32_t range_steps = stream.steps / ranges;  // this warp's steps a range (one job a warp)
   float acc[1][4] = {};  // (one group, C fragment: rows g and g + 8 of the pass x 2 columns)
 #pragma unroll 1
   for (int32_t r = 0; r < ranges; ++r) {
-    const DecodeGemmTask range = decode_k_range(t, r * length, length);
-    MmaStream<1> stream(range, ring, consumer_thread);
-    if (r > 0) {
-      __syncwarp();  // the warp's last reads of its own ring are done
-      stream.issue_prologue(p, in, range);
-      ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);  // the previous range's rows are read
-    }
-    stage_decode_rows(p, in, range, b0, rows, staged, scratch, consumer_thread);
-    mma_steps<1>(p, in, range, stream, staged, b0, rows, true, false, acc);
-    if (r + 1 < ranges) continue;
-    if (stream.slices > 1) {
-      reduce_slices<1>(p, in, range, stream, scratch, b0, rows, acc);
-    } else if (stream.warp < stream.units) {
-      mma_epilogue<1>(p, in, range, stream.first_unit, b0, rows, acc, stream.lane);
-    }
+    if (r > 0) ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);  // the previous range's rows are read
+    stage_decode_rows(p, in, decode_k_range(t, r * length, length), b0, rows, staged, scratch, consumer_thread);
+    mma_steps<1>(p, in, first, stream, staged, b0, rows, r * range_steps, (r + 1) * range_steps, true, false, acc);
+  }
+  if (stream.slices > 1) {
+    reduce_slices<1>(p, in, first, stream, scratch, b0, rows, acc);
+  } else if (stream.warp < stream.units) {
+    mma_epilogue<1>(p, in, first, stream.first_unit, b0, rows, acc, stream.lane);
   }
 }
 
@@ -360,7 +364,7 @@ __device__ __forceinline__ void issue_pass_prologue(const MegakernelParams& p, c
   }
   if (ranges > 1) {
     const DecodeGemmTask first = decode_k_range(t, 0, t.k / ranges);
-    MmaStream<1>(first, ring, consumer_thread).issue_prologue(p, in, first);
+    MmaStream<1>(first, ring, consumer_thread, ranges).issue_prologue(p, in, first);
   } else if (rows < kMinMmaRows) {
     WeightStream(t, ring, consumer_thread).issue_prologue(p, in, t);
   } else if (mma_groups_per_warp(t) == 1) {
