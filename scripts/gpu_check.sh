@@ -188,15 +188,19 @@ for s in $steps; do
         ${BENCH_OPS_CONFIGS:+--configs "$BENCH_OPS_CONFIGS"}
       ;;
     sanitize)
+      # NOTE: racecheck slows a decode step to seconds (6.5 s at batch 3), and the default 5 s stall timeout cut a
+      # batch-1 step's sample wait short with no hazard found (twentieth session, run 2).
+      sanitized_stall_s=300
       for tool in memcheck racecheck synccheck; do
         step "sanitize-$tool" timeout 600 compute-sanitizer --tool "$tool" --error-exitcode 1 \
-          "$build/mk" run --preset tiny --engine gpu --iterations 2
+          "$build/mk" run --preset tiny --engine gpu --iterations 2 --stall-timeout "$sanitized_stall_s"
       done
       # The tiny preset has no 256-column GEMM tile: one layer of d_model 2048 at 1 x 2176 has wide o_proj and down
       # tiles, whose second half is staged in a held ring stage with its residual (thirteenth session, run 7).
       for tool in racecheck synccheck; do
         step "sanitize-wide-$tool" timeout 600 compute-sanitizer --tool "$tool" --error-exitcode 1 \
-          "$build/mk" run --preset seed --layers 1 --d-model 2048 --batch 1 --seq 2176 --engine gpu --iterations 1
+          "$build/mk" run --preset seed --layers 1 --d-model 2048 --batch 1 --seq 2176 --engine gpu --iterations 1 \
+          --stall-timeout "$sanitized_stall_s"
       done
       # Decode: a prefill, then greedy steps in groups (the on-device feed between launches) on a 100k vocabulary,
       # whose sample goes through several double-buffered passes (fifteenth session): one sequence (the CUDA-core
@@ -208,7 +212,8 @@ for s in $steps; do
             read -r batch prompts <<<"$batch_and_prompts"
             step "sanitize-decode-$tool-batch$batch" timeout 600 \
               compute-sanitizer --tool "$tool" --error-exitcode 1 "$build/mk" generate --model /tmp/mk-sanitize-decode \
-              --engine gpu --prompt-ids "$prompts" --max-new-tokens 8 --steps-per-sync 4 --stream none
+              --engine gpu --prompt-ids "$prompts" --max-new-tokens 8 --steps-per-sync 4 --stream none \
+              --stall-timeout "$sanitized_stall_s"
           done
         done
       fi

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "mk/cpu_vm.h"
+#include "mk/gpu.h"
 #include "options.h"
 
 namespace mk::cli {
@@ -31,6 +32,7 @@ struct RunCommand {
   std::string engine = "auto", input_path, output_path, json_path;
   int iterations = 20;
   bool launch_per_op = false;
+  double stall_timeout_s = mk::GpuOptions{}.stall_timeout_s;
   CLI::App* command = nullptr;
   CLI::App* add(CLI::App& app) {
     command = app.add_subcommand("run", "run one forward pass and print its time and an output checksum");
@@ -56,6 +58,7 @@ struct RunCommand {
         ->check(CLI::Range(1, 1000000));
     command->add_option("--json", json_path, "write the timing and shape as one JSON object to this file")
         ->check(kNonEmpty);
+    add_stall_timeout_option(*command, stall_timeout_s);
     command->add_flag("--launch-per-op", launch_per_op,
                       "gpu: time the pass as one kernel launch per op and layer instead of one launch (an ablation: "
                       "what the single launch buys)");

@@ -124,6 +124,7 @@ CLI::App* GenerateCommand::add(CLI::App& app) {
       ->add_option("--max-context", max_context,
                    "KV cache positions per sequence (default: longest prompt + new tokens, rounded up to 128)")
       ->check(size_in_range(kMaxTokens));
+  add_stall_timeout_option(*command, stall_timeout_s);
   command
       ->add_option("--memory-budget", memory_budget_gib,
                    "GiB the generation may allocate (default: the machine's memory)")
@@ -225,6 +226,7 @@ int GenerateCommand::run() const {
   setup.sampling = sampling;
   setup.policy = parse_schedule_policy(policy);
   setup.num_sms = num_sms;
+  setup.stall_timeout_s = stall_timeout_s;
   const GenerationMemory memory =
       engine_generation_memory(engine_name, config, setup.batch, longest - 1, setup.max_context);
   check_memory_budget(memory,
@@ -247,7 +249,8 @@ int GenerateCommand::run() const {
 }
 
 void GenerateCommand::check_flags_apply(const std::string& engine_name) const {
-  check_engine_flags(*command, engine_name, engine == "auto", {{"--sms", {"cpu-vm"}}, {"--policy", {"cpu-vm"}}});
+  check_engine_flags(*command, engine_name, engine == "auto",
+                     {{"--sms", {"cpu-vm"}}, {"--policy", {"cpu-vm"}}, {"--stall-timeout", {"gpu"}}});
   if (command->count("--weights-seed") > 0 && !model_dir.empty())
     throw UsageError("--weights-seed has nothing to seed: --model gives the weights");
   if (sampling.temperature != 0) return;

@@ -113,7 +113,8 @@ void check_run(const CLI::App& command, const ModelOptions& options, const Sched
                                {"--max-delay-us", {"cpu-vm"}},
                                {"--no-race-check", {"cpu-vm"}},
                                {"--iterations", {"gpu"}},
-                               {"--launch-per-op", {"gpu"}}});
+                               {"--launch-per-op", {"gpu"}},
+                               {"--stall-timeout", {"gpu"}}});
   CommandFiles files;
   options.add_inputs(files);
   schedule_options.add_inputs(files);
@@ -123,9 +124,13 @@ void check_run(const CLI::App& command, const ModelOptions& options, const Sched
   files.check();
 }
 
-int run_forward(const CLI::App& command, const ModelOptions& options, ScheduleOptions schedule_options,
-                const std::string& requested_engine, const mk::CpuVmOptions& vm_options, const std::string& input_path,
-                const std::string& output_path, int iterations, bool launch_per_op, const std::string& json_path) {
+int run_forward(const RunCommand& run) {
+  const CLI::App& command = *run.command;
+  const ModelOptions& options = run.model;
+  ScheduleOptions schedule_options = run.schedule;
+  const std::string &requested_engine = run.engine, &input_path = run.input_path, &output_path = run.output_path,
+                    &json_path = run.json_path;
+  const bool launch_per_op = run.launch_per_op;
   const mk::ModelConfig config = options.config();
   const std::string engine = resolve_engine(requested_engine);
   check_run(command, options, schedule_options, requested_engine, engine, {input_path, output_path, json_path});
@@ -157,12 +162,14 @@ int run_forward(const CLI::App& command, const ModelOptions& options, ScheduleOp
                mk::schedule_policy_name(schedule.policy));
     if (engine == "cpu-vm") {
       // ScheduleOptions::make verified the schedule.
-      timed([&] { output = mk::run_cpu_vm_unverified(graph, schedule, weights, input, vm_options).output(graph); });
+      timed([&] { output = mk::run_cpu_vm_unverified(graph, schedule, weights, input, run.vm).output(graph); });
     } else {
-      mk::GpuEngine gpu(graph, schedule, weights, {.verify = false});  // ScheduleOptions::make verified it
+      // ScheduleOptions::make verified the schedule.
+      mk::GpuEngine gpu(graph, schedule, weights, {.stall_timeout_s = run.stall_timeout_s, .verify = false});
       gpu.set_input(input);
       gpu.run();  // warm-up: module load and first-touch costs stay out of the time
-      std::vector<float> times = launch_per_op ? gpu.time_runs_per_step(iterations) : gpu.time_runs(iterations);
+      std::vector<float> times =
+          launch_per_op ? gpu.time_runs_per_step(run.iterations) : gpu.time_runs(run.iterations);
       std::sort(times.begin(), times.end());
       seconds = times[times.size() / 2] / 1e3;
       fmt::print("gpu: median of {} {} (min {:.3f} ms, max {:.3f} ms)\n", times.size(),
@@ -435,8 +442,7 @@ int main(int argc, char** argv) {
       {info.add(app), [&] { return run_info(*info.command, info.model, info.json); }},
       {run.add(app),
        [&] {
-         return run_forward(*run.command, run.model, run.schedule, run.engine, run.vm, run.input_path, run.output_path,
-                            run.iterations, run.launch_per_op, run.json_path);
+         return run_forward(run);
        }},
       {schedule.add(app),
        [&] {

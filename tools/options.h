@@ -57,6 +57,21 @@ inline const CLI::Validator kPositiveFinite(
     },
     "POSITIVE");
 
+// --stall-timeout of the gpu engine's commands: a counter wait longer than this aborts the launch with a report
+// naming it, never a hang. Raised for runs under compute-sanitizer, whose racecheck slows a decode step to seconds.
+inline void add_stall_timeout_option(CLI::App& command, double& seconds) {
+  command
+      .add_option("--stall-timeout", seconds,
+                  "gpu: seconds a wait may take before the launch is aborted and the wait reported")
+      ->capture_default_str()
+      ->check(kPositiveFinite)
+      ->check(CLI::Validator(
+          [](std::string& text) {
+            return std::stod(text) > 3600 ? fmt::format("must be at most 3600 seconds, got {}", text) : std::string();
+          },
+          "<= 3600"));
+}
+
 // A seed: a whole number in [0, 2^64). CLI11 alone takes both -1 and 99999999999999999999 as 2^64 - 1, so that
 // different seeds given would silently be one.
 inline const CLI::Validator kSeed(

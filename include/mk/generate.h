@@ -26,6 +26,8 @@ struct DecodeSetup {
   SchedulePolicy policy = SchedulePolicy::kCostModel;
   int32_t num_sms = 132;
   CpuVmOptions vm;
+  // gpu: a counter wait longer than this aborts the step with a report naming it (GpuOptions::stall_timeout_s)
+  double stall_timeout_s = 5.0;
 };
 
 // One engine per (model, batch, max context): its cache is allocated at construction, its decode schedule (where

@@ -112,6 +112,7 @@ class GpuDecoder final : public DecodeEngine {
   GpuOptions options() const {
     GpuOptions options;
     options.kv_cache = cache_;
+    options.stall_timeout_s = setup_.stall_timeout_s;
     return options;
   }
 
