@@ -10,6 +10,7 @@
 #include "device/config.cuh"
 #include "device/ops/attention_wgmma.cuh"
 #include "device/ops/decode_attention.cuh"
+#include "device/ops/decode_combine.cuh"
 #include "device/ops/decode_gemm.cuh"
 #include "device/ops/decode_gemm_mma.cuh"
 #include "device/ops/gemm_epilogue.cuh"

@@ -6,7 +6,7 @@
 
 #include "../config.cuh"
 #include "../sync.cuh"
-#include "decode_attention.cuh"
+#include "decode_combine.cuh"
 #include "rowwise.cuh"
 
 namespace mk::gpu {
