@@ -109,8 +109,9 @@ template <int kRing, int kRuns>
 void measure(const char* name, const char* weights, int64_t bytes, int ctas, uint32_t* sink) {
   const int smem = kWarps * kRing * kStepBytes;
   CHECK(cudaFuncSetAttribute(stream<kRing, kRuns>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  // whole units of 16 steps a warp, so that every row pattern ends inside the region
-  const int64_t per_cta = bytes / ctas / (16 * kWarps * kStepBytes) * (16 * kWarps * kStepBytes);
+  // whole units of kRuns steps a warp (16 at least), so that every row pattern ends inside the region
+  constexpr int64_t kUnitBytes = int64_t(kRuns > 16 ? kRuns : 16) * kWarps * kStepBytes;
+  const int64_t per_cta = bytes / ctas / kUnitBytes * kUnitBytes;
   const float ms = best_ms(6, [&] {
     stream<kRing, kRuns><<<ctas, kWarps * 32, smem>>>(weights, per_cta, sink);
     CHECK(cudaGetLastError());

@@ -32,7 +32,7 @@ struct RunCommand {
   std::string engine = "auto", input_path, output_path, json_path;
   int iterations = 20;
   bool launch_per_op = false;
-  double stall_timeout_s = mk::GpuOptions{}.stall_timeout_s;
+  double stall_timeout_s = mk::kDefaultStallTimeoutS;
   CLI::App* command = nullptr;
   CLI::App* add(CLI::App& app) {
     command = app.add_subcommand("run", "run one forward pass and print its time and an output checksum");

@@ -27,7 +27,7 @@ struct GenerateCommand {
   int32_t num_sms = 132;
   double memory_budget_gib = 0;  // 0: the machine's memory
   double bandwidth_gbs = 4200;
-  double stall_timeout_s = DecodeSetup{}.stall_timeout_s;
+  double stall_timeout_s = kDefaultStallTimeoutS;
 
   CLI::App* command = nullptr;  // add()'s, for which flags were given
 

@@ -64,12 +64,16 @@ inline void add_stall_timeout_option(CLI::App& command, double& seconds) {
       .add_option("--stall-timeout", seconds,
                   "gpu: seconds a wait may take before the launch is aborted and the wait reported")
       ->capture_default_str()
-      ->check(kPositiveFinite)
       ->check(CLI::Validator(
           [](std::string& text) {
-            return std::stod(text) > 3600 ? fmt::format("must be at most 3600 seconds, got {}", text) : std::string();
+            double value = 0;
+            const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+            const bool number = error == std::errc() && end == text.data() + text.size();
+            if (number && value >= mk::kMinStallTimeoutS && value <= mk::kMaxStallTimeoutS) return std::string();
+            return fmt::format("must be a number of seconds in [{}, {}], got {}", mk::kMinStallTimeoutS,
+                               mk::kMaxStallTimeoutS, text);
           },
-          "<= 3600"));
+          "SECONDS"));
 }
 
 // A seed: a whole number in [0, 2^64). CLI11 alone takes both -1 and 99999999999999999999 as 2^64 - 1, so that

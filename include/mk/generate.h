@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "mk/cpu_vm.h"
+#include "mk/gpu.h"
 #include "mk/reference.h"
 #include "mk/schedule.h"
 #include "mk/weights.h"
@@ -27,7 +28,7 @@ struct DecodeSetup {
   int32_t num_sms = 132;
   CpuVmOptions vm;
   // gpu: a counter wait longer than this aborts the step with a report naming it (GpuOptions::stall_timeout_s)
-  double stall_timeout_s = 5.0;
+  double stall_timeout_s = kDefaultStallTimeoutS;
 };
 
 // One engine per (model, batch, max context): its cache is allocated at construction, its decode schedule (where

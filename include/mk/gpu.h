@@ -26,9 +26,15 @@ struct GpuInfo {
 };
 GpuInfo query_gpu();  // never throws
 
+// The stall timeout's default and bounds, in seconds: at most an hour (the host's watchdog waits twice the timeout and
+// more before it gives up on a launch), at least a millisecond (it becomes a count of nanoseconds).
+inline constexpr double kDefaultStallTimeoutS = 5.0;
+inline constexpr double kMinStallTimeoutS = 1e-3;
+inline constexpr double kMaxStallTimeoutS = 3600.0;
+
 struct GpuOptions {
   // A counter wait longer than this (a shared-memory wait: an eighth more) aborts the launch with a report.
-  double stall_timeout_s = 5.0;
+  double stall_timeout_s = kDefaultStallTimeoutS;
   bool verify = true;            // false only for tests that feed a deliberately broken schedule
   // Prefill and decode: device memory of the GPU holding every layer's KV cache, stacked as the buffer table stacks
   // kv_cache (GpuKvCache), used instead of a cache of the engine's own so that passes share it. Null: the engine

@@ -112,8 +112,8 @@ struct MmaStream {
                                                  const DecodeGemmTask& t) {
     for (int32_t step = 0; step < kStepBuffers; ++step) issue(p, in, t, step);
   }
-  // The prologue went out, from this stream or another of the same task and range (before the counter wait): the
-  // stream goes on after it.
+  // The prologue went out, from this stream or another built on the same task with the same `ranges` (before the
+  // counter wait): the stream goes on after it.
   __device__ __forceinline__ void prologue_sent() {
     while (sent < kStepBuffers) step_past();
   }
@@ -166,7 +166,8 @@ __device__ __forceinline__ void mma_slice(const MmaLane& m, uint32_t b_base, int
 // The mmas of one step: acc[g] += the staged rows' chunks [first, first + kChunks) . group g's 8 weight rows.
 // NOTE: a step inside the row takes its slices with no check between them, so that ptxas may load a slice's
 // fragments while the previous slice's mmas run; checked before every slice, each slice's mmas waited for its own
-// loads (ncu's SASS samples, nineteenth session, run 7). Only a row's last step can be partial.
+// loads (ncu's SASS samples, nineteenth session, run 7). Only a row's (or range's) last step can be partial, and a
+// last slice's padding steps past the row take the checked loop with no slice at all.
 template <int kGroups>
 __device__ __forceinline__ void mma_step(const MmaLane& m, const uint4* buffer, int32_t first, int32_t chunks,
                                          float (&acc)[kGroups][4]) {
@@ -227,7 +228,9 @@ __device__ __forceinline__ void reduce_slices(const MegakernelParams& p, const I
 // Steps [first_step, end_step) of the stream over staged rows [b0, b0 + rows) of task t (all of its K, or one range
 // of it, the stream's steps of that range): acc accumulates. With `finish`, each job's epilogue runs after its last
 // step (one slice a unit; else reduce_slices after the loop), acc restarting for the warp's next job. The window
-// starts at a job's (or range's) first step. `prologue_issued`: as in decode_gemm_rows.
+// starts at the warp's first job's first step: the whole stream, or with K ranges (one job a warp, no `finish`) one
+// range's steps. A window that ends before the stream's last step leaves copies in flight, which the next range's
+// staging waits for. `prologue_issued`: as in decode_gemm_rows.
 template <int kGroups>
 __device__ __forceinline__ void mma_steps(const MegakernelParams& p, const Instruction& in, const DecodeGemmTask& t,
                                           MmaStream<kGroups>& stream, const uint4* staged, int32_t b0, int32_t rows,
@@ -351,9 +354,10 @@ __device__ __forceinline__ void decode_gemm_mma_ranges(const MegakernelParams& p
   }
 }
 
-// The first steps of the weight stream a pass of `rows` rows uses (its first K range's), sent before the pass stages
-// its rows, so that both land in one round trip. Not for decode_o_proj_combine, whose staging uses the ring.
-// kNarrow: every pass is of 1-2 rows at full K (megakernel_decode_narrow), so only the CUDA-core path is compiled.
+// The first kStepBuffers steps of the weight stream a pass of `rows` rows uses (with short K-slices they may span its
+// K ranges), sent before the pass stages its rows, so that both land in one round trip. Not for
+// decode_o_proj_combine, whose staging uses the ring. kNarrow: every pass is of 1-2 rows at full K
+// (megakernel_decode_narrow), so only the CUDA-core path is compiled.
 template <bool kNarrow>
 __device__ __forceinline__ void issue_pass_prologue(const MegakernelParams& p, const Instruction& in,
                                                     const DecodeGemmTask& t, int32_t rows, int32_t ranges,
