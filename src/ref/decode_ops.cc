@@ -124,10 +124,12 @@ int32_t sample_token(const float* logits, int64_t vocab, const SamplingParams& p
   const int64_t k = p.top_k > 0 ? std::min<int64_t>(p.top_k, vocab) : vocab;
   auto before = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
   std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), before);
-  const float max = logits[ids[0]] / p.temperature;
+  // Scaled after subtracting the largest: logit / temperature alone overflows to inf at a tiny temperature, and
+  // inf - inf is NaN.
+  const float max = logits[ids[0]];
   std::vector<float> weight(static_cast<size_t>(k));
   float total = 0.0f;
-  for (int64_t i = 0; i < k; ++i) total += weight[size_t(i)] = std::exp(logits[ids[size_t(i)]] / p.temperature - max);
+  for (int64_t i = 0; i < k; ++i) total += weight[size_t(i)] = std::exp((logits[ids[size_t(i)]] - max) / p.temperature);
   // Top-p: the shortest prefix whose share of the weight reaches top_p.
   int64_t kept = k;
   float kept_total = total;

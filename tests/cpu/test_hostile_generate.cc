@@ -13,6 +13,7 @@
 #include "hostile_fixture.h"
 #include "mk/generate.h"
 #include "mk/program.h"
+#include "mk/reference.h"
 
 namespace {
 
@@ -112,6 +113,29 @@ TEST_F(HostileGenerate, RealFlagsBeyondADoubleAreOutOfRangeNotNaN) {
     const MkResult result = run_mk(generate(fmt::format("--prompt-ids 1 {}", args)));
     expect_failure(result, 2, "out of range (a double holds about 1e-308 to 1e308), got 1e");
     EXPECT_THAT(result.output, Not(HasSubstr("not a number")));
+  }
+}
+
+TEST_F(HostileGenerate, ATinyTemperatureSamplesAsGreedyNotGarbage) {
+  // logit / 1e-40 overflowed to inf and inf - inf to NaN: each draw was the least likely token, or with a top-p an
+  // index before the candidates (undefined behaviour; it printed token 0).
+  const MkResult greedy = run_mk(generate("--prompt-ids 1,2 --stream none"));
+  ASSERT_EQ(greedy.status, 0) << greedy.output;
+  const std::string tokens = greedy.output.substr(greedy.output.rfind("tokens: "));
+  for (const char* args : {"--temperature 1e-40", "--temperature 1e-40 --top-p 0.9", "--temperature 1e-40 --top-k 5"}) {
+    const MkResult result = run_mk(generate(fmt::format("--prompt-ids 1,2 --stream none {}", args)));
+    ASSERT_EQ(result.status, 0) << result.output;
+    EXPECT_THAT(result.output, HasSubstr(tokens)) << args;
+  }
+}
+
+TEST(HostileGenerateApi, SamplingAtATinyTemperatureDrawsTheLargest) {
+  const std::vector<float> logits = {0.0f, 3.0f, 1.0f, 3.0f, 2.0f};
+  for (const float uniform : {0.0f, 0.5f, 0.999f}) {
+    for (const float top_p : {1.0f, 0.5f}) {
+      const int32_t token = mk::ref::sample_token(logits.data(), 5, {1e-40f, 0, top_p, 0}, uniform);
+      EXPECT_TRUE(token == 1 || token == 3) << "u " << uniform << ", top-p " << top_p << ": " << token;
+    }
   }
 }
 
