@@ -177,8 +177,8 @@ std::vector<std::vector<int32_t>> GenerateCommand::read_prompts(const ModelConfi
     tokenizer = Tokenizer::load(model_dir);
     prompts.push_back(tokenizer->encode(prompt_text));
   }
-  if (batch > 0 && prompts.size() == 1) prompts.resize(size_t(batch), prompts[0]);
-  MK_CHECK(batch == 0 || int64_t(prompts.size()) == batch, "--batch {} but {} prompts", batch, prompts.size());
+  MK_CHECK(batch == 0 || prompts.size() == 1 || int64_t(prompts.size()) == batch, "--batch {} but {} prompts", batch,
+           prompts.size());
   check_prompt_ids(config, prompts);  // before the weights load
   return prompts;
 }
@@ -211,7 +211,7 @@ int GenerateCommand::run() const {
   files.output("--trace", trace_path);
   files.check();
   std::optional<Tokenizer> tokenizer;
-  const std::vector<std::vector<int32_t>> prompts = read_prompts(config, tokenizer);
+  std::vector<std::vector<int32_t>> prompts = read_prompts(config, tokenizer);
   const StreamKind kind = stream_kind(tokenizer);
   int64_t longest = 0;
   for (const std::vector<int32_t>& prompt : prompts) longest = std::max<int64_t>(longest, int64_t(prompt.size()));
@@ -221,7 +221,7 @@ int GenerateCommand::run() const {
   options.steps_per_sync = steps_per_sync;
   options.eos_ids = eos_ids(config, tokenizer);
   DecodeSetup setup;
-  setup.batch = int64_t(prompts.size());
+  setup.batch = batch > 0 ? batch : int64_t(prompts.size());
   setup.max_context = max_context > 0 ? max_context : default_max_context(config, longest, max_new_tokens);
   setup.sampling = sampling;
   setup.policy = parse_schedule_policy(policy);
@@ -233,6 +233,8 @@ int GenerateCommand::run() const {
                       memory_budget_gib > 0 ? memory_budget_gib * double(int64_t(1) << 30)
                                             : engine_memory_bytes(engine_name, double(host_memory_bytes())),
                       setup.batch, setup.max_context);
+  // Repeated only now: --batch copies of a prompt can take more memory than the budget allows.
+  if (int64_t(prompts.size()) < setup.batch) prompts.resize(size_t(setup.batch), prompts[0]);
 
   const ModelWeights weights = model.weights(config);
   const std::unique_ptr<DecodeEngine> decoder = make_decoder(engine_name, weights, setup);

@@ -35,7 +35,8 @@ struct GenerateCommand {
   int run() const;
 
  private:
-  // From --tokens, --prompt-ids or --prompt (which loads `tokenizer`), repeated to --batch when there is one.
+  // From --tokens, --prompt-ids or --prompt (which loads `tokenizer`); one prompt with --batch is repeated by run(),
+  // once the memory budget allows it.
   std::vector<std::vector<int32_t>> read_prompts(const ModelConfig& config, std::optional<Tokenizer>& tokenizer) const;
   // --stream resolved: auto is text when read_prompts loaded a tokenizer (a text prompt), ids otherwise; text loads
   // the model directory's tokenizer when the prompts were ids.

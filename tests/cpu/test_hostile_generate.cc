@@ -116,6 +116,14 @@ TEST_F(HostileGenerate, RealFlagsBeyondADoubleAreOutOfRangeNotNaN) {
   }
 }
 
+TEST_F(HostileGenerate, ARepeatedPromptIsCheckedAgainstTheBudgetBeforeItIsCopied) {
+  // One prompt was copied --batch times before the budget was checked: 5 GB and 5 s at 10^8, std::bad_alloc at 2^30.
+  expect_failure(run_mk(generate("--prompt-ids 1 --batch 100000000"), "ulimit -v 2000000;", 10), 1,
+                 "the KV cache of batch 100000000 x max context 128 needs");
+  expect_failure(run_mk(generate("--prompt-ids 1 --batch 1073741824"), "", 10), 1,
+                 "the KV cache of batch 1073741824 x max context 128 needs");
+}
+
 TEST_F(HostileGenerate, ATinyTemperatureSamplesAsGreedyNotGarbage) {
   // logit / 1e-40 overflowed to inf and inf - inf to NaN: each draw was the least likely token, or with a top-p an
   // index before the candidates (undefined behaviour; it printed token 0).
