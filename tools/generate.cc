@@ -112,11 +112,13 @@ CLI::App* GenerateCommand::add(CLI::App& app) {
       ->check(CLI::Range(int64_t(1), kMaxStepsPerSync));
   command->add_option("--batch", batch, "sequences; one prompt is repeated to fill them (default: the prompts' count)")
       ->check(size_in_range(kMaxTokens));
-  command->add_option("--temperature", sampling.temperature, "0: greedy")->capture_default_str();
+  command->add_option("--temperature", sampling.temperature, "0: greedy")->capture_default_str()->check(kFloat);
   command->add_option("--top-k", sampling.top_k, "sample from the k most likely tokens (0: all)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(kNonEmpty);
   command->add_option("--top-p", sampling.top_p, "then from the fewest whose probability reaches p")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(kFloat);
   command->add_option("--seed", sampling.seed, "seed of the sampling's random numbers")
       ->capture_default_str()
       ->check(kSeed);

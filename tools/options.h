@@ -57,6 +57,20 @@ inline const CLI::Validator kPositiveFinite(
     },
     "POSITIVE");
 
+// A real number held in a float (the sampling flags). CLI11 alone reads "" as 0, and rounds 1e-320 to 0 and 1e39 to
+// inf, so that a temperature given would silently be greedy; the range is the engine's to check.
+inline const CLI::Validator kFloat(
+    [](std::string& text) {
+      float value = 0;
+      const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+      const bool whole_text = end == text.data() + text.size();
+      if (error == std::errc::result_out_of_range && whole_text)
+        return fmt::format("out of range (a float holds about 1e-45 to 3e38), got {}", text);
+      if (error != std::errc() || !whole_text) return fmt::format("not a number: {}", text);
+      return std::string();
+    },
+    "");
+
 // --stall-timeout of the gpu engine's commands: a counter wait longer than this aborts the launch with a report
 // naming it, never a hang. Raised for runs under compute-sanitizer, whose racecheck slows a decode step to seconds.
 inline void add_stall_timeout_option(CLI::App& command, double& seconds) {

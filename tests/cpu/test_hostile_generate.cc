@@ -124,6 +124,21 @@ TEST_F(HostileGenerate, ARepeatedPromptIsCheckedAgainstTheBudgetBeforeItIsCopied
                  "the KV cache of batch 1073741824 x max context 128 needs");
 }
 
+TEST_F(HostileGenerate, SamplingFlagsAreNotRoundedToADefault) {
+  // "" and 1e-320 were read as temperature 0 (greedy, the sampling flags given then blamed on it), --top-k "" as
+  // 0 (all), and 1e39 reported as inf.
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--temperature ''", "--temperature: not a number: "},
+      {"--temperature 1e-320", "--temperature: out of range (a float holds about 1e-45 to 3e38), got 1e-320"},
+      {"--temperature 1e-320 --seed 3", "--temperature: out of range"},
+      {"--temperature 1e39", "--temperature: out of range (a float holds about 1e-45 to 3e38), got 1e39"},
+      {"--temperature 1 --top-p ''", "--top-p: not a number: "},
+      {"--temperature 1 --top-p 1e-320", "--top-p: out of range"},
+      {"--temperature 1 --top-k ''", "--top-k: must not be empty"},
+  };
+  for (const auto& [args, message] : cases) expect_failure(run_mk(generate("--prompt-ids 1 " + args)), 2, message);
+}
+
 TEST_F(HostileGenerate, ATinyTemperatureSamplesAsGreedyNotGarbage) {
   // logit / 1e-40 overflowed to inf and inf - inf to NaN: each draw was the least likely token, or with a top-p an
   // index before the candidates (undefined behaviour; it printed token 0).
