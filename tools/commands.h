@@ -95,7 +95,8 @@ struct BisectCommand {
     model.add_to(*command);
     schedule.add_to(*command);
     command->add_option("--until-layer", until_layer, "compare the ops of layers up to this one only (-1: all)")
-        ->capture_default_str();
+        ->capture_default_str()
+        ->check(kNonEmpty);
     return command;
   }
 };

@@ -208,6 +208,10 @@ int run_forward(const RunCommand& run) {
 
 int run_bisect(const ModelOptions& options, ScheduleOptions schedule_options, int until_layer) {
   const mk::ModelConfig config = options.config();
+  // A layer past the model's compared them all, as -1 does: a typo would pass for a bisection up to it.
+  if (until_layer < -1 || until_layer >= config.n_layers)
+    throw UsageError(fmt::format("--until-layer {}: must be -1 (all) or one of the model's {} layers, 0 to {}",
+                                 until_layer, config.n_layers, config.n_layers - 1));
   const mk::RunShape shape = options.shape();
   const mk::ForwardCost cost = mk::forward_cost(config, shape);
   for (const char* engine : {"gpu", "cpu-vm"}) mk::cli::check_engine_memory(engine, cost, shape);

@@ -150,6 +150,16 @@ TEST_F(Hostile, FlagsThatCannotApplyAreUsageErrors) {
   for (const auto& [args, message] : cases) expect_failure(run_mk(args), 2, message);
 }
 
+TEST_F(Hostile, BisectUntilALayerTheModelLacksIsAUsageError) {
+  // Each compared every layer, as -1 does, and only after the weights were made and a GPU was looked for.
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--until-layer 2", "--until-layer 2: must be -1 (all) or one of the model's 2 layers, 0 to 1"},
+      {"--until-layer -5", "--until-layer -5: must be -1 (all) or one of the model's 2 layers"},
+      {"--until-layer ''", "--until-layer: must not be empty"},  // was layer 0
+  };
+  for (const auto& [args, message] : cases) expect_failure(run_mk("bisect --preset tiny " + args), 2, message);
+}
+
 // ---- what held up still holds, and mk info counts every weight ----
 
 TEST(HostileInfo, WeightMemoryCountsTheEmbedding) {
