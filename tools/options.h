@@ -194,7 +194,7 @@ struct ModelOptions {
     if (model_dir.empty()) result = mk::find_preset(preset.empty() ? "seed" : preset).shape;
     if (batch != 0) result.batch = batch;
     if (seq_len != 0) result.seq_len = seq_len;
-    MK_CHECK(decode || max_context == 0, "--max-context describes the KV cache of a --decode step");
+    if (!decode && max_context != 0) throw UsageError("--max-context describes the KV cache of a --decode step");
     if (decode) {
       const int64_t block = mk::tiles::kDecodeKvBlock;
       const int64_t context = max_context > 0 ? max_context : (result.seq_len + block - 1) / block * block;

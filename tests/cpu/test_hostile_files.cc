@@ -146,6 +146,8 @@ TEST_F(Hostile, FlagsThatCannotApplyAreUsageErrors) {
       {"trace --preset tiny --engine cpu-vm --overhead 3", "--overhead applies to --engine gpu"},
       {reference + "--no-race-check", "--no-race-check applies to --engine cpu-vm only"},
       {"export --preset tiny --out x --batch 2", "--batch requires --input"},
+      {"info --preset tiny --max-context 256", "--max-context describes the KV cache of a --decode step"},  // was 1
+      {"schedule --preset tiny --max-context 256", "--max-context describes the KV cache of a --decode step"},
   };
   for (const auto& [args, message] : cases) expect_failure(run_mk(args), 2, message);
 }
