@@ -177,10 +177,11 @@ int run_forward(const RunCommand& run) {
       output = gpu.output();
     }
   }
+  const double flops = mk::forward_cost(config, input.shape).flops;
   if (seconds < 0.1) {
-    fmt::print("time: {:.3f} ms ({:.1f} TFLOP/s)\n", seconds * 1e3, mk::forward_cost(config, input.shape).flops / seconds / 1e12);
+    fmt::print("time: {:.3f} ms ({:.1f} TFLOP/s)\n", seconds * 1e3, flops / seconds / 1e12);
   } else {
-    fmt::print("time: {:.3f} s ({:.2f} GFLOP/s)\n", seconds, mk::forward_cost(config, input.shape).flops / seconds / 1e9);
+    fmt::print("time: {:.3f} s ({:.2f} GFLOP/s)\n", seconds, flops / seconds / 1e9);
   }
   print_checksum(config, output);
   if (!output_path.empty()) {

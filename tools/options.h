@@ -170,7 +170,8 @@ struct ModelOptions {
   }
 
   void add_pass_to(CLI::App& command) {
-    command.add_flag("--decode", decode, "a decode step of --batch sequences (one token each) instead of a forward pass");
+    command.add_flag("--decode", decode,
+                     "a decode step of --batch sequences (one token each) instead of a forward pass");
     command.add_option("--max-context", max_context, "--decode: KV cache positions (default: --seq rounded up to 128)")
         ->check(size_in_range(mk::kMaxTokens));
   }
