@@ -24,11 +24,17 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 std::string gib(double bytes) { return fmt::format("{:.2f} GiB", bytes / double(int64_t(1) << 30)); }
 
+// Prompt b's tokens: a generation starts from at least one.
+template <typename Id>
+void check_prompt_not_empty(const std::vector<Id>& prompt, size_t b) {
+  MK_CHECK(!prompt.empty(), "prompt {} is empty: generation starts from at least one token", b);
+}
+
 // Checks the prompts against the engine: one per sequence, each at least one token, each fitting the cache.
 void check_prompts(const std::vector<std::vector<int32_t>>& prompts, const DecodeSetup& setup) {
   MK_CHECK(int64_t(prompts.size()) == setup.batch, "{} prompts for an engine of batch {}", prompts.size(), setup.batch);
   for (size_t b = 0; b < prompts.size(); ++b) {
-    MK_CHECK(!prompts[b].empty(), "prompt {} is empty: generation starts from at least one token", b);
+    check_prompt_not_empty(prompts[b], b);
     MK_CHECK(int64_t(prompts[b].size()) <= setup.max_context,
              "prompt {} has {} tokens, more than the KV cache's {} positions (--max-context)", b, prompts[b].size(),
              setup.max_context);
@@ -167,6 +173,7 @@ namespace {
 template <typename Id>
 void check_prompt_ids_of(const ModelConfig& config, const std::vector<std::vector<Id>>& prompts) {
   for (size_t b = 0; b < prompts.size(); ++b) {
+    check_prompt_not_empty(prompts[b], b);
     for (size_t i = 0; i < prompts[b].size(); ++i) {
       const Id id = prompts[b][i];
       MK_CHECK(id >= 0 && id < config.vocab_size,

@@ -81,6 +81,13 @@ TEST_F(HostileGenerate, PromptIdsOutsideTheVocabularyAreNamedByPromptAndPosition
   EXPECT_THAT(result.output, Not(HasSubstr("longest prompt")));  // refused before the engine was built
 }
 
+TEST_F(HostileGenerate, AnEmptyPromptIsRefusedBeforeTheEngineIsBuilt) {
+  // The generation loop refused it, after the weights were made and the engine built.
+  const MkResult result = run_mk(generate("--prompt-ids '1;;2'"));
+  expect_failure(result, 1, "prompt 1 is empty: generation starts from at least one token");
+  EXPECT_THAT(result.output, Not(HasSubstr("longest prompt")));
+}
+
 TEST_F(HostileGenerate, FlagsTheRunWouldIgnoreAreUsageErrors) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"--prompt-ids ''", "--prompt-ids: must not be empty"},  // was "--prompt needs --model DIR"
