@@ -43,17 +43,26 @@ inline std::vector<int32_t> parse_token_ids(const std::string& text, const std::
 inline const CLI::Validator kNonEmpty(
     [](std::string& text) { return text.empty() ? std::string("must not be empty") : std::string(); }, "NONEMPTY");
 
+// `text`, all of it, as a real number of type Real into `value`: "" when it is one, else why not ("not a number", or
+// out of Real's range, which `range` words). CLI11's own parse reads "" as 0 and rounds what Real cannot hold.
+template <typename Real>
+std::string parse_real(const std::string& text, Real& value, const char* range) {
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  const bool whole_text = end == text.data() + text.size();
+  if (error == std::errc::result_out_of_range && whole_text)
+    return fmt::format("out of range ({}), got {}", range, text);
+  if (error != std::errc() || !whole_text) return fmt::format("not a number: {}", text);
+  return std::string();
+}
+
 // A positive, finite real number. CLI::PositiveNumber lets "nan" through and words its range with DBL_MAX in full.
 inline const CLI::Validator kPositiveFinite(
     [](std::string& text) {
       double value = 0;
-      const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-      const bool whole_text = end == text.data() + text.size();
-      if (error == std::errc::result_out_of_range && whole_text)
-        return fmt::format("out of range (a double holds about 1e-308 to 1e308), got {}", text);
-      if (error != std::errc() || !whole_text) return fmt::format("not a number: {}", text);
-      if (!std::isfinite(value) || value <= 0) return fmt::format("must be a positive finite number, got {}", text);
-      return std::string();
+      std::string why_not = parse_real(text, value, "a double holds about 1e-308 to 1e308");
+      if (why_not.empty() && (!std::isfinite(value) || value <= 0))
+        why_not = fmt::format("must be a positive finite number, got {}", text);
+      return why_not;
     },
     "POSITIVE");
 
@@ -62,12 +71,7 @@ inline const CLI::Validator kPositiveFinite(
 inline const CLI::Validator kFloat(
     [](std::string& text) {
       float value = 0;
-      const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-      const bool whole_text = end == text.data() + text.size();
-      if (error == std::errc::result_out_of_range && whole_text)
-        return fmt::format("out of range (a float holds about 1e-45 to 3e38), got {}", text);
-      if (error != std::errc() || !whole_text) return fmt::format("not a number: {}", text);
-      return std::string();
+      return parse_real(text, value, "a float holds about 1e-45 to 3e38");
     },
     "");
 
@@ -81,8 +85,7 @@ inline void add_stall_timeout_option(CLI::App& command, double& seconds) {
       ->check(CLI::Validator(
           [](std::string& text) {
             double value = 0;
-            const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-            const bool number = error == std::errc() && end == text.data() + text.size();
+            const bool number = parse_real(text, value, "").empty();
             if (number && value >= mk::kMinStallTimeoutS && value <= mk::kMaxStallTimeoutS) return std::string();
             return fmt::format("must be a number of seconds in [{}, {}], got {}", mk::kMinStallTimeoutS,
                                mk::kMaxStallTimeoutS, text);
