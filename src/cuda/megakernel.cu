@@ -203,7 +203,6 @@ __device__ __forceinline__ bool run_decode_instruction(const MegakernelParams& p
     case Opcode::kDecodeGateUp:
     case Opcode::kDecodeDown:
     case Opcode::kDecodeLmHead:
-    case Opcode::kDecodeOProjCombine:
       run_decode_gemm<kNarrow>(p, s, in, prologue, thread);
       return true;
     case Opcode::kDecodeAttention:

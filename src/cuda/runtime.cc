@@ -170,6 +170,14 @@ void GpuEngine::Impl::upload_schedule(const Schedule& schedule) {
   // group not wholly linked would leave its combine unrun (o_proj stalls), and an unlinked combine is refused there
   // as a bad instruction; a linked task's fields address its ticket.
   check_combine_links(graph, schedule);
+  // NOTE: decode_o_proj_combine runs on the CPU engines only: staging a row's partials in every o_proj tile measured
+  // slower than a combine of its own (docs/perf.md, sixth session, run 6), and its device path, a copy of the combine
+  // in each GEMM staging site, was 12% of the decode kernels' code (twentieth session).
+  for (size_t i = 0; i < schedule.instructions.size(); ++i)
+    MK_CHECK(schedule.instructions[i].opcode != Opcode::kDecodeOProjCombine,
+             "gpu engine: instruction {} is a decode_o_proj_combine, which only the CPU engines run (the gpu "
+             "engine's decode programs combine with decode_combine, then decode_o_proj)",
+             i);
   // Linked decode combines' tickets (MegakernelParams::combine_tickets) follow the counters, cleared with them.
   const ModelConfig& c = graph.config();
   const RunShape& shape = graph.shape();

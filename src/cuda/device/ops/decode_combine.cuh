@@ -75,24 +75,6 @@ __device__ __forceinline__ float combine_staged(const ModelDims& d, const float*
                          [&](int32_t block, int32_t at) { return record[block * heads * stride + at]; });
 }
 
-// Row b's attention output (q_dim values) into `out` as bf16, from its partial records of every block, staged in
-// `scratch` (scratch_bytes): decode_o_proj_combine's staging, each tile needing the whole row. Rows whose records do
-// not fit the scratch are combined from global memory. Element i goes to out[i ^ swizzle] (the staged rows' chunk
-// swizzle, decode_gemm.cuh). Ends with the consumers synchronized.
-__device__ __forceinline__ void stage_combined_row(const MegakernelParams& p, int64_t layer, int32_t b,
-                                                   __nv_bfloat16* out, int32_t swizzle, float* scratch,
-                                                   int32_t scratch_bytes, int consumer_thread) {
-  const ModelDims& d = p.dims;
-  const int32_t heads = d.q_dim / d.head_dim, blocks = p.positions[b] / kDecodeKvBlock + 1;
-  const bool staged = stage_partial_records(p, layer, b, 0, heads, scratch, scratch_bytes, consumer_thread);
-  for (int32_t i = consumer_thread; i < d.q_dim; i += KernelConfig::kConsumerThreads) {
-    const float value = staged ? combine_staged(d, scratch, blocks, heads, i / d.head_dim, i % d.head_dim)
-                               : combine_partials(p, layer, b, i);
-    out[i ^ swizzle] = __float2bfloat16_rn(value);
-  }
-  ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
-}
-
 // attn[l][rows, cols] <- for sequences rows and the query heads of cols, their partials combined: the records staged
 // in the (idle) stage ring where they fit, then one thread per output element.
 __device__ __forceinline__ void run_decode_combine(const MegakernelParams& p, const SharedState& s,

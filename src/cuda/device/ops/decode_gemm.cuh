@@ -57,7 +57,6 @@ __device__ __forceinline__ DecodeGemmTask decode_gemm_task(const MegakernelParam
       return {p.hidden + layer * B * D, w.attn_norm_weight + layer * D, w.wqkv + layer * d.qkv_dim * D, d.d_model,
               d.d_model, in.row_begin / d.max_context, (in.row_end + d.max_context - 1) / d.max_context, width / 2};
     case Opcode::kDecodeOProj:
-    case Opcode::kDecodeOProjCombine:  // a: the partials, combined as they are staged
       return {p.attn + layer * B * d.q_dim, nullptr, w.wo + layer * D * d.q_dim, d.q_dim, d.q_dim, in.row_begin,
               in.row_end, width / 2};
     case Opcode::kDecodeGateUp:  // a pair is the gate and the up row of one output column
@@ -140,8 +139,7 @@ __device__ __forceinline__ void decode_epilogue(const MegakernelParams& p, const
       store_pair(p.kv_cache + cache_row * 2 * d.kv_dim + col, r.x, r.y);
       break;
     }
-    case Opcode::kDecodeOProj:
-    case Opcode::kDecodeOProjCombine: {
+    case Opcode::kDecodeOProj: {
       const float2 residual = load_pair(p.hidden + (layer * B + b) * D + col);
       store_pair(p.hidden_mid + (layer * B + b) * D + col, residual.x + x0, residual.y + x1);
       break;
@@ -185,7 +183,7 @@ __device__ __forceinline__ void for_each_staged_chunk(int32_t rows, int32_t chun
 }
 
 // Input rows [b0, b0 + rows) into shared memory as bf16 (rows, k) in staged_index order, normalized when the task
-// fuses a norm (the way the forward's norm op rounds them), combined from the partials for decode_o_proj_combine.
+// fuses a norm (the way the forward's norm op rounds them).
 // `scratch` (the output tile: kDecodeInvRmsBytes + 2 k bytes) holds each row's 1 / rms and the norm weight. Ends
 // with the consumers synchronized. NOTE: the rows and the norm weight arrive in one round of cp.async copies, and
 // the sums of squares are taken from shared memory: reading the rows twice from L2 (sums, then staging) put an extra
@@ -196,13 +194,6 @@ __device__ __forceinline__ void stage_decode_rows(const MegakernelParams& p, con
   constexpr int kThreads = KernelConfig::kConsumerThreads;
   const int warp = consumer_thread / 32, lane = consumer_thread % 32;
   const int32_t chunks = t.k / 8;
-  if (in.opcode == Opcode::kDecodeOProjCombine) {  // the weight ring is idle while a tile stages
-    float* records = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(staged) + KernelConfig::kDecodeStagedRowBytes);
-    for (int32_t r = 0; r < rows; ++r)
-      stage_combined_row(p, in.layer, b0 + r, reinterpret_cast<__nv_bfloat16*>(staged) + int64_t(r) * t.k,
-                         (r & 7) * 8, records, KernelConfig::kDecodeWeightRingBytes, consumer_thread);
-    return;
-  }
   float* inv_rms = scratch;                                   // (kDecodeMaxRows)
   uint4* norm_weight = reinterpret_cast<uint4*>(scratch + KernelConfig::kDecodeInvRmsBytes / 4);  // (chunks)
   const uint4* x = reinterpret_cast<const uint4*>(t.a + int64_t(b0) * t.row_stride);
@@ -337,22 +328,17 @@ __device__ __forceinline__ void issue_next_step(Stream& stream, const Megakernel
   }
 }
 
-// Every output pair of the task for staged rows [b0, b0 + rows), rows <= kRows. `prologue_issued`: the stream's
-// first steps are already on their way (sent before the task's counter wait: weights depend on nothing).
+// Every output pair of the task for staged rows [b0, b0 + rows), rows <= kRows, the stream's first steps already on
+// their way (the first pass's sent before the task's counter wait: weights depend on nothing).
 template <int kRows>
 __device__ __forceinline__ void decode_gemm_rows(const MegakernelParams& p, const Instruction& in,
                                                  const DecodeGemmTask& t, const uint4* staged, uint4* ring,
-                                                 int32_t b0, int32_t rows, bool prologue_issued,
-                                                 int consumer_thread) {
+                                                 int32_t b0, int32_t rows, int consumer_thread) {
   WeightStream stream(t, ring, consumer_thread);
   const int lane = stream.lane;
   const int32_t chunks = t.k / 8, steps = stream.steps, steps_per_pair = stream.steps_per_pair;
   const uint4* own = stream.own;
-  if (prologue_issued) {
-    stream.prologue_sent();
-  } else {
-    stream.issue_prologue(p, in, t);
-  }
+  stream.prologue_sent();
   float acc[kRows][2] = {};
   int32_t pair = stream.warp, k_step = 0;  // of the step computed
   for (int32_t step = 0; step < steps; ++step) {
@@ -386,8 +372,7 @@ __device__ __forceinline__ void decode_gemm_rows(const MegakernelParams& p, cons
 
 __device__ __forceinline__ bool is_decode_gemm(Opcode opcode) {
   return opcode == Opcode::kDecodeQ || opcode == Opcode::kDecodeKv || opcode == Opcode::kDecodeOProj ||
-         opcode == Opcode::kDecodeGateUp || opcode == Opcode::kDecodeDown || opcode == Opcode::kDecodeLmHead ||
-         opcode == Opcode::kDecodeOProjCombine;
+         opcode == Opcode::kDecodeGateUp || opcode == Opcode::kDecodeDown || opcode == Opcode::kDecodeLmHead;
 }
 
 // Batch rows per pass of task t: as many as the staging space holds, up to kDecodeMaxRows.

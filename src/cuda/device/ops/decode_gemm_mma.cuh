@@ -230,16 +230,15 @@ __device__ __forceinline__ void reduce_slices(const MegakernelParams& p, const I
 // step (one slice a unit; else reduce_slices after the loop), acc restarting for the warp's next job. The window
 // starts at the warp's first job's first step: the whole stream, or with K ranges (one job a warp, no `finish`) one
 // range's steps. A window that ends before the stream's last step leaves copies in flight, which the next range's
-// staging waits for. `prologue_issued`: as in decode_gemm_rows.
+// staging waits for. The stream's first steps are already on their way (issue_pass_prologue).
 template <int kGroups>
 __device__ __forceinline__ void mma_steps(const MegakernelParams& p, const Instruction& in, const DecodeGemmTask& t,
                                           MmaStream<kGroups>& stream, const uint4* staged, int32_t b0, int32_t rows,
-                                          int32_t first_step, int32_t end_step, bool prologue_issued, bool finish,
+                                          int32_t first_step, int32_t end_step, bool finish,
                                           float (&acc)[kGroups][4]) {
   const int32_t chunks = t.k / 8;
   const MmaLane fragment_addresses = mma_lane(staged, chunks, rows, stream.lane);
-  if (first_step == 0 && prologue_issued) stream.prologue_sent();
-  if (first_step == 0 && !prologue_issued) stream.issue_prologue(p, in, t);
+  if (first_step == 0) stream.prologue_sent();
   int32_t unit = stream.first_unit, slice_step = 0;  // of the step computed, counted along as the stream's
   for (int32_t step = first_step; step < end_step; ++step) {
     __syncwarp();  // every lane's reads of the buffer refilled next (the previous step's) are done
@@ -260,16 +259,16 @@ __device__ __forceinline__ void mma_steps(const MegakernelParams& p, const Instr
   if (end_step == stream.steps) ptx::cp_async_wait<0>();  // the trailing empty groups
 }
 
-// Every output pair of the task for staged rows [b0, b0 + rows), 3 <= rows <= kMmaRows. `prologue_issued`: as in
-// decode_gemm_rows.
+// Every output pair of the task for staged rows [b0, b0 + rows), 3 <= rows <= kMmaRows, the stream's first steps
+// already on their way.
 template <int kGroups>
 __device__ __forceinline__ void decode_gemm_mma(const MegakernelParams& p, const Instruction& in,
                                                 const DecodeGemmTask& t, const uint4* staged, uint4* ring,
-                                                float* scratch, int32_t b0, int32_t rows, bool prologue_issued,
+                                                float* scratch, int32_t b0, int32_t rows,
                                                 int consumer_thread) {
   MmaStream<kGroups> stream(t, ring, consumer_thread);
   float acc[kGroups][4] = {};  // (groups, C fragment: rows g and g + 8 of the pass x 2 columns)
-  mma_steps<kGroups>(p, in, t, stream, staged, b0, rows, 0, stream.steps, prologue_issued, true, acc);
+  mma_steps<kGroups>(p, in, t, stream, staged, b0, rows, 0, stream.steps, true, acc);
   if (stream.slices > 1) reduce_slices<kGroups>(p, in, t, stream, scratch, b0, rows, acc);
 }
 
@@ -286,15 +285,15 @@ __device__ __forceinline__ DecodeGemmTask decode_k_range(DecodeGemmTask t, int32
 // (178 us; docs/perf.md, fifth session, run 2). A pass of up to kMmaRows rows instead takes K in ranges, staged one
 // after the other, each warp's accumulators carried from range to range, and the weights stream once a pass.
 // K ranges a pass of `rows` rows takes: 1 when they fit the staging space at full K, else the fewest equal ranges of
-// whole 64-column blocks (the staged rows' swizzle) that fit; 0 when none can: a fused norm needs whole rows, the
-// fused combine stages otherwise, and a warp with several jobs (two groups a warp) could not carry its accumulators.
+// whole 64-column blocks (the staged rows' swizzle) that fit; 0 when none can: a fused norm needs whole rows, and a
+// warp with several jobs (two groups a warp) could not carry its accumulators.
 // Equal ranges give every range the same slices, so a warp keeps its job (unit, K-slice) in all of them. NOTE: at most
 // twice the fewest that fit: where k / 64 has no divisor near them (k = 64 x 131), equal ranges would be tiny, each
 // a round trip, and passes of fewer rows at full K stream faster.
 __device__ __forceinline__ int32_t decode_k_ranges(const Instruction& in, const DecodeGemmTask& t, int32_t rows) {
   const int32_t bytes = rows * 2 * t.k;
   if (bytes <= kStagedRowBytes) return 1;
-  if (t.norm_weight != nullptr || in.opcode == Opcode::kDecodeOProjCombine || mma_groups_per_warp(t) != 1) return 0;
+  if (t.norm_weight != nullptr || mma_groups_per_warp(t) != 1) return 0;
   const int32_t fewest = (bytes + kStagedRowBytes - 1) / kStagedRowBytes;
   for (int32_t ranges = fewest; ranges <= 2 * fewest && ranges * 64 <= t.k; ++ranges)
     if (t.k % (ranges * 64) == 0) return ranges;
@@ -345,7 +344,7 @@ __device__ __forceinline__ void decode_gemm_mma_ranges(const MegakernelParams& p
   for (int32_t r = 0; r < ranges; ++r) {
     if (r > 0) ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);  // the previous range's rows are read
     stage_decode_rows(p, in, decode_k_range(t, r * length, length), b0, rows, staged, scratch, consumer_thread);
-    mma_steps<1>(p, in, first, stream, staged, b0, rows, r * range_steps, (r + 1) * range_steps, true, false, acc);
+    mma_steps<1>(p, in, first, stream, staged, b0, rows, r * range_steps, (r + 1) * range_steps, false, acc);
   }
   if (stream.slices > 1) {
     reduce_slices<1>(p, in, first, stream, scratch, b0, rows, acc);
@@ -355,9 +354,8 @@ __device__ __forceinline__ void decode_gemm_mma_ranges(const MegakernelParams& p
 }
 
 // The first kStepBuffers steps of the weight stream a pass of `rows` rows uses (with short K-slices they may span its
-// K ranges), sent before the pass stages its rows, so that both land in one round trip. Not for
-// decode_o_proj_combine, whose staging uses the ring. kNarrow: every pass is of 1-2 rows at full K
-// (megakernel_decode_narrow), so only the CUDA-core path is compiled.
+// K ranges), sent before the pass stages its rows, so that both land in one round trip. kNarrow: every pass is of 1-2
+// rows at full K (megakernel_decode_narrow), so only the CUDA-core path is compiled.
 template <bool kNarrow>
 __device__ __forceinline__ void issue_pass_prologue(const MegakernelParams& p, const Instruction& in,
                                                     const DecodeGemmTask& t, int32_t rows, int32_t ranges,
@@ -378,26 +376,23 @@ __device__ __forceinline__ void issue_pass_prologue(const MegakernelParams& p, c
   }
 }
 
-// What a decode GEMM task did before its counter wait: its passes worked out, and whether the first pass's weight
-// prologue went out.
+// What a decode GEMM task did before its counter wait: its passes worked out (and the first pass's weight prologue
+// sent).
 struct DecodePrologue {
   DecodePasses passes;
-  bool sent;
 };
 
 // The first pass's prologue, sent before the task's counter wait (weights depend on nothing), so that a tile of
-// ~64 KB of weights is mostly in shared memory when its inputs arrive; not for decode_o_proj_combine, whose staging
-// uses the ring. kNarrow: as issue_pass_prologue's.
+// ~64 KB of weights is mostly in shared memory when its inputs arrive. kNarrow: as issue_pass_prologue's.
 template <bool kNarrow>
 __device__ __forceinline__ DecodePrologue early_weight_prologue(const MegakernelParams& p, const SharedState& s,
                                                                 const Instruction& in, int consumer_thread) {
   const DecodeGemmTask t = decode_gemm_task(p, in);
   const DecodePasses passes = decode_passes(in, t);
-  if (in.opcode == Opcode::kDecodeOProjCombine) return {passes, false};
   uint4* ring = reinterpret_cast<uint4*>(s.stages + kStagedRowBytes);
   issue_pass_prologue<kNarrow>(p, in, t, min(passes.rows, t.batch_end - t.batch_begin), passes.ranges, ring,
                                consumer_thread);
-  return {passes, true};
+  return {passes};
 }
 
 // A decode GEMM task: its batch rows in passes of up to decode_rows_at_full_k, staged at the start of the (otherwise
@@ -413,12 +408,8 @@ __device__ __forceinline__ void run_decode_gemm(const MegakernelParams& p, const
   const int32_t per_pass = prologue.passes.rows, ranges = prologue.passes.ranges;
   for (int32_t b0 = t.batch_begin; b0 < t.batch_end; b0 += per_pass) {
     const int32_t rows = min(per_pass, t.batch_end - b0);
-    bool issued = prologue.sent && b0 == t.batch_begin;  // later passes stream the weights again
-    if (!issued && in.opcode != Opcode::kDecodeOProjCombine) {
-      // the previous pass ended synchronized
-      issue_pass_prologue<kNarrow>(p, in, t, rows, ranges, ring, consumer_thread);
-      issued = true;
-    }
+    // Later passes stream the weights again (the previous pass ended synchronized).
+    if (b0 != t.batch_begin) issue_pass_prologue<kNarrow>(p, in, t, rows, ranges, ring, consumer_thread);
     if constexpr (!kNarrow) {
       if (ranges > 1) {
         decode_gemm_mma_ranges(p, in, t, staged, ring, scratch, b0, rows, ranges, consumer_thread);
@@ -428,14 +419,14 @@ __device__ __forceinline__ void run_decode_gemm(const MegakernelParams& p, const
     }
     stage_decode_rows(p, in, t, b0, rows, staged, scratch, consumer_thread);
     if (rows == 1) {
-      decode_gemm_rows<1>(p, in, t, staged, ring, b0, rows, issued, consumer_thread);
+      decode_gemm_rows<1>(p, in, t, staged, ring, b0, rows, consumer_thread);
     } else if (kNarrow || rows == 2) {
-      decode_gemm_rows<2>(p, in, t, staged, ring, b0, rows, issued, consumer_thread);
+      decode_gemm_rows<2>(p, in, t, staged, ring, b0, rows, consumer_thread);
     } else if constexpr (!kNarrow) {
       if (mma_groups_per_warp(t) == 1) {
-        decode_gemm_mma<1>(p, in, t, staged, ring, scratch, b0, rows, issued, consumer_thread);
+        decode_gemm_mma<1>(p, in, t, staged, ring, scratch, b0, rows, consumer_thread);
       } else {
-        decode_gemm_mma<2>(p, in, t, staged, ring, scratch, b0, rows, issued, consumer_thread);
+        decode_gemm_mma<2>(p, in, t, staged, ring, scratch, b0, rows, consumer_thread);
       }
     }
     ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);  // the next pass restages
