@@ -13,6 +13,7 @@
 #include "device/ops/decode_combine.cuh"
 #include "device/ops/decode_gemm.cuh"
 #include "device/ops/decode_gemm_mma.cuh"
+#include "device/ops/decode_gemm_passes.cuh"
 #include "device/ops/gemm_epilogue.cuh"
 #include "device/ops/gemm_sm90.cuh"
 #include "device/ops/rowwise.cuh"
@@ -188,8 +189,8 @@ __device__ __forceinline__ bool run_forward_instruction(const MegakernelParams& 
 
 // One instruction of a decode pass in the consumer warpgroups; false for an opcode decode passes do not have (combines
 // are skipped, each run by its last attention task: run_combine_if_last).
-// `prologue`: what a decode GEMM did before its wait (early_weight_prologue). kNarrow: as run_megakernel's.
-template <bool kNarrow>
+// `prologue`: what a decode GEMM did before its wait (early_weight_prologue). kRows: as run_megakernel's.
+template <DecodeRows kRows>
 __device__ __forceinline__ bool run_decode_instruction(const MegakernelParams& p, const SharedState& s,
                                                        const Instruction& in, Site site, int thread,
                                                        const DecodePrologue& prologue) {
@@ -203,7 +204,7 @@ __device__ __forceinline__ bool run_decode_instruction(const MegakernelParams& p
     case Opcode::kDecodeGateUp:
     case Opcode::kDecodeDown:
     case Opcode::kDecodeLmHead:
-      run_decode_gemm<kNarrow>(p, s, in, prologue, thread);
+      run_decode_gemm<kRows>(p, s, in, prologue, thread);
       return true;
     case Opcode::kDecodeAttention:
       run_decode_attention(p, s, in, thread);
@@ -218,7 +219,7 @@ __device__ __forceinline__ bool run_decode_instruction(const MegakernelParams& p
 }
 
 // NOTE: forced inline: outlined, the call into it makes ptxas serialize every wgmma of the kernel (C7510).
-template <bool kDecode, bool kNarrow>
+template <bool kDecode, DecodeRows kRows>
 __device__ __forceinline__ void run_consumers(const MegakernelParams& p, uint32_t sm, int consumer_thread) {
   const int warpgroup = consumer_thread / 128;
   const int thread_in_wg = consumer_thread % 128;
@@ -251,7 +252,7 @@ __device__ __forceinline__ void run_consumers(const MegakernelParams& p, uint32_
     // Decode: what depends on nothing in this launch (weights) starts before the counter wait.
     DecodePrologue prologue{};
     if constexpr (kDecode) {
-      if (is_decode_gemm(in.opcode)) prologue = early_weight_prologue<kNarrow>(p, s, in, thread);
+      if (is_decode_gemm(in.opcode)) prologue = early_weight_prologue<kRows>(p, s, in, thread);
       // NOTE: in a decode group's later launches this grid may start while the previous kernel still runs
       // (programmatic dependent launch), so no consumer reads what the group's kernels write before this wait:
       // tokens (the embedding), positions and older cache rows (prestage reads both; the newest of those rows is the
@@ -267,7 +268,7 @@ __device__ __forceinline__ void run_consumers(const MegakernelParams& p, uint32_
     if (trace) trace[kTraceWaitsDone] = clock64();
     bool ok;
     if constexpr (kDecode) {
-      ok = run_decode_instruction<kNarrow>(p, s, in, site, thread, prologue);
+      ok = run_decode_instruction<kRows>(p, s, in, site, thread, prologue);
     } else {
       ok = run_forward_instruction(p, s, in, state, output, site, warpgroup, thread_in_wg, thread, trace);
     }
@@ -293,11 +294,12 @@ __device__ __forceinline__ void run_consumers(const MegakernelParams& p, uint32_
 // The body of the three kernels. kDecode: decode passes, which have no GEMM or attention tiles (check_kernel_limits),
 // so neither a producer nor a storer; compiled apart so that a decode step's code is about half the kernel's and fits
 // the instruction cache better (docs/perf.md, sixteenth session: one-line changes moved decode steps ~1%, and ~1500
-// added instructions made decode attention miss in code they did not touch). kNarrow (decode only): every decode
-// GEMM pass is of 1-2 rows at full K (decode_narrow), so the tensor-core GEMM path is left out too.
-template <bool kDecode, bool kNarrow>
+// added instructions made decode attention miss in code they did not touch). kRows (decode only): which decode GEMM
+// passes are compiled; kNarrow: every pass is of 1-2 rows at full K (decode_narrow), so the tensor-core GEMM path is
+// left out too; kWide (batch > kMmaRows): wide passes, apart so that the smaller batches' kernel keeps its code.
+template <bool kDecode, DecodeRows kRows>
 __device__ __forceinline__ void run_megakernel(const MegakernelParams& p) {
-  static_assert(kDecode || !kNarrow, "only decode passes have a narrow compilation");
+  static_assert(kDecode || kRows == DecodeRows::kMma, "only decode passes have narrow and wide compilations");
   const SharedState s = shared_state();
 
   if (threadIdx.x == 0) {
@@ -338,34 +340,39 @@ __device__ __forceinline__ void run_megakernel(const MegakernelParams& p) {
     }
   } else {
     ptx::setmaxnreg_inc<KernelConfig::kConsumerRegisters>();
-    run_consumers<kDecode, kNarrow>(p, sm, int(threadIdx.x) - 128);
+    run_consumers<kDecode, kRows>(p, sm, int(threadIdx.x) - 128);
   }
 }
 
 }  // namespace
 
 __global__ void __launch_bounds__(KernelConfig::kThreads, 1) megakernel(const __grid_constant__ MegakernelParams p) {
-  run_megakernel<false, false>(p);
+  run_megakernel<false, DecodeRows::kMma>(p);
 }
 
 __global__ void __launch_bounds__(KernelConfig::kThreads, 1)
     megakernel_decode(const __grid_constant__ MegakernelParams p) {
-  run_megakernel<true, false>(p);
+  run_megakernel<true, DecodeRows::kMma>(p);
 }
 
 __global__ void __launch_bounds__(KernelConfig::kThreads, 1)
     megakernel_decode_narrow(const __grid_constant__ MegakernelParams p) {
-  run_megakernel<true, true>(p);
+  run_megakernel<true, DecodeRows::kNarrow>(p);
+}
+
+__global__ void __launch_bounds__(KernelConfig::kThreads, 1)
+    megakernel_decode_wide(const __grid_constant__ MegakernelParams p) {
+  run_megakernel<true, DecodeRows::kWide>(p);
 }
 
 namespace {
 
 using Kernel = void (*)(MegakernelParams);
-constexpr Kernel kKernels[] = {megakernel, megakernel_decode, megakernel_decode_narrow};
+constexpr Kernel kKernels[] = {megakernel, megakernel_decode, megakernel_decode_narrow, megakernel_decode_wide};
 
 // Whether every decode GEMM pass of a decode pass with these dims is of 1-2 rows at full K: a tile's rows are at
 // most the batch, and two rows of the widest input fit the staging space (decode_passes then takes one K range).
-// NOTE: this mirrors decode_passes (decode_gemm_mma.cuh), which the narrow kernel does not check: a change to either
+// NOTE: this mirrors decode_passes (decode_gemm_passes.cuh), which the narrow kernel does not check: a change to either
 // must keep them agreeing, or a narrow pass would drop rows or stage K over the weight ring.
 bool decode_narrow(const ModelDims& d) {
   const int64_t widest = std::max({d.d_model, d.q_dim, d.d_ff});
@@ -421,6 +428,7 @@ cudaError_t launch_megakernel(const MegakernelParams& params, int grid_size, cud
       launch_config(grid_size, KernelConfig::kThreads, KernelConfig::kSmemBytes, stream, programmatic, attribute);
   if (!params.dims.decode) return cudaLaunchKernelEx(&config, megakernel, params);
   if (decode_narrow(params.dims)) return cudaLaunchKernelEx(&config, megakernel_decode_narrow, params);
+  if (params.dims.batch > kMmaRows) return cudaLaunchKernelEx(&config, megakernel_decode_wide, params);
   return cudaLaunchKernelEx(&config, megakernel_decode, params);
 }
 

@@ -92,7 +92,7 @@ TEST_F(Gpu, GenerationReproducesTheForwardPassOnRaggedBatches) {
   check_generation(small_config(512, 1024, 8, 2, 128, true, true), {20, 3, 17, 1, 9, 30}, 12, 256, 22);
   // Batch 11: one tensor-core pass of 11 rows.
   check_generation(small_config(256, 512, 4, 2, 64, true, true), {9, 2, 14, 5, 1, 7, 3, 12, 6, 4, 10}, 6, 128, 26);
-  // Batch 18: more rows than one pass holds: two balanced passes of 9.
+  // Batch 18: more rows than one mma's M: a wide pass of 18 rows (megakernel_decode_wide), its second M tile of 2.
   check_generation(small_config(256, 512, 4, 2, 64, true, true),
                    {9, 2, 14, 5, 1, 7, 3, 12, 6, 4, 10, 8, 11, 13, 2, 6, 15, 1}, 4, 128, 27);
   // Batch 6 of 8 kv heads at context 512: 48 (sequence, kv head) pairs take 2 splits of the 4 blocks, so a long
@@ -161,9 +161,9 @@ TEST_F(Gpu, TensorCoreDecodePassesOverKRanges) {
 }
 
 TEST_F(Gpu, DecodeKRangesHoldForTheLastShorterPass) {
-  // d_ff 4160 = 65 blocks of 64 at batch 31: down's passes are 16 and 15 rows. 16 rows take 5 K ranges; 15 rows
-  // alone would take none (2-4 do not divide 65 blocks) and overran the staging space before the ranges were the
-  // full pass's.
+  // d_ff 4160 = 65 blocks of 64 at batch 31: down's wide pass of 31 rows takes 5 K ranges of 832. (In passes of 16
+  // and 15 rows, before wide passes, 15 rows alone would have taken none, 2-4 not dividing 65 blocks, and overran
+  // the staging space before the ranges were the full pass's.)
   std::vector<int64_t> prompt_lengths;
   for (int64_t b = 0; b < 31; ++b) prompt_lengths.push_back(1 + b % 7);
   check_generation(small_config(256, 4160, 4, 2, 64, true, true, 1), prompt_lengths, 3, 64, 31);
@@ -229,9 +229,25 @@ TEST_F(Gpu, GenerationOfALlama1bShapedModel) {
   // Batch 5: tensor-core passes at the real widths (two groups a warp for gate_up, K split 4 ways for o_proj and
   // down), and down's k = 8192 holds only 4 rows in the staging space: one pass of 5 rows over 2 K ranges.
   check_generation(config, {64, 9, 30, 17, 41}, 4, 1024, 28);
-  // Batch 20: two passes of 10 rows, down's in 4 K ranges of 2048 each; the second pass issues its own weight
-  // prologue (not before the counter wait) ahead of its staging.
+  // Batch 20: one wide pass of 20 rows at the real widths: the norm-fused q, kv, gate_up (two groups a warp) and LM
+  // head tiles take K in 2 ranges after their rows' 1 / rms, o_proj in 2, down in 8 of 1024.
   check_generation(config, {9, 3, 7, 5, 12, 1, 8, 6, 4, 11, 6, 10, 2, 7, 3, 10, 5, 3, 8, 4}, 3, 1024, 33);
+}
+
+// Batches above one mma's M (16 rows) run megakernel_decode_wide: passes of up to 32 rows, two M tiles against each
+// weight fragment, so that a tile's weights stream once a pass.
+TEST_F(Gpu, WideDecodePasses) {
+  // Batch 40: two wide passes of 20 rows. 20 rows of d_model 2560 are 100 KB, more than the 64 KB staging space, so
+  // the norm-fused ops (q, kv, gate_up, the LM head) take K in 2 ranges of 1280 after their rows' 1 / rms, and
+  // o_proj (k 2560) and down (d_ff 3072: 120 KB) in 2 ranges too.
+  std::vector<int64_t> forty;
+  for (int64_t b = 0; b < 40; ++b) forty.push_back(1 + (b * 5) % 9);
+  check_generation(small_config(2560, 3072, 20, 4, 128, true, true, 1), forty, 3, 64, 45);
+  // Batch 20 with a vocabulary of 20000: the LM head's tiles have more than 16 groups (one job a warp cannot hold
+  // them), so they keep passes of up to 16 rows (10 and 10) while the other ops take a wide pass of 20.
+  ModelConfig config = small_config(256, 512, 4, 2, 64, true, true, 1);
+  config.vocab_size = 20000;
+  check_generation(config, std::vector<int64_t>(forty.begin(), forty.begin() + 20), 3, 64, 46);
 }
 
 // What `run` throws from a tiny decode engine of batch 2 on `sm_count` SMs whose sample task waits for a signal that

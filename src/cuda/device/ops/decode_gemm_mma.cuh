@@ -1,5 +1,5 @@
 // Decode GEMMs on the tensor cores for passes of 3 or more batch rows (mma.sync m16n8k16: the pass's rows as M, 8
-// weight rows as N), and the dispatch of a decode GEMM task between them and the CUDA-core path (decode_gemm.cuh).
+// weight rows as N; passes of more than 16 rows take two M tiles); decode_gemm_passes.cuh plans a task's passes.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -16,12 +16,20 @@ namespace mk::gpu {
 // so each A fragment read from shared memory serves 4 pairs; the weights still stream through each warp's cp.async
 // ring as on the CUDA cores.
 constexpr int kMmaRows = 16;
+// NOTE: at batch 32 passes of kMmaRows streamed each tile's weights twice (gate_up 52.6 us a tile against 20.4 at batch
+// 8; twentieth session); a wide pass puts two M tiles against each weight fragment, so 17-32 rows stream them once.
+constexpr int kWideRows = 2 * kMmaRows;
+static_assert(kWideRows * 4 <= KernelConfig::kDecodeInvRmsBytes, "each wide pass row's 1 / rms fits the scratch");
+// Which decode GEMM passes a decode kernel compiles (megakernel.cu picks the kernel by batch). kNarrow: passes of 1-2
+// rows at full K, on the CUDA cores only; kMma: up to kMmaRows rows, on the tensor cores from kMinMmaRows; kWide: up to
+// kWideRows rows, wide passes where a tile allows them (decode_wide_passes).
+enum class DecodeRows { kNarrow, kMma, kWide };
 // Passes of 1-2 rows stay on the CUDA cores (bandwidth-bound there already), unless their rows do not fit the staging
 // space at full K (k > 16384): only the tensor-core path takes K in ranges (decode_k_ranges).
 constexpr int kMinMmaRows = 3;
 constexpr int kGroupPairs = 4;   // output pairs of one mma's N = 8 weight rows
 static_assert(kDecodeMaxRows == kMmaRows, "a pass is at most one mma's M");
-static_assert(KernelConfig::kConsumerWarps * 2 * 4 * 32 * 4 <= KernelConfig::kOutputBytes,
+static_assert(KernelConfig::kConsumerWarps * 2 * 2 * 4 * 32 * 4 <= KernelConfig::kOutputBytes,
               "the K-slices' C fragments (reduce_slices) fit the output tile");
 
 // NOTE: how a tile's groups and its K spread over the 8 consumer warps. Every warp must stream, or the SM's bytes in
@@ -130,89 +138,114 @@ struct MmaStream {
 };
 
 // This lane's ldmatrix rows. A (x4: rows 0-7, then rows 8-15, at k 0-7 of a k16 step, then both at k 8-15: the
-// a0-a3 registers of the mma's A fragment): lane l points at staged row l % 8 + 8 (l / 8 % 2), chunk + l / 16; rows
-// past the pass repeat its last one (their C rows are dropped). B (x4: one group's 8 rows at 4 consecutive chunks,
-// the b0 b1 registers of two k16 steps): lane l points at row l % 8, chunk + l / 8.
+// a0-a3 registers of the mma's A fragment): lane l points at staged row 16 tile + l % 8 + 8 (l / 8 % 2) of each of
+// the pass's kTiles M tiles, chunk + l / 16; rows past the pass repeat its last one (their C rows are dropped). B (x4:
+// one group's 8 rows at 4 consecutive chunks, the b0 b1 registers of two k16 steps): lane l points at row l % 8,
+// chunk + l / 8.
+template <int kTiles>
 struct MmaLane {
-  uint32_t a_row;  // shared address of the staged row
-  int a_half, a_swizzle;
+  uint32_t a_row[kTiles];  // shared address of the staged row
+  int a_swizzle[kTiles];
+  int a_half;
   int b_row, b_chunk;
 };
 
-__device__ __forceinline__ MmaLane mma_lane(const uint4* staged, int32_t chunks, int32_t rows, int lane) {
-  const int row = min(lane % 8 + lane / 8 % 2 * 8, rows - 1);
-  return {ptx::smem_address(staged + row * chunks), lane / 16, row & 7, lane % 8, lane / 8};
+template <int kTiles>
+__device__ __forceinline__ MmaLane<kTiles> mma_lane(const uint4* staged, int32_t chunks, int32_t rows, int lane) {
+  MmaLane<kTiles> m;
+#pragma unroll
+  for (int tile = 0; tile < kTiles; ++tile) {
+    const int row = min(tile * kMmaRows + lane % 8 + lane / 8 % 2 * 8, rows - 1);
+    m.a_row[tile] = ptx::smem_address(staged + row * chunks);
+    m.a_swizzle[tile] = row & 7;
+  }
+  m.a_half = lane / 16;
+  m.b_row = lane % 8;
+  m.b_chunk = lane / 8;
+  return m;
 }
 
-// The mmas of 4-chunk slice q of a step: acc[g] += the staged rows' chunks [first + 4 q, +4) . group g's 8 weight rows.
-template <int kGroups>
-__device__ __forceinline__ void mma_slice(const MmaLane& m, uint32_t b_base, int32_t first, int q,
-                                          float (&acc)[kGroups][4]) {
+// The mmas of 4-chunk slice q of a step: acc[tile][g] += M tile `tile`'s staged rows' chunks [first + 4 q, +4) .
+// group g's 8 weight rows.
+template <int kGroups, int kTiles>
+__device__ __forceinline__ void mma_slice(const MmaLane<kTiles>& m, uint32_t b_base, int32_t first, int q,
+                                          float (&acc)[kTiles][kGroups][4]) {
   constexpr int kChunks = MmaStream<kGroups>::kChunks;
-  uint32_t a[2][4];
+  uint32_t a[kTiles][2][4];
 #pragma unroll
-  for (int h = 0; h < 2; ++h)
-    ptx::ldmatrix_x4(a[h], m.a_row + uint32_t(first + ((4 * q + 2 * h + m.a_half) ^ m.a_swizzle)) * 16);
+  for (int tile = 0; tile < kTiles; ++tile)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      ptx::ldmatrix_x4(a[tile][h],
+                       m.a_row[tile] + uint32_t(first + ((4 * q + 2 * h + m.a_half) ^ m.a_swizzle[tile])) * 16);
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
     uint32_t b[4];
     const int row = g * 8 + m.b_row;
     ptx::ldmatrix_x4(b, b_base + uint32_t(row * kChunks + ((4 * q + m.b_chunk) ^ m.b_row)) * 16);
-    ptx::mma_m16n8k16_bf16(acc[g], a[0], b[0], b[1]);
-    ptx::mma_m16n8k16_bf16(acc[g], a[1], b[2], b[3]);
+#pragma unroll
+    for (int tile = 0; tile < kTiles; ++tile) {
+      ptx::mma_m16n8k16_bf16(acc[tile][g], a[tile][0], b[0], b[1]);
+      ptx::mma_m16n8k16_bf16(acc[tile][g], a[tile][1], b[2], b[3]);
+    }
   }
 }
 
-// The mmas of one step: acc[g] += the staged rows' chunks [first, first + kChunks) . group g's 8 weight rows.
+// The mmas of one step: acc[tile][g] += the staged rows' chunks [first, first + kChunks) . group g's 8 weight rows.
 // NOTE: a step inside the row takes its slices with no check between them, so that ptxas may load a slice's
 // fragments while the previous slice's mmas run; checked before every slice, each slice's mmas waited for its own
 // loads (ncu's SASS samples, nineteenth session, run 7). Only a row's (or range's) last step can be partial, and a
 // last slice's padding steps past the row take the checked loop with no slice at all.
-template <int kGroups>
-__device__ __forceinline__ void mma_step(const MmaLane& m, const uint4* buffer, int32_t first, int32_t chunks,
-                                         float (&acc)[kGroups][4]) {
+template <int kGroups, int kTiles>
+__device__ __forceinline__ void mma_step(const MmaLane<kTiles>& m, const uint4* buffer, int32_t first, int32_t chunks,
+                                         float (&acc)[kTiles][kGroups][4]) {
   constexpr int kChunks = MmaStream<kGroups>::kChunks;
   const uint32_t b_base = ptx::smem_address(buffer);
   if (first + kChunks <= chunks) {
 #pragma unroll
-    for (int q = 0; q < kChunks / 4; ++q) mma_slice<kGroups>(m, b_base, first, q, acc);
+    for (int q = 0; q < kChunks / 4; ++q) mma_slice<kGroups, kTiles>(m, b_base, first, q, acc);
     return;
   }
   // k % 64 == 0 (GemmOp::check): whole 8-chunk blocks, as the swizzle needs
 #pragma unroll 1
-  for (int q = 0; first + 4 * q < chunks; ++q) mma_slice<kGroups>(m, b_base, first, q, acc);
+  for (int q = 0; first + 4 * q < chunks; ++q) mma_slice<kGroups, kTiles>(m, b_base, first, q, acc);
 }
 
 // The epilogues of one unit: lane (g = lane / 4, t = lane % 4) holds C[g][2t, 2t + 1] and C[g + 8][2t, 2t + 1] of
-// each group, the two dot products of the group's pair t for batch rows g and g + 8 of the pass.
-template <int kGroups>
+// each M tile and group, the two dot products of the group's pair t for the tile's batch rows g and g + 8.
+template <int kGroups, int kTiles>
 __device__ __forceinline__ void mma_epilogue(const MegakernelParams& p, const Instruction& in, const DecodeGemmTask& t,
-                                             int32_t unit, int32_t b0, int32_t rows, const float (&acc)[kGroups][4],
-                                             int lane) {
-  const int row = lane / 4;
+                                             int32_t unit, int32_t b0, int32_t rows,
+                                             const float (&acc)[kTiles][kGroups][4], int lane) {
 #pragma unroll
-  for (int g = 0; g < kGroups; ++g) {
-    const int32_t pair = (unit * kGroups + g) * kGroupPairs + lane % 4;
-    if (pair >= t.pairs) continue;
-    if (row < rows) decode_epilogue(p, in, pair, b0 + row, acc[g][0], acc[g][1]);
-    if (row + 8 < rows) decode_epilogue(p, in, pair, b0 + row + 8, acc[g][2], acc[g][3]);
+  for (int tile = 0; tile < kTiles; ++tile) {
+    const int row = tile * kMmaRows + lane / 4;
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) {
+      const int32_t pair = (unit * kGroups + g) * kGroupPairs + lane % 4;
+      if (pair >= t.pairs) continue;
+      if (row < rows) decode_epilogue(p, in, pair, b0 + row, acc[tile][g][0], acc[tile][g][1]);
+      if (row + 8 < rows) decode_epilogue(p, in, pair, b0 + row + 8, acc[tile][g][2], acc[tile][g][3]);
+    }
   }
 }
 
 // K split over slices (then one job a warp, job = warp): the warps of slices 1.. leave their C fragments in
 // `scratch` (free once the pass is staged), and each unit's slice-0 warp adds them up and runs the epilogues.
-template <int kGroups>
+template <int kGroups, int kTiles>
 __device__ __forceinline__ void reduce_slices(const MegakernelParams& p, const Instruction& in,
                                               const DecodeGemmTask& t, const MmaStream<kGroups>& stream,
-                                              float* scratch, int32_t b0, int32_t rows, float (&acc)[kGroups][4]) {
-  constexpr int kValues = kGroups * 4;
+                                              float* scratch, int32_t b0, int32_t rows,
+                                              float (&acc)[kTiles][kGroups][4]) {
+  constexpr int kValues = kTiles * kGroups * 4;
   float* partials = scratch;  // (kConsumerWarps, kValues, 32): each warp's C fragments, lane-minor
   const int warp = stream.warp, lane = stream.lane;
   const bool busy = warp < stream.units * stream.slices;
   const int32_t slice = warp / stream.units;
   if (busy && slice > 0) {
 #pragma unroll
-    for (int v = 0; v < kValues; ++v) partials[(warp * kValues + v) * 32 + lane] = acc[v / 4][v % 4];
+    for (int v = 0; v < kValues; ++v)
+      partials[(warp * kValues + v) * 32 + lane] = acc[v / 4 / kGroups][v / 4 % kGroups][v % 4];
   }
   ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
   if (!busy || slice > 0) return;
@@ -220,9 +253,10 @@ __device__ __forceinline__ void reduce_slices(const MegakernelParams& p, const I
   for (int32_t s = 1; s < stream.slices; ++s) {
     const int other = warp + s * stream.units;
 #pragma unroll
-    for (int v = 0; v < kValues; ++v) acc[v / 4][v % 4] += partials[(other * kValues + v) * 32 + lane];
+    for (int v = 0; v < kValues; ++v)
+      acc[v / 4 / kGroups][v / 4 % kGroups][v % 4] += partials[(other * kValues + v) * 32 + lane];
   }
-  mma_epilogue<kGroups>(p, in, t, warp, b0, rows, acc, lane);
+  mma_epilogue<kGroups, kTiles>(p, in, t, warp, b0, rows, acc, lane);
 }
 
 // Steps [first_step, end_step) of the stream over staged rows [b0, b0 + rows) of task t (all of its K, or one range
@@ -231,13 +265,13 @@ __device__ __forceinline__ void reduce_slices(const MegakernelParams& p, const I
 // starts at the warp's first job's first step: the whole stream, or with K ranges (one job a warp, no `finish`) one
 // range's steps. A window that ends before the stream's last step leaves copies in flight, which the next range's
 // staging waits for. The stream's first steps are already on their way (issue_pass_prologue).
-template <int kGroups>
+template <int kGroups, int kTiles>
 __device__ __forceinline__ void mma_steps(const MegakernelParams& p, const Instruction& in, const DecodeGemmTask& t,
                                           MmaStream<kGroups>& stream, const uint4* staged, int32_t b0, int32_t rows,
                                           int32_t first_step, int32_t end_step, bool finish,
-                                          float (&acc)[kGroups][4]) {
+                                          float (&acc)[kTiles][kGroups][4]) {
   const int32_t chunks = t.k / 8;
-  const MmaLane fragment_addresses = mma_lane(staged, chunks, rows, stream.lane);
+  const MmaLane<kTiles> fragment_addresses = mma_lane<kTiles>(staged, chunks, rows, stream.lane);
   if (first_step == 0) stream.prologue_sent();
   int32_t unit = stream.first_unit, slice_step = 0;  // of the step computed, counted along as the stream's
   for (int32_t step = first_step; step < end_step; ++step) {
@@ -245,14 +279,16 @@ __device__ __forceinline__ void mma_steps(const MegakernelParams& p, const Instr
     issue_next_step(stream, p, in, t, step);
     ptx::cp_async_wait<kStepBuffers - 1>();
     __syncwarp();  // and the other lanes' copies of this step have landed
-    mma_step<kGroups>(fragment_addresses, stream.own + step % kStepBuffers * kStepUint4s,
-                      stream.first_chunk(slice_step), chunks, acc);
+    mma_step<kGroups, kTiles>(fragment_addresses, stream.own + step % kStepBuffers * kStepUint4s,
+                              stream.first_chunk(slice_step), chunks, acc);
     if (++slice_step != stream.steps_per_slice) continue;
     slice_step = 0;
     if (finish && stream.slices == 1) {
-      mma_epilogue<kGroups>(p, in, t, unit, b0, rows, acc, stream.lane);
+      mma_epilogue<kGroups, kTiles>(p, in, t, unit, b0, rows, acc, stream.lane);
 #pragma unroll
-      for (int g = 0; g < kGroups; ++g) acc[g][0] = acc[g][1] = acc[g][2] = acc[g][3] = 0.0f;
+      for (int tile = 0; tile < kTiles; ++tile)
+#pragma unroll
+        for (int g = 0; g < kGroups; ++g) acc[tile][g][0] = acc[tile][g][1] = acc[tile][g][2] = acc[tile][g][3] = 0.0f;
     }
     unit += KernelConfig::kConsumerWarps;
   }
@@ -267,170 +303,9 @@ __device__ __forceinline__ void decode_gemm_mma(const MegakernelParams& p, const
                                                 float* scratch, int32_t b0, int32_t rows,
                                                 int consumer_thread) {
   MmaStream<kGroups> stream(t, ring, consumer_thread);
-  float acc[kGroups][4] = {};  // (groups, C fragment: rows g and g + 8 of the pass x 2 columns)
-  mma_steps<kGroups>(p, in, t, stream, staged, b0, rows, 0, stream.steps, true, acc);
-  if (stream.slices > 1) reduce_slices<kGroups>(p, in, t, stream, scratch, b0, rows, acc);
-}
-
-// Task t's columns [begin, begin + length) of a and w: rows stay t.row_stride apart.
-__device__ __forceinline__ DecodeGemmTask decode_k_range(DecodeGemmTask t, int32_t begin, int32_t length) {
-  t.a += begin;
-  t.w += begin;
-  t.k = length;
-  return t;
-}
-
-// NOTE: passes over batch rows stream the tile's weights once per pass, and at k = d_ff only 4 rows of the 1B shape
-// fit the staging space: batch 8 took two passes of the down tiles (22 us against 7.3 at batch 1), batch 64 sixteen
-// (178 us; docs/perf.md, fifth session, run 2). A pass of up to kMmaRows rows instead takes K in ranges, staged one
-// after the other, each warp's accumulators carried from range to range, and the weights stream once a pass.
-// K ranges a pass of `rows` rows takes: 1 when they fit the staging space at full K, else the fewest equal ranges of
-// whole 64-column blocks (the staged rows' swizzle) that fit; 0 when none can: a fused norm needs whole rows, and a
-// warp with several jobs (two groups a warp) could not carry its accumulators.
-// Equal ranges give every range the same slices, so a warp keeps its job (unit, K-slice) in all of them. NOTE: at most
-// twice the fewest that fit: where k / 64 has no divisor near them (k = 64 x 131), equal ranges would be tiny, each
-// a round trip, and passes of fewer rows at full K stream faster.
-__device__ __forceinline__ int32_t decode_k_ranges(const Instruction& in, const DecodeGemmTask& t, int32_t rows) {
-  const int32_t bytes = rows * 2 * t.k;
-  if (bytes <= kStagedRowBytes) return 1;
-  if (t.norm_weight != nullptr || mma_groups_per_warp(t) != 1) return 0;
-  const int32_t fewest = (bytes + kStagedRowBytes - 1) / kStagedRowBytes;
-  for (int32_t ranges = fewest; ranges <= 2 * fewest && ranges * 64 <= t.k; ++ranges)
-    if (t.k % (ranges * 64) == 0) return ranges;
-  return 0;
-}
-
-// How task t's batch rows go through its weights: in passes of at most `rows` rows, each taking K in `ranges` ranges.
-struct DecodePasses {
-  int32_t rows;
-  int32_t ranges;
-};
-
-// Task t's rows in the fewest passes of at most kMmaRows when such passes can take K in ranges, else of at most as
-// many as fit at full K (one range); balanced either way, so that no pass is left with a row or two (Llama-8B's qkv
-// at batch 9: 5 + 4, not 8 + 1 on the CUDA cores). NOTE: every pass takes a full pass's ranges, the last, shorter
-// pass too, not its own count: at k = 4160 (65 blocks of 64) a pass of 16 rows takes 5 ranges, but one of 15 rows
-// would take none (2-4 ranges do not divide 65 blocks), and was staged at full K over the weight ring (review, ninth
-// session). Ranges that fit a full pass fit a shorter one. NOTE: worked out once a tile (early_weight_prologue): it
-// ran six times a tile, three of them after the wait, and its code drew the most no_instruction stall samples of a
-// decode step (ncu, sixteenth session, run 3).
-__device__ __forceinline__ DecodePasses decode_passes(const Instruction& in, const DecodeGemmTask& t) {
-  const int32_t total = t.batch_end - t.batch_begin;
-  const auto balanced = [&](int32_t most) {
-    const int32_t passes = (total + most - 1) / most;
-    return (total + passes - 1) / passes;
-  };
-  const int32_t in_ranges = balanced(kMmaRows);
-  const int32_t ranges = decode_k_ranges(in, t, in_ranges);
-  if (ranges > 0) return {in_ranges, ranges};
-  return {balanced(decode_rows_at_full_k(t)), 1};
-}
-
-// A pass of staged rows [b0, b0 + rows) over `ranges` K ranges (decode_k_ranges > 1), the stream's first steps
-// already issued. One stream runs through the ranges: while a range is computed, the next range's first steps go out
-// into the buffers it frees, and only the rows are restaged between ranges. Ends with the consumers synchronized.
-// NOTE: with a stream a range, each later range's prologue went out only once the previous range was done, and its
-// rows' staging (a wait for every copy in flight) waited for all of it: a full round trip of 128 KB an SM a range.
-__device__ __forceinline__ void decode_gemm_mma_ranges(const MegakernelParams& p, const Instruction& in,
-                                                       const DecodeGemmTask& t, uint4* staged, uint4* ring,
-                                                       float* scratch, int32_t b0, int32_t rows, int32_t ranges,
-                                                       int consumer_thread) {
-  const int32_t length = t.k / ranges;
-  const DecodeGemmTask first = decode_k_range(t, 0, length);
-  MmaStream<1> stream(first, ring, consumer_thread, ranges);
-  const int32_t range_steps = stream.steps / ranges;  // this warp's steps a range (one job a warp)
-  float acc[1][4] = {};  // (one group, C fragment: rows g and g + 8 of the pass x 2 columns)
-#pragma unroll 1
-  for (int32_t r = 0; r < ranges; ++r) {
-    if (r > 0) ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);  // the previous range's rows are read
-    stage_decode_rows(p, in, decode_k_range(t, r * length, length), b0, rows, staged, scratch, consumer_thread);
-    mma_steps<1>(p, in, first, stream, staged, b0, rows, r * range_steps, (r + 1) * range_steps, false, acc);
-  }
-  if (stream.slices > 1) {
-    reduce_slices<1>(p, in, first, stream, scratch, b0, rows, acc);
-  } else if (stream.warp < stream.units) {
-    mma_epilogue<1>(p, in, first, stream.first_unit, b0, rows, acc, stream.lane);
-  }
-}
-
-// The first kStepBuffers steps of the weight stream a pass of `rows` rows uses (with short K-slices they may span its
-// K ranges), sent before the pass stages its rows, so that both land in one round trip. kNarrow: every pass is of 1-2
-// rows at full K (megakernel_decode_narrow), so only the CUDA-core path is compiled.
-template <bool kNarrow>
-__device__ __forceinline__ void issue_pass_prologue(const MegakernelParams& p, const Instruction& in,
-                                                    const DecodeGemmTask& t, int32_t rows, int32_t ranges,
-                                                    uint4* ring, int consumer_thread) {
-  if constexpr (kNarrow) {
-    WeightStream(t, ring, consumer_thread).issue_prologue(p, in, t);
-    return;
-  }
-  if (ranges > 1) {
-    const DecodeGemmTask first = decode_k_range(t, 0, t.k / ranges);
-    MmaStream<1>(first, ring, consumer_thread, ranges).issue_prologue(p, in, first);
-  } else if (rows < kMinMmaRows) {
-    WeightStream(t, ring, consumer_thread).issue_prologue(p, in, t);
-  } else if (mma_groups_per_warp(t) == 1) {
-    MmaStream<1>(t, ring, consumer_thread).issue_prologue(p, in, t);
-  } else {
-    MmaStream<2>(t, ring, consumer_thread).issue_prologue(p, in, t);
-  }
-}
-
-// What a decode GEMM task did before its counter wait: its passes worked out (and the first pass's weight prologue
-// sent).
-struct DecodePrologue {
-  DecodePasses passes;
-};
-
-// The first pass's prologue, sent before the task's counter wait (weights depend on nothing), so that a tile of
-// ~64 KB of weights is mostly in shared memory when its inputs arrive. kNarrow: as issue_pass_prologue's.
-template <bool kNarrow>
-__device__ __forceinline__ DecodePrologue early_weight_prologue(const MegakernelParams& p, const SharedState& s,
-                                                                const Instruction& in, int consumer_thread) {
-  const DecodeGemmTask t = decode_gemm_task(p, in);
-  const DecodePasses passes = decode_passes(in, t);
-  uint4* ring = reinterpret_cast<uint4*>(s.stages + kStagedRowBytes);
-  issue_pass_prologue<kNarrow>(p, in, t, min(passes.rows, t.batch_end - t.batch_begin), passes.ranges, ring,
-                               consumer_thread);
-  return {passes};
-}
-
-// A decode GEMM task: its batch rows in passes of up to decode_rows_at_full_k, staged at the start of the (otherwise
-// idle) stage ring, the weight steps streamed through its end. NOTE: decode schedules have no TMA ops, so no
-// producer is using the ring.
-template <bool kNarrow>
-__device__ __forceinline__ void run_decode_gemm(const MegakernelParams& p, const SharedState& s, const Instruction& in,
-                                                const DecodePrologue& prologue, int consumer_thread) {
-  const DecodeGemmTask t = decode_gemm_task(p, in);
-  uint4* staged = reinterpret_cast<uint4*>(s.stages);
-  uint4* ring = reinterpret_cast<uint4*>(s.stages + kStagedRowBytes);
-  float* scratch = reinterpret_cast<float*>(s.output);
-  const int32_t per_pass = prologue.passes.rows, ranges = prologue.passes.ranges;
-  for (int32_t b0 = t.batch_begin; b0 < t.batch_end; b0 += per_pass) {
-    const int32_t rows = min(per_pass, t.batch_end - b0);
-    // Later passes stream the weights again (the previous pass ended synchronized).
-    if (b0 != t.batch_begin) issue_pass_prologue<kNarrow>(p, in, t, rows, ranges, ring, consumer_thread);
-    if constexpr (!kNarrow) {
-      if (ranges > 1) {
-        decode_gemm_mma_ranges(p, in, t, staged, ring, scratch, b0, rows, ranges, consumer_thread);
-        ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);  // the next pass restages
-        continue;
-      }
-    }
-    stage_decode_rows(p, in, t, b0, rows, staged, scratch, consumer_thread);
-    if (rows == 1) {
-      decode_gemm_rows<1>(p, in, t, staged, ring, b0, rows, consumer_thread);
-    } else if (kNarrow || rows == 2) {
-      decode_gemm_rows<2>(p, in, t, staged, ring, b0, rows, consumer_thread);
-    } else if constexpr (!kNarrow) {
-      if (mma_groups_per_warp(t) == 1) {
-        decode_gemm_mma<1>(p, in, t, staged, ring, scratch, b0, rows, consumer_thread);
-      } else {
-        decode_gemm_mma<2>(p, in, t, staged, ring, scratch, b0, rows, consumer_thread);
-      }
-    }
-    ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);  // the next pass restages
-  }
+  float acc[1][kGroups][4] = {};  // (one M tile, groups, C fragment: rows g and g + 8 of the pass x 2 columns)
+  mma_steps<kGroups, 1>(p, in, t, stream, staged, b0, rows, 0, stream.steps, true, acc);
+  if (stream.slices > 1) reduce_slices<kGroups, 1>(p, in, t, stream, scratch, b0, rows, acc);
 }
 
 }  // namespace mk::gpu

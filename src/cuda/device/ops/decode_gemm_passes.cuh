@@ -1,0 +1,233 @@
+// How a decode GEMM task's batch rows go through its weights (passes, K ranges, wide passes) and the dispatch of each
+// pass between the tensor-core path (decode_gemm_mma.cuh) and the CUDA-core one (decode_gemm.cuh).
+#pragma once
+
+#include "../config.cuh"
+#include "../ptx.cuh"
+#include "decode_gemm.cuh"
+#include "decode_gemm_mma.cuh"
+
+namespace mk::gpu {
+
+// Task t's columns [begin, begin + length) of a and w: rows stay t.row_stride apart. A fused norm's weight stays
+// whole: only wide passes take K in ranges with one (decode_gemm_mma_ranges).
+__device__ __forceinline__ DecodeGemmTask decode_k_range(DecodeGemmTask t, int32_t begin, int32_t length) {
+  t.a += begin;
+  t.w += begin;
+  t.k = length;
+  return t;
+}
+
+// The fewest equal K ranges of whole 64-column blocks (the staged rows' swizzle) whose rows, `bytes` at full K, fit the
+// staging space; 0 when none do. Equal ranges give every range the same slices, so a warp keeps its job (unit,
+// K-slice) in all of them. NOTE: at most twice the fewest that fit: where k / 64 has no divisor near them
+// (k = 64 x 131), equal ranges would be tiny, each a round trip, and passes of fewer rows at full K stream faster.
+__device__ __forceinline__ int32_t equal_k_ranges(const DecodeGemmTask& t, int32_t bytes) {
+  const int32_t fewest = (bytes + kStagedRowBytes - 1) / kStagedRowBytes;
+  for (int32_t ranges = fewest; ranges <= 2 * fewest && ranges * 64 <= t.k; ++ranges)
+    if (t.k % (ranges * 64) == 0) return ranges;
+  return 0;
+}
+
+// NOTE: passes over batch rows stream the tile's weights once per pass, and at k = d_ff only 4 rows of the 1B shape
+// fit the staging space: batch 8 took two passes of the down tiles (22 us against 7.3 at batch 1), batch 64 sixteen
+// (178 us; docs/perf.md, fifth session, run 2). A pass of up to kMmaRows rows instead takes K in ranges, staged one
+// after the other, each warp's accumulators carried from range to range, and the weights stream once a pass.
+// K ranges a pass of `rows` rows takes: 1 when they fit the staging space at full K, else equal_k_ranges; 0 when none
+// can: a fused norm needs whole rows (but in wide passes), and a warp with several jobs (two groups a warp) could not
+// carry its accumulators.
+__device__ __forceinline__ int32_t decode_k_ranges(const Instruction& in, const DecodeGemmTask& t, int32_t rows) {
+  const int32_t bytes = rows * 2 * t.k;
+  if (bytes <= kStagedRowBytes) return 1;
+  if (t.norm_weight != nullptr || mma_groups_per_warp(t) != 1) return 0;
+  return equal_k_ranges(t, bytes);
+}
+
+// How task t's batch rows go through its weights: in passes of at most `rows` rows, each taking K in `ranges` ranges
+// and its rows in `tiles` mma M tiles (2: wide passes; a last, shorter pass of 16 rows or fewer stays wide).
+struct DecodePasses {
+  int32_t rows;
+  int32_t ranges;
+  int32_t tiles = 1;
+};
+
+// Task t's rows in the fewest passes of at most kMmaRows when such passes can take K in ranges, else of at most as
+// many as fit at full K (one range); balanced either way, so that no pass is left with a row or two (Llama-8B's qkv
+// at batch 9: 5 + 4, not 8 + 1 on the CUDA cores). NOTE: every pass takes a full pass's ranges, the last, shorter
+// pass too, not its own count: at k = 4160 (65 blocks of 64) a pass of 16 rows takes 5 ranges, but one of 15 rows
+// would take none (2-4 ranges do not divide 65 blocks), and was staged at full K over the weight ring (review, ninth
+// session). Ranges that fit a full pass fit a shorter one. NOTE: worked out once a tile (early_weight_prologue): it
+// ran six times a tile, three of them after the wait, and its code drew the most no_instruction stall samples of a
+// decode step (ncu, sixteenth session, run 3).
+__device__ __forceinline__ DecodePasses decode_passes(const Instruction& in, const DecodeGemmTask& t) {
+  const int32_t total = t.batch_end - t.batch_begin;
+  const auto balanced = [&](int32_t most) {
+    const int32_t passes = (total + most - 1) / most;
+    return (total + passes - 1) / passes;
+  };
+  const int32_t in_ranges = balanced(kMmaRows);
+  const int32_t ranges = decode_k_ranges(in, t, in_ranges);
+  if (ranges > 0) return {in_ranges, ranges};
+  return {balanced(decode_rows_at_full_k(t)), 1};
+}
+
+// Task t's rows in the fewest balanced passes of at most kWideRows where they are more than kMmaRows (wide passes),
+// each taking K in the fewest equal ranges that fit (a fused norm too: its rows' 1 / rms is taken first, rows_inv_rms),
+// when every warp has one job (at most 16 groups; the LM head's tiles have more), else as decode_passes.
+__device__ __forceinline__ DecodePasses decode_wide_passes(const Instruction& in, const DecodeGemmTask& t) {
+  const int32_t total = t.batch_end - t.batch_begin;
+  const int32_t passes = (total + kWideRows - 1) / kWideRows, rows = (total + passes - 1) / passes;
+  const int32_t groups = (t.pairs + kGroupPairs - 1) / kGroupPairs, bytes = rows * 2 * t.k;
+  if (rows > kMmaRows && groups <= 2 * KernelConfig::kConsumerWarps) {
+    const int32_t ranges = bytes <= kStagedRowBytes ? 1 : equal_k_ranges(t, bytes);
+    if (ranges > 0) return {rows, ranges, 2};
+  }
+  return decode_passes(in, t);
+}
+
+// Whether the passes go through decode_gemm_mma_ranges: K in ranges, or wide passes (one range or more).
+template <DecodeRows kRows>
+__device__ __forceinline__ bool mma_in_ranges(const DecodePasses& passes) {
+  return passes.ranges > 1 || (kRows == DecodeRows::kWide && passes.tiles > 1);
+}
+
+// A pass of staged rows [b0, b0 + rows) over `ranges` K ranges (decode_k_ranges or decode_wide_passes), kTiles M
+// tiles, the stream's first steps already issued. One stream runs through the ranges: while a range is computed, the
+// next range's first steps go out into the buffers it frees, and only the rows are restaged between ranges. Ends
+// with the consumers synchronized.
+// NOTE: with a stream a range, each later range's prologue went out only once the previous range was done, and its
+// rows' staging (a wait for every copy in flight) waited for all of it: a full round trip of 128 KB an SM a range.
+template <int kGroups, int kTiles>
+__device__ __forceinline__ void decode_gemm_mma_ranges(const MegakernelParams& p, const Instruction& in,
+                                                       const DecodeGemmTask& t, uint4* staged, uint4* ring,
+                                                       float* scratch, int32_t b0, int32_t rows, int32_t ranges,
+                                                       int consumer_thread) {
+  const int32_t length = t.k / ranges;
+  const DecodeGemmTask first = decode_k_range(t, 0, length);
+  MmaStream<kGroups> stream(first, ring, consumer_thread, ranges);
+  const int32_t range_steps = stream.steps / ranges;  // this warp's steps a range (one job a warp)
+  // Only wide passes take a fused norm's K in ranges: its rows' 1 / rms comes first, from all of K.
+  const bool inv_rms_first = kTiles > 1 && ranges > 1 && t.norm_weight != nullptr;
+  if (inv_rms_first) rows_inv_rms<kTiles * kMmaRows>(p, t, b0, rows, scratch, consumer_thread);
+  float acc[kTiles][kGroups][4] = {};  // (M tiles, groups, C fragment: rows g and g + 8 of the tile x 2 columns)
+#pragma unroll 1
+  for (int32_t r = 0; r < ranges; ++r) {
+    if (r > 0) ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);  // the previous range's rows are read
+    DecodeGemmTask range = decode_k_range(t, r * length, length);
+    if (inv_rms_first) range.norm_weight += r * length;
+    stage_decode_rows(p, in, range, b0, rows, staged, scratch, consumer_thread, inv_rms_first);
+    mma_steps<kGroups, kTiles>(p, in, first, stream, staged, b0, rows, r * range_steps, (r + 1) * range_steps, false,
+                               acc);
+  }
+  if (stream.slices > 1) {
+    reduce_slices<kGroups, kTiles>(p, in, first, stream, scratch, b0, rows, acc);
+  } else if (stream.warp < stream.units) {
+    mma_epilogue<kGroups, kTiles>(p, in, first, stream.first_unit, b0, rows, acc, stream.lane);
+  }
+}
+
+// The first kStepBuffers steps of the weight stream a pass of `rows` rows uses (with short K-slices they may span its
+// K ranges), sent before the pass stages its rows, so that both land in one round trip. kRows: the kernel's passes.
+template <DecodeRows kRows>
+__device__ __forceinline__ void issue_pass_prologue(const MegakernelParams& p, const Instruction& in,
+                                                    const DecodeGemmTask& t, int32_t rows, const DecodePasses& passes,
+                                                    uint4* ring, int consumer_thread) {
+  if constexpr (kRows == DecodeRows::kNarrow) {
+    WeightStream(t, ring, consumer_thread).issue_prologue(p, in, t);
+    return;
+  }
+  const int32_t ranges = passes.ranges;
+  if (mma_in_ranges<kRows>(passes)) {
+    const DecodeGemmTask first = decode_k_range(t, 0, t.k / ranges);
+    if (kRows == DecodeRows::kWide && mma_groups_per_warp(t) == 2) {
+      MmaStream<2>(first, ring, consumer_thread, ranges).issue_prologue(p, in, first);
+    } else {
+      MmaStream<1>(first, ring, consumer_thread, ranges).issue_prologue(p, in, first);
+    }
+  } else if (rows < kMinMmaRows) {
+    WeightStream(t, ring, consumer_thread).issue_prologue(p, in, t);
+  } else if (mma_groups_per_warp(t) == 1) {
+    MmaStream<1>(t, ring, consumer_thread).issue_prologue(p, in, t);
+  } else {
+    MmaStream<2>(t, ring, consumer_thread).issue_prologue(p, in, t);
+  }
+}
+
+// A pass through decode_gemm_mma_ranges: one M tile (a pass of K ranges, one group a warp) or two (a wide pass).
+template <DecodeRows kRows>
+__device__ __forceinline__ void run_mma_in_ranges(const MegakernelParams& p, const Instruction& in,
+                                                  const DecodeGemmTask& t, uint4* staged, uint4* ring, float* scratch,
+                                                  int32_t b0, int32_t rows, const DecodePasses& passes,
+                                                  int consumer_thread) {
+  const int32_t ranges = passes.ranges;
+  if constexpr (kRows == DecodeRows::kWide) {
+    if (passes.tiles > 1) {
+      if (mma_groups_per_warp(t) == 1) {
+        decode_gemm_mma_ranges<1, 2>(p, in, t, staged, ring, scratch, b0, rows, ranges, consumer_thread);
+      } else {
+        decode_gemm_mma_ranges<2, 2>(p, in, t, staged, ring, scratch, b0, rows, ranges, consumer_thread);
+      }
+      return;
+    }
+  }
+  decode_gemm_mma_ranges<1, 1>(p, in, t, staged, ring, scratch, b0, rows, ranges, consumer_thread);
+}
+
+// What a decode GEMM task did before its counter wait: its passes worked out (and the first pass's weight prologue
+// sent).
+struct DecodePrologue {
+  DecodePasses passes;
+};
+
+// The first pass's prologue, sent before the task's counter wait (weights depend on nothing), so that a tile of
+// ~64 KB of weights is mostly in shared memory when its inputs arrive. kRows: the kernel's passes.
+template <DecodeRows kRows>
+__device__ __forceinline__ DecodePrologue early_weight_prologue(const MegakernelParams& p, const SharedState& s,
+                                                                const Instruction& in, int consumer_thread) {
+  const DecodeGemmTask t = decode_gemm_task(p, in);
+  const DecodePasses passes = kRows == DecodeRows::kWide ? decode_wide_passes(in, t) : decode_passes(in, t);
+  uint4* ring = reinterpret_cast<uint4*>(s.stages + kStagedRowBytes);
+  issue_pass_prologue<kRows>(p, in, t, min(passes.rows, t.batch_end - t.batch_begin), passes, ring, consumer_thread);
+  return {passes};
+}
+
+// A decode GEMM task: its batch rows in passes (decode_passes, decode_wide_passes), staged at the start of the
+// (otherwise idle) stage ring, the weight steps streamed through its end. NOTE: decode schedules have no TMA ops, so
+// no producer is using the ring.
+template <DecodeRows kRows>
+__device__ __forceinline__ void run_decode_gemm(const MegakernelParams& p, const SharedState& s, const Instruction& in,
+                                                const DecodePrologue& prologue, int consumer_thread) {
+  constexpr bool kNarrow = kRows == DecodeRows::kNarrow;
+  const DecodeGemmTask t = decode_gemm_task(p, in);
+  uint4* staged = reinterpret_cast<uint4*>(s.stages);
+  uint4* ring = reinterpret_cast<uint4*>(s.stages + kStagedRowBytes);
+  float* scratch = reinterpret_cast<float*>(s.output);
+  const DecodePasses& passes = prologue.passes;
+  for (int32_t b0 = t.batch_begin; b0 < t.batch_end; b0 += passes.rows) {
+    const int32_t rows = min(passes.rows, t.batch_end - b0);
+    // Later passes stream the weights again (the previous pass ended synchronized).
+    if (b0 != t.batch_begin) issue_pass_prologue<kRows>(p, in, t, rows, passes, ring, consumer_thread);
+    if constexpr (!kNarrow) {
+      if (mma_in_ranges<kRows>(passes)) {
+        run_mma_in_ranges<kRows>(p, in, t, staged, ring, scratch, b0, rows, passes, consumer_thread);
+        ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);  // the next pass restages
+        continue;
+      }
+    }
+    stage_decode_rows(p, in, t, b0, rows, staged, scratch, consumer_thread);
+    if (rows == 1) {
+      decode_gemm_rows<1>(p, in, t, staged, ring, b0, rows, consumer_thread);
+    } else if (kNarrow || rows == 2) {
+      decode_gemm_rows<2>(p, in, t, staged, ring, b0, rows, consumer_thread);
+    } else if constexpr (!kNarrow) {
+      if (mma_groups_per_warp(t) == 1) {
+        decode_gemm_mma<1>(p, in, t, staged, ring, scratch, b0, rows, consumer_thread);
+      } else {
+        decode_gemm_mma<2>(p, in, t, staged, ring, scratch, b0, rows, consumer_thread);
+      }
+    }
+    ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);  // the next pass restages
+  }
+}
+
+}  // namespace mk::gpu
