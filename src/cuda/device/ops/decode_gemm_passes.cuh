@@ -72,7 +72,7 @@ __device__ __forceinline__ DecodePasses decode_passes(const Instruction& in, con
 }
 
 // Task t's rows in the fewest balanced passes of at most kWideRows where they are more than kMmaRows (wide passes),
-// each taking K in the fewest equal ranges that fit (a fused norm too: its rows' 1 / rms is taken first, rows_inv_rms),
+// each taking K in the fewest equal ranges that fit (a fused norm too: NormRange scales the accumulators),
 // when every warp has one job (at most 16 groups; the LM head's tiles have more), else as decode_passes.
 __device__ __forceinline__ DecodePasses decode_wide_passes(const Instruction& in, const DecodeGemmTask& t) {
   const int32_t total = t.batch_end - t.batch_begin;
@@ -106,23 +106,24 @@ __device__ __forceinline__ void decode_gemm_mma_ranges(const MegakernelParams& p
   const DecodeGemmTask first = decode_k_range(t, 0, length);
   MmaStream<kGroups> stream(first, ring, consumer_thread, ranges);
   const int32_t range_steps = stream.steps / ranges;  // this warp's steps a range (one job a warp)
-  // Only wide passes take a fused norm's K in ranges: its rows' 1 / rms comes first, from all of K.
-  const bool inv_rms_first = kTiles > 1 && ranges > 1 && t.norm_weight != nullptr;
-  if (inv_rms_first) rows_inv_rms<kTiles * kMmaRows>(p, t, b0, rows, scratch, consumer_thread);
+  // Only wide passes take a fused norm's K in ranges: the rows' 1 / rms then scales the accumulators (NormRange).
+  const bool scaled = kTiles > 1 && ranges > 1 && t.norm_weight != nullptr;
   float acc[kTiles][kGroups][4] = {};  // (M tiles, groups, C fragment: rows g and g + 8 of the tile x 2 columns)
 #pragma unroll 1
   for (int32_t r = 0; r < ranges; ++r) {
     if (r > 0) ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);  // the previous range's rows are read
     DecodeGemmTask range = decode_k_range(t, r * length, length);
-    if (inv_rms_first) range.norm_weight += r * length;
-    stage_decode_rows(p, in, range, b0, rows, staged, scratch, consumer_thread, inv_rms_first);
+    if (scaled) range.norm_weight += r * length;
+    stage_decode_rows(p, in, range, b0, rows, staged, scratch, consumer_thread,
+                      scaled ? NormRange{r, ranges, t.k} : NormRange{});
     mma_steps<kGroups, kTiles>(p, in, first, stream, staged, b0, rows, r * range_steps, (r + 1) * range_steps, false,
                                acc);
   }
+  const float* row_scale = scaled ? scratch : nullptr;
   if (stream.slices > 1) {
-    reduce_slices<kGroups, kTiles>(p, in, first, stream, scratch, b0, rows, acc);
+    reduce_slices<kGroups, kTiles>(p, in, first, stream, scratch, b0, rows, acc, row_scale);
   } else if (stream.warp < stream.units) {
-    mma_epilogue<kGroups, kTiles>(p, in, first, stream.first_unit, b0, rows, acc, stream.lane);
+    mma_epilogue<kGroups, kTiles>(p, in, first, stream.first_unit, b0, rows, acc, stream.lane, row_scale);
   }
 }
 
