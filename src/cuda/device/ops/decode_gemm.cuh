@@ -187,8 +187,8 @@ __device__ __forceinline__ void for_each_staged_chunk(int32_t rows, int32_t chun
 // `index` of `count` of a wide pass (k_total columns in all), which never holds a whole row: the staged values are
 // scaled by the norm weight alone, each row's sum of squares is carried in scratch from range to range, and the last
 // range leaves the rows' 1 / rms in scratch for the epilogue to scale the accumulators with (FlashNorm, arXiv
-// 2407.09577: the per-row scale commutes with the GEMM). NOTE: reading the rows' sums first from L2 instead cost ~4 us
-// of round trips a tile (twenty-first session, run 3).
+// 2407.09577: the per-row scale commutes with the GEMM). NOTE: reading the rows' sums first from L2 instead cost ~9 us
+// of round trips a q tile at batch 32 (twenty-first session, runs 3-4).
 struct NormRange {
   int32_t index = 0;
   int32_t count = 0;
