@@ -270,7 +270,7 @@ std::vector<int32_t> GenerateCommand::eos_ids(const ModelConfig& config,
     const std::vector<int32_t> ids = parse_token_ids(eos, "--eos");
     return checked_eos_ids(config, {ids.begin(), ids.end()}, "--eos");
   }
-  std::vector<int32_t> ids = model_dir.empty() ? std::vector<int32_t>{} : model_eos_ids(model_dir);
+  std::vector<int32_t> ids = model_dir.empty() ? std::vector<int32_t>{} : model_eos_ids(config, model_dir);
   if (ids.empty() && tokenizer) ids = tokenizer->eos_ids();
   return ids;
 }

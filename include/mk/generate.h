@@ -126,8 +126,9 @@ GenerationResult generate(DecodeEngine& engine, const std::vector<std::vector<in
 
 // The ids that end generation for a Hugging Face model directory: generation_config.json's eos_token_id (an int or
 // a list), else config.json's; empty when neither says. Each file is read as config.json is (a regular file of
-// bounded size, JSON without duplicate keys), and each id must be a whole number in [0, 2^31).
-std::vector<int32_t> model_eos_ids(const std::filesystem::path& model_dir);
+// bounded size, JSON without duplicate keys), each id must be a whole number in [0, 2^31), and at least one must lie
+// in the vocabulary of `config`.
+std::vector<int32_t> model_eos_ids(const ModelConfig& config, const std::filesystem::path& model_dir);
 
 // Throw mk::Error naming the first empty prompt or id outside the model's vocabulary, before any engine runs: a
 // prompt's (by prompt and position, which the engines, seeing a padded batch, cannot name), or a user's EOS id's

@@ -3,6 +3,7 @@
 #include "mk/generate.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
@@ -153,7 +154,7 @@ GenerationResult generate(DecodeEngine& engine, const std::vector<std::vector<in
   return result;
 }
 
-std::vector<int32_t> model_eos_ids(const std::filesystem::path& model_dir) {
+std::vector<int32_t> model_eos_ids(const ModelConfig& config, const std::filesystem::path& model_dir) {
   for (const char* name : {"generation_config.json", "config.json"}) {
     const std::filesystem::path path = model_dir / name;
     std::error_code error;
@@ -163,7 +164,16 @@ std::vector<int32_t> model_eos_ids(const std::filesystem::path& model_dir) {
     MK_CHECK(json.is_object(), "{}: expected a JSON object, got {}", path.string(), json_excerpt(json));
     const auto eos = json.find("eos_token_id");
     if (eos == json.end() || eos->is_null()) continue;
-    return json_token_ids(*eos, path.string() + ": eos_token_id");
+    const std::string source = path.string() + ": eos_token_id";
+    const std::vector<int32_t> ids = json_token_ids(*eos, source);
+    // An id the model lacks beside one it has is harmless (it never matches); with none it has, generation would
+    // run on to the budget as if there were no EOS.
+    const bool any_in_vocabulary =
+        std::any_of(ids.begin(), ids.end(), [&](int32_t id) { return id < config.vocab_size; });
+    MK_CHECK(ids.empty() || any_in_vocabulary,
+             "{} names no id in the vocabulary [0, {}), got {}: no token could end a sequence", source,
+             config.vocab_size, fmt::join(ids, ", "));
+    return ids;
   }
   return {};
 }

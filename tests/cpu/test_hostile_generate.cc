@@ -74,6 +74,19 @@ TEST_F(HostileGenerate, EosIdsGivenOutsideTheVocabularyAreRefused) {
   expect_failure(run_mk(generate("--prompt-ids 1 --eos -5")), 1, "EOS id -5 (from --eos) is outside the vocabulary");
 }
 
+TEST_F(HostileGenerate, ModelEosIdsNoneOfWhichIsInTheVocabularyAreRefused) {
+  // As --eos's were: generation ran on to the budget as if the model had no EOS.
+  // (One the model lacks beside one it has never matches, and is allowed.)
+  write_generation_config(R"({"eos_token_id": [500, 384]})");
+  expect_failure(run_mk(generate("--prompt-ids 1")), 1,
+                 "generation_config.json: eos_token_id names no id in the vocabulary [0, 384), got 500, 384");
+  fs::remove(model() / "generation_config.json");
+  nlohmann::json config = nlohmann::json::parse(read_bytes(model() / "config.json"));
+  config["eos_token_id"] = 384;
+  write_bytes(model() / "config.json", config.dump());
+  expect_failure(run_mk(generate("--prompt-ids 1")), 1, "config.json: eos_token_id names no id in the vocabulary");
+}
+
 TEST_F(HostileGenerate, PromptIdsOutsideTheVocabularyAreNamedByPromptAndPosition) {
   // The engine named the padded prefill's flat index ("at position 3") after the weights were loaded.
   const MkResult result = run_mk(generate("--prompt-ids '1,2;5,999,3'"));
