@@ -15,8 +15,8 @@ UINT64 = (0, 2**64)
 
 def _range_text(low: int, high: int) -> str:
     def power(value: int) -> str:
-        if value == 0:
-            return "0"
+        if abs(value) < 2:
+            return str(value)
         sign = "-" if value < 0 else ""
         return f"{sign}2^{abs(value).bit_length() - 1}"
 

@@ -53,7 +53,9 @@ def _generate(model: Model, prompts: list[list[int]], max_new_tokens: int, optio
     sampling.seed = checked_int(options["seed"], "seed", UINT64)
     eos = options["eos_ids"]
     eos_ids = None if eos is None else _whole_ids(eos, "eos_ids")  # None: the model's
-    max_context = checked_int(options["max_context"] or 0, "max_context", INT64)
+    # 0 is the core's "default"; a caller's 0 or negative size would silently get the default too.
+    given_context = options["max_context"]
+    max_context = 0 if given_context is None else checked_int(given_context, "max_context", (1, INT64[1]))
     return model._core.generate(options["engine"], prompts, checked_int(max_new_tokens, "max_new_tokens", INT64),
                                 sampling, eos_ids, max_context, on_step)
 

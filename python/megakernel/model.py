@@ -110,8 +110,8 @@ class Model:
         """What `mk info --json` prints for this model and a forward pass of batch x seq_len tokens (default: the
         preset's shape, or 1 x 128): config, shape, parameters, FLOPs, minimum bytes, weight and activation bytes."""
         default_batch, default_seq = self._core.default_shape
-        batch = default_batch if batch is None else batch
-        seq_len = default_seq if seq_len is None else seq_len
+        batch = default_batch if batch is None else checked_int(batch, "batch", INT64)
+        seq_len = default_seq if seq_len is None else checked_int(seq_len, "seq_len", INT64)
         return json.loads(self._core.info_json(batch, seq_len))
 
     def __repr__(self) -> str:

@@ -7,6 +7,12 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from . import _core
+from ._arguments import INT32, checked_int
+
+
+def _id(value: Any) -> int:
+    """A token id as the core's int32, or MkError: int() would truncate 2.7 to the other id 2."""
+    return checked_int(value, "token id", INT32)
 
 
 def _id_list(ids: Any) -> list[int]:
@@ -16,7 +22,7 @@ def _id_list(ids: Any) -> list[int]:
     ids = list(ids)
     if any(isinstance(i, list) for i in ids):
         raise _core.MkError("token ids must be one flat sequence, got a nested one")
-    return [int(i) for i in ids]
+    return [_id(i) for i in ids]
 
 
 class StreamDecoder:
@@ -28,7 +34,7 @@ class StreamDecoder:
 
     def push(self, token_id: int) -> str:
         """The text this id completes (possibly ""). Raises MkError for an id outside the vocabulary."""
-        return self._core.push(int(token_id))
+        return self._core.push(_id(token_id))
 
     def finish(self) -> str:
         """Whatever is still held back (an incomplete character comes out as U+FFFD); then starts afresh."""
@@ -71,7 +77,7 @@ class Tokenizer:
         for a token that ends inside a character until a later one completes it."""
         decoder = self.stream_decoder(skip_special_tokens)
         for token_id in ids:
-            piece = decoder.push(int(token_id))
+            piece = decoder.push(token_id)
             if piece:
                 yield piece
         rest = decoder.finish()
@@ -104,11 +110,11 @@ class Tokenizer:
 
     def id_to_token(self, token_id: int) -> str | None:
         """The vocabulary entry (or added token) of an id, or None outside the vocabulary."""
-        return self._core.id_to_token(int(token_id))
+        return self._core.id_to_token(_id(token_id))
 
     def is_special(self, token_id: int) -> bool:
         """Whether the id is a special added token (skipped by decode(skip_special_tokens=True))."""
-        return self._core.is_special(int(token_id))
+        return self._core.is_special(_id(token_id))
 
     def __repr__(self) -> str:
         return f"Tokenizer(vocab_size={self.vocab_size}, bos_id={self.bos_id}, eos_ids={self.eos_ids})"

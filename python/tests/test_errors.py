@@ -8,6 +8,8 @@ import pytest
 import megakernel
 from megakernel import MkError
 
+from conftest import TOKENIZER_FIXTURES
+
 
 @pytest.fixture(scope="module")
 def tiny() -> megakernel.Model:
@@ -92,3 +94,32 @@ def test_text_without_a_tokenizer(tiny):
 def test_trace_needs_a_schedule(tiny, tmp_path):
     with pytest.raises(MkError, match=r"the reference engine runs no schedule"):
         tiny.trace(np.zeros((1, 4), np.int32), tmp_path / "t.json", engine="reference")
+
+
+def test_max_context_that_is_not_positive_is_refused(tiny):
+    # Either was taken for "no max_context given" and generation ran with the default cache.
+    for size in (0, -5):
+        with pytest.raises(MkError, match=rf"max_context must be in \[1, 2\^63\), got {size}"):
+            tiny.generate([1, 2], 2, engine="reference", max_context=size)
+
+
+def test_info_sizes_beyond_the_cores_types_raise_mk_error(tiny):
+    # They raised nanobind's TypeError with a dump of the binding's overloads, naming no argument.
+    with pytest.raises(MkError, match=r"batch must be in \[-2\^63, 2\^63\), got 1180591620717411303424"):
+        tiny.info(2**70, 1)
+    with pytest.raises(MkError, match=r"seq_len must be a whole number, got 1.5"):
+        tiny.info(1, 1.5)
+
+
+def test_token_ids_that_are_not_whole_int32_are_refused_by_the_tokenizer():
+    tokenizer = megakernel.Tokenizer.load(TOKENIZER_FIXTURES / "llama2")
+    decoder = tokenizer.stream_decoder()
+    # int() took 1.7 for id 1 and "5" for id 5; 2^40 raised nanobind's TypeError naming no argument.
+    calls = [lambda: tokenizer.decode([1.7, 2]), lambda: tokenizer.decode(["5"]), lambda: decoder.push(3.9),
+             lambda: list(tokenizer.stream([1.5])), lambda: tokenizer.is_special(2.0)]
+    for call in calls:
+        with pytest.raises(MkError, match=r"token id must be a whole number, got "):
+            call()
+    for call in (lambda: tokenizer.decode([2**40]), lambda: decoder.push(2**40), lambda: tokenizer.id_to_token(2**40)):
+        with pytest.raises(MkError, match=r"token id must be in \[-2\^31, 2\^31\), got 1099511627776"):
+            call()
