@@ -164,11 +164,7 @@ struct ModelOptions {
   // configs too) and the weights.
   void add_inputs(CommandFiles& files) const {
     if (model_dir.empty()) return;
-    const std::filesystem::path dir(model_dir);
-    for (const char* config :
-         {"config.json", "mk_config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"})
-      files.input(fmt::format("--model {}'s {}", model_dir, config), (dir / config).string());
-    for (const std::filesystem::path& file : mk::weight_files(dir))
+    for (const std::filesystem::path& file : mk::model_dir_files(model_dir))
       files.input(fmt::format("--model {}'s {}", model_dir, file.filename().string()), file.string());
   }
 

@@ -57,6 +57,9 @@ ModelWeights load_weights(const std::filesystem::path& dir, const ModelConfig& c
 std::string unused_tensors_warning(const std::filesystem::path& dir, const ModelWeights& weights);
 // The files load_weights reads (the index included): what no output may overwrite.
 std::vector<std::filesystem::path> weight_files(const std::filesystem::path& dir);
+// Every file of a model directory that mk reads or may read (configs, tokenizer files, then weight_files): what no
+// output of mk or of the Python package may overwrite.
+std::vector<std::filesystem::path> model_dir_files(const std::filesystem::path& dir);
 
 // Writes config.json and model.safetensors, loadable by transformers' LlamaForCausalLM.from_pretrained.
 void save_hf_model(const std::filesystem::path& dir, const ModelWeights& weights);

@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <fstream>
 
 #include "mk/check.h"
 #include "mk/cpu_vm.h"
@@ -92,6 +91,8 @@ std::unique_ptr<CoreModel> CoreModel::from_dir(const std::filesystem::path& dir)
   model->eos_ids_ = model_eos_ids(config, dir);
   if (model->eos_ids_.empty() && model->tokenizer_) model->eos_ids_ = model->tokenizer_->eos_ids();
   model->load_warning_ = unused_tensors_warning(dir, model->weights_);
+  for (const std::filesystem::path& file : model_dir_files(dir))
+    model->inputs_.push_back({fmt::format("model file {}", file.filename().string()), file});
   return model;
 }
 
@@ -162,6 +163,10 @@ void CoreModel::forward_device(const RunShape& shape, const void* input, void* o
 std::string CoreModel::trace(EngineKind kind, const ref::ModelInput& input, const std::filesystem::path& path) {
   const std::lock_guard lock(mutex_);
   MK_CHECK(kind != EngineKind::kReference, "trace: the reference engine runs no schedule; use gpu or cpu-vm");
+  // Checked before the pass, as mk checks its outputs: a trace written over the weights destroyed them.
+  const NamedPath output{"trace path", path};
+  check_output_path(output);
+  check_distinct({output}, inputs_);
   ref::validate_input(config(), input);
   Engine& e = engine(kind, input.shape);
   Trace trace;
@@ -177,10 +182,7 @@ std::string CoreModel::trace(EngineKind kind, const ref::ModelInput& input, cons
     options.detect_races = false;  // the detector's bookkeeping would dominate the timeline
     trace = run_cpu_vm_unverified(*e.graph, e.schedule, weights_, input, options).trace;
   }
-  std::ofstream file(path);
-  file << trace_to_chrome_json(*e.graph, trace);
-  file.close();
-  MK_CHECK(file.good(), "{}: cannot write", path.string());
+  write_file(path, trace_to_chrome_json(*e.graph, trace));
   return format_trace_summary(*e.graph, summarize_trace(*e.graph, e.schedule, trace), trace);
 }
 

@@ -13,6 +13,7 @@
 #include <tuple>
 #include <vector>
 
+#include "mk/files.h"
 #include "mk/generate.h"
 #include "mk/gpu.h"
 #include "mk/graph.h"
@@ -101,6 +102,7 @@ class CoreModel {
   std::mutex mutex_;  // one pass at a time: the engines are not reentrant, and the GIL is released while they run
   std::map<std::tuple<EngineKind, int64_t, int64_t>, std::unique_ptr<Engine>> engines_;
   std::vector<int32_t> eos_ids_;
+  std::vector<NamedPath> inputs_;  // the model directory's files, which trace() must not overwrite
   std::string load_warning_;
   std::string decoder_key_;  // what the cached decoder was built for
   std::unique_ptr<DecodeEngine> decoder_;

@@ -123,3 +123,15 @@ def test_token_ids_that_are_not_whole_int32_are_refused_by_the_tokenizer():
     for call in (lambda: tokenizer.decode([2**40]), lambda: decoder.push(2**40), lambda: tokenizer.id_to_token(2**40)):
         with pytest.raises(MkError, match=r"token id must be in \[-2\^31, 2\^31\), got 1099511627776"):
             call()
+
+
+def test_trace_refuses_to_overwrite_the_models_files(run_mk, tmp_path):
+    # The trace JSON was written over the weights (or config.json) the model was loaded from.
+    directory = tmp_path / "m"
+    run_mk("export", "--preset", "tiny", "--out", directory)
+    model = megakernel.Model.from_pretrained(directory)
+    for name in ("model.safetensors", "config.json"):
+        before = (directory / name).read_bytes()
+        with pytest.raises(MkError, match=rf"trace path .*{name} is the same file as model file {name}"):
+            model.trace(np.zeros((1, 4), np.int32), directory / name, engine="cpu-vm")
+        assert (directory / name).read_bytes() == before

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <utility>
 
 #include "mk/check.h"
 #include "mk/files.h"
@@ -142,6 +143,15 @@ std::vector<std::filesystem::path> weight_files(const std::filesystem::path& dir
   std::vector<std::filesystem::path> files = weight_layout(dir).files;
   const std::filesystem::path index_path = dir / "model.safetensors.index.json";
   if (std::filesystem::exists(index_path)) files.push_back(index_path);
+  return files;
+}
+
+std::vector<std::filesystem::path> model_dir_files(const std::filesystem::path& dir) {
+  std::vector<std::filesystem::path> files;
+  for (const char* config :
+       {"config.json", "mk_config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"})
+    files.push_back(dir / config);
+  for (std::filesystem::path& file : weight_files(dir)) files.push_back(std::move(file));
   return files;
 }
 
