@@ -159,7 +159,10 @@ Tokenizer Tokenizer::load(const std::filesystem::path& path) {
        {std::pair{"tokenizer_config.json", &files.tokenizer_config},
         std::pair{"generation_config.json", &files.generation_config}, std::pair{"config.json", &files.model_config}}) {
     const std::filesystem::path config = dir / name;
-    if (std::filesystem::is_regular_file(config)) *slot = text::parse_json(text::read_file(config), config.string());
+    if (!std::filesystem::is_regular_file(config)) continue;
+    *slot = text::parse_json(text::read_file(config), config.string());
+    // Anything else was read as a file naming no BOS or EOS, and text was encoded without them.
+    MK_CHECK(slot->is_object(), "{}: expected a JSON object, got {}", config.string(), text::brief(*slot));
   }
   return Tokenizer(text::build_named(text::parse_json(text::read_file(file), file.string()), files, file.string()));
 }

@@ -22,6 +22,7 @@
 #include "mk/program.h"
 #include "mk/safetensors.h"
 #include "mk/schedule.h"
+#include "mk/tokenizer.h"
 #include "mk/weights.h"
 
 namespace {
@@ -105,6 +106,17 @@ TEST(HostileApi, JsonWithDuplicateKeysOrDeepNestingIsRefused) {
   EXPECT_EQ(mk::json_to_int64(nlohmann::json(uint64_t(1) << 63)), std::nullopt);
   EXPECT_EQ(mk::json_to_int64(nlohmann::json(256.0)), 256);
   EXPECT_EQ(mk::json_to_double(nlohmann::json(std::numeric_limits<double>::infinity())), std::nullopt);
+}
+
+TEST(HostileApi, TokenizerConfigFilesThatAreNotObjectsAreRefused) {
+  // Each was read as a file naming no BOS or EOS: llama2's text was encoded without its BOS.
+  for (const char* name : {"tokenizer_config.json", "generation_config.json", "config.json"}) {
+    const TempDir dir;
+    fs::copy(fs::path(MK_TOKENIZER_FIXTURES) / "llama2", dir.path());
+    write_bytes(dir.path() / name, "[{\"bos_token\": \"<s>\"}]");
+    EXPECT_THAT(error_of([&] { mk::Tokenizer::load(dir.path()); }),
+                HasSubstr(fmt::format("{}: expected a JSON object, got [", name)));
+  }
 }
 
 TEST(HostileApi, SafetensorsHeadersHideNoDuplicatesAndCannotNest) {
