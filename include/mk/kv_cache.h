@@ -40,9 +40,9 @@ inline int64_t natural_column(int64_t pair_column, int64_t head_dim) {
 // Output columns per decode GEMM tile for an output of n columns (see tiles::kDecodeSpreadTasks).
 int32_t decode_block_n(int64_t n);
 
-// Throws mk::Error naming the problem when a pass of this shape cannot run on the model: sizes positive, and for
-// prefill and decode an embedding and an LM head, a cache within the model's positions, prefill rows that fit it,
-// one token per sequence for decode.
+// Throws mk::Error naming the problem when a pass of this shape cannot run on the model: sizes positive, sequences
+// within a RoPE model's positions, and for prefill and decode an embedding and an LM head, a cache within the model's
+// positions, prefill rows that fit it, one token per sequence for decode.
 void check_pass_shape(const ModelConfig& config, const RunShape& shape);
 
 // Bytes of the whole cache (every layer's K and V) at `element_bytes` per value.

@@ -31,6 +31,10 @@ int32_t decode_block_n(int64_t n) {
 
 void check_pass_shape(const ModelConfig& c, const RunShape& shape) {
   shape.validate();  // bounds every factor below, so their products cannot overflow
+  // Here, not only where the engines run: `mk info` gave the figures of a pass that nothing would run.
+  MK_CHECK(c.rope.type == RopeType::kNone || shape.seq_len <= c.max_position_embeddings,
+           "sequence length {} exceeds the model's max_position_embeddings {}", shape.seq_len,
+           c.max_position_embeddings);
   if (shape.pass == PassKind::kForward) return;
   MK_CHECK(c.has_embedding && c.has_lm_head, "model '{}' has no {}: generating needs token ids in and logits out",
            c.name, c.has_embedding ? "LM head" : "embedding");

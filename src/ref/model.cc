@@ -28,11 +28,6 @@ void validate_input(const ModelConfig& config, const ModelInput& input) {
   const RunShape& shape = input.shape;
   check_pass_shape(config, shape);  // validates the shape before tokens() multiplies it
   const int64_t tokens = shape.tokens();
-  if (config.rope.type != RopeType::kNone) {
-    MK_CHECK(shape.seq_len <= config.max_position_embeddings,
-             "sequence length {} exceeds the model's max_position_embeddings {}", shape.seq_len,
-             config.max_position_embeddings);
-  }
   if (config.has_embedding) {
     MK_CHECK(int64_t(input.tokens.size()) == tokens, "expected {} token ids, got {}", tokens, input.tokens.size());
     for (size_t i = 0; i < input.tokens.size(); ++i) {

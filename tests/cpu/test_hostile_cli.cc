@@ -58,6 +58,14 @@ TEST_F(Hostile, BatchTimesSeqThatWrapsIsRefused) {
                  "batch 1073741824 x sequence length 2 is more than the 1073741824 tokens one pass addresses");
 }
 
+TEST_F(Hostile, InfoOfASequencePastTheModelsPositionsIsRefused) {
+  // It printed the figures of a pass that run, schedule and trace refuse.
+  for (const std::string& source : {"--model " + quoted(model()), std::string("--preset tiny")}) {
+    expect_failure(run_mk(fmt::format("info {} --batch 1 --seq 1025 --json", source)), 1,
+                   "sequence length 1025 exceeds the model's max_position_embeddings 1024");
+  }
+}
+
 TEST_F(Hostile, RunsTooLargeForThisHostAreRefusedBeforeAllocating) {
   expect_failure(run_mk("run --preset tiny --engine reference --batch 1000000 --seq 1000", "", 10), 1,
                  "the reference engine at batch 1000000 x seq 1000 needs");
