@@ -131,9 +131,9 @@ GenerationResult generate(DecodeEngine& engine, const std::vector<std::vector<in
 std::vector<int32_t> model_eos_ids(const ModelConfig& config, const std::filesystem::path& model_dir);
 
 // Throw mk::Error naming the first empty prompt or id outside the model's vocabulary, before any engine runs: a
-// prompt's (by prompt and position, which the engines, seeing a padded batch, cannot name), or a user's EOS id's
-// (which no token could match, so that generation would silently never stop at it). `eos_source` says where the EOS ids came from. The
-// ids come as int64 from APIs whose integers are wider than a token id (Python's); checked, they fit int32.
+// prompt's (by prompt and position, which the engines, seeing a padded batch, cannot name), or a user's EOS id's (which
+// no token could match, so that generation would silently never stop at it). `eos_source` says where the EOS ids came
+// from. The ids come as int64 from APIs whose integers are wider than a token id (Python's); checked, they fit int32.
 void check_prompt_ids(const ModelConfig& config, const std::vector<std::vector<int32_t>>& prompts);
 std::vector<std::vector<int32_t>> checked_prompt_ids(const ModelConfig& config,
                                                      const std::vector<std::vector<int64_t>>& prompts);

@@ -172,7 +172,7 @@ void GpuEngine::Impl::upload_schedule(const Schedule& schedule) {
   check_combine_links(graph, schedule);
   // NOTE: decode_o_proj_combine runs on the CPU engines only: staging a row's partials in every o_proj tile measured
   // slower than a combine of its own (docs/perf.md, sixth session, run 6), and its device path, a copy of the combine
-  // in each GEMM staging site, was 12% of the decode kernels' code (twentieth session).
+  // in each GEMM staging site, was 16-17% of the decode kernels' code (twentieth session).
   for (size_t i = 0; i < schedule.instructions.size(); ++i)
     MK_CHECK(schedule.instructions[i].opcode != Opcode::kDecodeOProjCombine,
              "gpu engine: instruction {} is a decode_o_proj_combine, which only the CPU engines run (the gpu "

@@ -29,9 +29,9 @@ enum class DecodeRows { kNarrow, kMma, kWide };
 constexpr int kMinMmaRows = 3;
 constexpr int kGroupPairs = 4;   // output pairs of one mma's N = 8 weight rows
 static_assert(kDecodeMaxRows == kMmaRows, "a pass is at most one mma's M");
-static_assert(KernelConfig::kDecodeInvRmsBytes + KernelConfig::kConsumerWarps * 2 * 2 * 4 * 32 * 4 <=
-                  KernelConfig::kOutputBytes,
-              "the K-slices' C fragments (reduce_slices) fit the output tile");
+static_assert(KernelConfig::kDecodeInvRmsBytes +
+                      KernelConfig::kConsumerWarps * (kWideRows / kMmaRows) * 2 * 4 * 32 * 4 <= KernelConfig::kOutputBytes,
+              "the K-slices' C fragments (reduce_slices: M tiles x two groups x 4 values a lane) fit the output tile");
 
 // NOTE: how a tile's groups and its K spread over the 8 consumer warps. Every warp must stream, or the SM's bytes in
 // flight (3 steps of 4 KB a warp) fall short of its share of HBM. With G <= 8 groups (decode_o_proj and decode_down at

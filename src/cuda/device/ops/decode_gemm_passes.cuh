@@ -36,7 +36,7 @@ __device__ __forceinline__ int32_t equal_k_ranges(const DecodeGemmTask& t, int32
 // K ranges a pass of `rows` rows takes: 1 when they fit the staging space at full K, else equal_k_ranges; 0 when none
 // can: a fused norm needs whole rows (but in wide passes), and a warp with several jobs (two groups a warp) could not
 // carry its accumulators.
-__device__ __forceinline__ int32_t decode_k_ranges(const Instruction& in, const DecodeGemmTask& t, int32_t rows) {
+__device__ __forceinline__ int32_t decode_k_ranges(const DecodeGemmTask& t, int32_t rows) {
   const int32_t bytes = rows * 2 * t.k;
   if (bytes <= kStagedRowBytes) return 1;
   if (t.norm_weight != nullptr || mma_groups_per_warp(t) != 1) return 0;
@@ -51,6 +51,13 @@ struct DecodePasses {
   int32_t tiles = 1;
 };
 
+// Rows a pass of the fewest passes of at most `most` rows takes, balanced: `total` rows in passes of equal rows but
+// the last.
+__device__ __forceinline__ int32_t balanced_pass_rows(int32_t total, int32_t most) {
+  const int32_t passes = (total + most - 1) / most;
+  return (total + passes - 1) / passes;
+}
+
 // Task t's rows in the fewest passes of at most kMmaRows when such passes can take K in ranges, else of at most as
 // many as fit at full K (one range); balanced either way, so that no pass is left with a row or two (Llama-8B's qkv
 // at batch 9: 5 + 4, not 8 + 1 on the CUDA cores). NOTE: every pass takes a full pass's ranges, the last, shorter
@@ -59,30 +66,25 @@ struct DecodePasses {
 // session). Ranges that fit a full pass fit a shorter one. NOTE: worked out once a tile (early_weight_prologue): it
 // ran six times a tile, three of them after the wait, and its code drew the most no_instruction stall samples of a
 // decode step (ncu, sixteenth session, run 3).
-__device__ __forceinline__ DecodePasses decode_passes(const Instruction& in, const DecodeGemmTask& t) {
+__device__ __forceinline__ DecodePasses decode_passes(const DecodeGemmTask& t) {
   const int32_t total = t.batch_end - t.batch_begin;
-  const auto balanced = [&](int32_t most) {
-    const int32_t passes = (total + most - 1) / most;
-    return (total + passes - 1) / passes;
-  };
-  const int32_t in_ranges = balanced(kMmaRows);
-  const int32_t ranges = decode_k_ranges(in, t, in_ranges);
+  const int32_t in_ranges = balanced_pass_rows(total, kMmaRows);
+  const int32_t ranges = decode_k_ranges(t, in_ranges);
   if (ranges > 0) return {in_ranges, ranges};
-  return {balanced(decode_rows_at_full_k(t)), 1};
+  return {balanced_pass_rows(total, decode_rows_at_full_k(t)), 1};
 }
 
 // Task t's rows in the fewest balanced passes of at most kWideRows where they are more than kMmaRows (wide passes),
 // each taking K in the fewest equal ranges that fit (a fused norm too: NormRange scales the accumulators),
 // when every warp has one job (at most 16 groups; the LM head's tiles have more), else as decode_passes.
-__device__ __forceinline__ DecodePasses decode_wide_passes(const Instruction& in, const DecodeGemmTask& t) {
-  const int32_t total = t.batch_end - t.batch_begin;
-  const int32_t passes = (total + kWideRows - 1) / kWideRows, rows = (total + passes - 1) / passes;
+__device__ __forceinline__ DecodePasses decode_wide_passes(const DecodeGemmTask& t) {
+  const int32_t rows = balanced_pass_rows(t.batch_end - t.batch_begin, kWideRows);
   const int32_t groups = (t.pairs + kGroupPairs - 1) / kGroupPairs, bytes = rows * 2 * t.k;
   if (rows > kMmaRows && groups <= 2 * KernelConfig::kConsumerWarps) {
     const int32_t ranges = bytes <= kStagedRowBytes ? 1 : equal_k_ranges(t, bytes);
     if (ranges > 0) return {rows, ranges, 2};
   }
-  return decode_passes(in, t);
+  return decode_passes(t);
 }
 
 // Whether the passes go through decode_gemm_mma_ranges: K in ranges, or wide passes (one range or more).
@@ -186,7 +188,7 @@ template <DecodeRows kRows>
 __device__ __forceinline__ DecodePrologue early_weight_prologue(const MegakernelParams& p, const SharedState& s,
                                                                 const Instruction& in, int consumer_thread) {
   const DecodeGemmTask t = decode_gemm_task(p, in);
-  const DecodePasses passes = kRows == DecodeRows::kWide ? decode_wide_passes(in, t) : decode_passes(in, t);
+  const DecodePasses passes = kRows == DecodeRows::kWide ? decode_wide_passes(t) : decode_passes(t);
   uint4* ring = reinterpret_cast<uint4*>(s.stages + kStagedRowBytes);
   issue_pass_prologue<kRows>(p, in, t, min(passes.rows, t.batch_end - t.batch_begin), passes, ring, consumer_thread);
   return {passes};
