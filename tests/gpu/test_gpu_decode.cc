@@ -243,11 +243,17 @@ TEST_F(Gpu, WideDecodePasses) {
   std::vector<int64_t> forty;
   for (int64_t b = 0; b < 40; ++b) forty.push_back(1 + (b * 5) % 9);
   check_generation(small_config(2560, 3072, 20, 4, 128, true, true, 1), forty, 3, 64, 45);
-  // Batch 20 with a vocabulary of 20000: the LM head's tiles have more than 16 groups (one job a warp cannot hold
-  // them), so they keep passes of up to 16 rows (10 and 10) while the other ops take a wide pass of 20.
+  // LM head tiles of more than 16 groups: their warps take several jobs, one a round, each round restaging the rows.
+  // Batch 20, vocabulary 20000 (~152 columns a tile: 2 rounds) at full K (d_model 256); batch 32, vocabulary 40000
+  // (~303 columns: 3 rounds) at d_model 3072, 32 rows in 3 K ranges with the norm's scale on the accumulators.
   ModelConfig config = small_config(256, 512, 4, 2, 64, true, true, 1);
   config.vocab_size = 20000;
   check_generation(config, std::vector<int64_t>(forty.begin(), forty.begin() + 20), 3, 64, 46);
+  config = small_config(3072, 3072, 24, 4, 128, true, true, 1);
+  config.vocab_size = 40000;
+  std::vector<int64_t> thirty_two;
+  for (int64_t b = 0; b < 32; ++b) thirty_two.push_back(1 + b % 4);
+  check_generation(config, thirty_two, 2, 64, 47);
 }
 
 // What `run` throws from a tiny decode engine of batch 2 on `sm_count` SMs whose sample task waits for a signal that

@@ -268,10 +268,10 @@ __device__ __forceinline__ void reduce_slices(const MegakernelParams& p, const I
 
 // Steps [first_step, end_step) of the stream over staged rows [b0, b0 + rows) of task t (all of its K, or one range
 // of it, the stream's steps of that range): acc accumulates. With `finish`, each job's epilogue runs after its last
-// step (one slice a unit; else reduce_slices after the loop), acc restarting for the warp's next job. The window
-// starts at the warp's first job's first step: the whole stream, or with K ranges (one job a warp, no `finish`) one
-// range's steps. A window that ends before the stream's last step leaves copies in flight, which the next range's
-// staging waits for. The stream's first steps are already on their way (issue_pass_prologue).
+// step (one slice a unit; else reduce_slices after the loop), acc restarting for the warp's next job. A window starts
+// at a job's slice step 0 of one range: the whole stream, or with K ranges (no `finish`) one (job, range)'s steps.
+// A window that ends before the stream's last step leaves copies in flight, which the next range's staging waits
+// for. The stream's first steps are already on their way (issue_pass_prologue).
 template <int kGroups, int kTiles>
 __device__ __forceinline__ void mma_steps(const MegakernelParams& p, const Instruction& in, const DecodeGemmTask& t,
                                           MmaStream<kGroups>& stream, const uint4* staged, int32_t b0, int32_t rows,

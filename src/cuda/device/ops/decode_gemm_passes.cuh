@@ -75,12 +75,13 @@ __device__ __forceinline__ DecodePasses decode_passes(const DecodeGemmTask& t) {
 }
 
 // Task t's rows in the fewest balanced passes of at most kWideRows where they are more than kMmaRows (wide passes),
-// each taking K in the fewest equal ranges that fit (a fused norm too: NormRange scales the accumulators),
-// when every warp has one job (at most 16 groups; the LM head's tiles have more), else as decode_passes.
+// each taking K in the fewest equal ranges that fit (a fused norm too: NormRange scales the accumulators), else as
+// decode_passes. Tiles whose warps take several jobs (more than 16 groups: the LM head's, the 8B shape's gate_up) go
+// through the ranges once a round of jobs (decode_gemm_mma_ranges).
 __device__ __forceinline__ DecodePasses decode_wide_passes(const DecodeGemmTask& t) {
   const int32_t rows = balanced_pass_rows(t.batch_end - t.batch_begin, kWideRows);
-  const int32_t groups = (t.pairs + kGroupPairs - 1) / kGroupPairs, bytes = rows * 2 * t.k;
-  if (rows > kMmaRows && groups <= 2 * KernelConfig::kConsumerWarps) {
+  const int32_t bytes = rows * 2 * t.k;
+  if (rows > kMmaRows) {
     const int32_t ranges = bytes <= kStagedRowBytes ? 1 : equal_k_ranges(t, bytes);
     if (ranges > 0) return {rows, ranges, 2};
   }
@@ -96,7 +97,9 @@ __device__ __forceinline__ bool mma_in_ranges(const DecodePasses& passes) {
 // A pass of staged rows [b0, b0 + rows) over `ranges` K ranges (decode_k_ranges or decode_wide_passes), kTiles M
 // tiles, the stream's first steps already issued. One stream runs through the ranges: while a range is computed, the
 // next range's first steps go out into the buffers it frees, and only the rows are restaged between ranges. Ends
-// with the consumers synchronized.
+// with the consumers synchronized. A wide pass whose warps take several jobs (one K-slice each) goes through the
+// ranges once a round of jobs, warp w's j-th job (unit w + 8 j) in round j: the stream's order (a job's ranges, then
+// the next job), each round restaging the ranges (the registers hold one job's accumulators).
 // NOTE: with a stream a range, each later range's prologue went out only once the previous range was done, and its
 // rows' staging (a wait for every copy in flight) waited for all of it: a full round trip of 128 KB an SM a range.
 template <int kGroups, int kTiles>
@@ -104,28 +107,43 @@ __device__ __forceinline__ void decode_gemm_mma_ranges(const MegakernelParams& p
                                                        const DecodeGemmTask& t, uint4* staged, uint4* ring,
                                                        float* scratch, int32_t b0, int32_t rows, int32_t ranges,
                                                        int consumer_thread) {
+  constexpr int kWarps = KernelConfig::kConsumerWarps;
   const int32_t length = t.k / ranges;
   const DecodeGemmTask first = decode_k_range(t, 0, length);
   MmaStream<kGroups> stream(first, ring, consumer_thread, ranges);
-  const int32_t range_steps = stream.steps / ranges;  // this warp's steps a range (one job a warp)
+  const int32_t jobs = stream.units * stream.slices;
+  // NOTE: one round where kTiles is 1: decode_k_ranges gives those passes K ranges only at one job a warp (one group
+  // a warp, at most 8), and would need rounds here if it allowed more.
+  const int32_t rounds = kTiles > 1 ? (jobs + kWarps - 1) / kWarps : 1;
+  const int32_t range_steps = stream.steps_per_slice;  // a job's steps a range
   // Only wide passes take a fused norm's K in ranges: the rows' 1 / rms then scales the accumulators (NormRange).
   const bool scaled = kTiles > 1 && ranges > 1 && t.norm_weight != nullptr;
+  const float* row_scale = scaled ? scratch : nullptr;
   float acc[kTiles][kGroups][4] = {};  // (M tiles, groups, C fragment: rows g and g + 8 of the tile x 2 columns)
 #pragma unroll 1
-  for (int32_t r = 0; r < ranges; ++r) {
-    if (r > 0) ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);  // the previous range's rows are read
-    DecodeGemmTask range = decode_k_range(t, r * length, length);
-    if (scaled) range.norm_weight += r * length;
-    stage_decode_rows(p, in, range, b0, rows, staged, scratch, consumer_thread,
-                      scaled ? NormRange{r, ranges, t.k} : NormRange{});
-    mma_steps<kGroups, kTiles>(p, in, first, stream, staged, b0, rows, r * range_steps, (r + 1) * range_steps, false,
-                               acc);
-  }
-  const float* row_scale = scaled ? scratch : nullptr;
-  if (stream.slices > 1) {
-    reduce_slices<kGroups, kTiles>(p, in, first, stream, scratch, b0, rows, acc, row_scale);
-  } else if (stream.warp < stream.units) {
-    mma_epilogue<kGroups, kTiles>(p, in, first, stream.first_unit, b0, rows, acc, stream.lane, row_scale);
+  for (int32_t round = 0; round < rounds; ++round) {
+#pragma unroll 1
+    for (int32_t r = 0; r < ranges; ++r) {
+      // This warp's steps of (job, range), none past its last job.
+      const int32_t window = (round * ranges + r) * range_steps;
+      if (round > 0 || r > 0) ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);  // the rows are read
+      DecodeGemmTask range = decode_k_range(t, r * length, length);
+      if (scaled) range.norm_weight += r * length;
+      stage_decode_rows(p, in, range, b0, rows, staged, scratch, consumer_thread,
+                        scaled ? NormRange{r, ranges, t.k} : NormRange{});
+      mma_steps<kGroups, kTiles>(p, in, first, stream, staged, b0, rows, min(window, stream.steps),
+                                 min(window + range_steps, stream.steps), false, acc);
+    }
+    if (stream.slices > 1) {
+      reduce_slices<kGroups, kTiles>(p, in, first, stream, scratch, b0, rows, acc, row_scale);
+    } else if (stream.warp + round * kWarps < stream.units) {
+      mma_epilogue<kGroups, kTiles>(p, in, first, stream.first_unit + round * kWarps, b0, rows, acc, stream.lane,
+                                    row_scale);
+#pragma unroll
+      for (int tile = 0; tile < kTiles; ++tile)
+#pragma unroll
+        for (int g = 0; g < kGroups; ++g) acc[tile][g][0] = acc[tile][g][1] = acc[tile][g][2] = acc[tile][g][3] = 0.0f;
+    }
   }
 }
 
