@@ -66,7 +66,11 @@ void report(const GenerationResult& result, const ModelConfig& config, const Dec
     stops += fmt::format("{}sequence {} at {} ({} new)", b ? "; " : "", b, stop_reason_text(sequence.stop), made);
   }
   fmt::print("stopped: {}\n", stops);
-  fmt::print("prefill: {}\n", result.prefill_s > 0 ? time_text(result.prefill_s) : "none (one-token prompts)");
+  fmt::print("prefill: {}{}\n", result.prefill_s > 0 ? time_text(result.prefill_s) : "none (one-token prompts)",
+             result.prefill_passes > 1 ? fmt::format(" in {} passes of up to {} sequence{} (--prefill-batch)",
+                                                     result.prefill_passes, options.prefill_batch,
+                                                     options.prefill_batch == 1 ? "" : "s")
+                                       : "");
   if (result.step_s.empty()) return;
   double decode_s = 0;
   for (double s : result.step_s) decode_s += s;
@@ -127,6 +131,10 @@ CLI::App* GenerateCommand::add(CLI::App& app) {
                    "KV cache positions per sequence (default: longest prompt + new tokens, rounded up to 128)")
       ->check(size_in_range(kMaxTokens));
   add_stall_timeout_option(*command, stall_timeout_s);
+  command
+      ->add_option("--prefill-batch", prefill_batch,
+                   "sequences a prefill pass (default: as many as the memory budget allows, in passes of equal size)")
+      ->check(size_in_range(kMaxTokens));
   command
       ->add_option("--memory-budget", memory_budget_gib,
                    "GiB the generation may allocate (default: the machine's memory)")
@@ -229,12 +237,18 @@ int GenerateCommand::run() const {
   setup.policy = parse_schedule_policy(policy);
   setup.num_sms = num_sms;
   setup.stall_timeout_s = stall_timeout_s;
-  const GenerationMemory memory =
-      engine_generation_memory(engine_name, config, setup.batch, longest - 1, setup.max_context);
-  check_memory_budget(memory,
-                      memory_budget_gib > 0 ? memory_budget_gib * double(int64_t(1) << 30)
-                                            : engine_memory_bytes(engine_name, double(host_memory_bytes())),
-                      setup.batch, setup.max_context);
+  const double budget_bytes = memory_budget_gib > 0
+                                  ? memory_budget_gib * double(int64_t(1) << 30)
+                                  : engine_memory_bytes(engine_name, double(host_memory_bytes()));
+  if (prefill_batch > 0) {
+    options.prefill_batch = prefill_batch;
+    check_memory_budget(
+        engine_generation_memory(engine_name, config, setup.batch, longest - 1, setup.max_context, prefill_batch),
+        budget_bytes, setup.batch, setup.max_context);
+  } else {
+    options.prefill_batch =
+        engine_prefill_batch(engine_name, config, setup.batch, longest - 1, setup.max_context, budget_bytes);
+  }
   // Repeated only now: --batch copies of a prompt can take more memory than the budget allows.
   if (int64_t(prompts.size()) < setup.batch) prompts.resize(size_t(setup.batch), prompts[0]);
 

@@ -21,7 +21,7 @@ struct GenerateCommand {
   std::string preset, model_dir;
   std::string tokens_path, prompt_ids, prompt_text;
   std::string engine = "auto", policy = "cost-model", eos, output_path, stream = "auto", trace_path;
-  int64_t max_new_tokens = 16, batch = 0, max_context = 0, steps_per_sync = 8;
+  int64_t max_new_tokens = 16, batch = 0, max_context = 0, steps_per_sync = 8, prefill_batch = 0;
   uint64_t weights_seed = 1;
   ref::SamplingParams sampling;
   int32_t num_sms = 132;

@@ -36,9 +36,10 @@ struct DecodeSetup {
 class DecodeEngine {
  public:
   virtual ~DecodeEngine() = default;
-  // The prefill pass over tokens (batch x seq_len, right-padded prompts): fills cache rows [0, seq_len) of every
-  // sequence.
-  virtual void prefill(const std::vector<int32_t>& tokens, int64_t seq_len) = 0;
+  // The prefill pass over tokens (n x seq_len, the right-padded prompts of sequences [first_sequence,
+  // first_sequence + n)): fills cache rows [0, seq_len) of those sequences. A pass of fewer sequences than the batch
+  // goes through a cache of its own, seq_len positions a sequence, then copied into the batch's.
+  virtual void prefill(const std::vector<int32_t>& tokens, int64_t seq_len, int64_t first_sequence) = 0;
   // One decode step: sequence b feeds tokens[b] at positions[b] (its cache row); returns each sequence's next token.
   virtual std::vector<int32_t> step(const std::vector<int32_t>& tokens, const std::vector<int32_t>& positions) = 0;
   // `count` steps, each sequence feeding the previous step's token at the next position (the first step as step());
@@ -74,7 +75,10 @@ std::string resolve_decode_engine(const std::string& engine);
 // The memory a generation takes where `engine` keeps it, and how much that place has: the GPU's memory for "gpu",
 // else the host's.
 GenerationMemory engine_generation_memory(const std::string& engine, const ModelConfig& config, int64_t batch,
-                                          int64_t prefill_len, int64_t max_context);
+                                          int64_t prefill_len, int64_t max_context, int64_t prefill_batch = 0);
+// prefill_batch_within for where `engine` keeps a generation.
+int64_t engine_prefill_batch(const std::string& engine, const ModelConfig& config, int64_t batch, int64_t prefill_len,
+                             int64_t max_context, double budget_bytes);
 double engine_memory_bytes(const std::string& engine, double host_bytes);
 // "reference", "cpu-vm" or "gpu"; anything else as check_decode_engine. (In mk_gpu: link it to use this.)
 std::unique_ptr<DecodeEngine> make_decoder(const std::string& engine, const ModelWeights& weights,
@@ -95,6 +99,10 @@ struct GenerationOptions {
   std::vector<int32_t> eos_ids;  // a sequence stops once it makes one of these
   bool keep_logits = false;      // keep every step's logits in the result (tests)
   int32_t pad_id = 0;            // fills prefill rows past a shorter prompt; never read
+  // Sequences a prefill pass, in passes of equal size but the last: a prefill's activations grow with its tokens
+  // (every layer keeps its own), so a large batch of long prompts fits only in parts (prefill_batch_within). 0: the
+  // whole batch in one pass.
+  int64_t prefill_batch = 0;
 };
 
 struct SequenceResult {
@@ -105,7 +113,8 @@ struct SequenceResult {
 
 struct GenerationResult {
   std::vector<SequenceResult> sequences;
-  double prefill_s = 0;             // the prefill pass (0 when every prompt is one token)
+  double prefill_s = 0;             // the prefill passes (0 when every prompt is one token)
+  int64_t prefill_passes = 0;       // of up to GenerationOptions::prefill_batch sequences each
   std::vector<double> step_s;       // each decode step (a group's time spread over its steps: steps_per_sync)
   int64_t waits = 0;                // for the engine, over the decode steps (fewer than steps where grouped)
   std::vector<ref::Matrix> logits;  // (steps) of (batch, vocab), with GenerationOptions::keep_logits
@@ -148,12 +157,17 @@ int64_t default_max_context(const ModelConfig& config, int64_t longest_prompt, i
 struct GenerationMemory {
   double weights = 0;
   double kv_cache = 0;
-  double activations = 0;  // the prefill's and a decode step's buffers, the cache aside
+  double activations = 0;  // a prefill pass's and a decode step's buffers, the batch's cache aside
   double total() const { return weights + kv_cache + activations; }
 };
+// prefill_batch: sequences a prefill pass (0: all); a pass of fewer than the batch adds its own cache.
 GenerationMemory generation_memory(const ModelConfig& config, int64_t batch, int64_t prefill_len, int64_t max_context,
-                                   bool fp32_activations);
+                                   bool fp32_activations, int64_t prefill_batch = 0);
 // Throws mk::Error, before anything is allocated, when `memory` exceeds budget_bytes, saying what to lower.
 void check_memory_budget(const GenerationMemory& memory, double budget_bytes, int64_t batch, int64_t max_context);
+// The most sequences a prefill pass may take, in the fewest passes of equal size, with the whole generation within
+// budget_bytes (the batch where one pass fits); throws as check_memory_budget when not even one sequence a pass fits.
+int64_t prefill_batch_within(const ModelConfig& config, int64_t batch, int64_t prefill_len, int64_t max_context,
+                             bool fp32_activations, double budget_bytes);
 
 }  // namespace mk

@@ -207,11 +207,12 @@ GenerationResult CoreModel::generate(const GenerateRequest& request, const StepC
   const std::string key =
       fmt::format("{} {} {} {} {} {} {}", engine, setup.batch, setup.max_context, setup.sampling.temperature,
                   setup.sampling.top_k, setup.sampling.top_p, setup.sampling.seed);
+  // Each call: its prompts set the prefill's length, so how many sequences a prefill pass takes.
+  const double machine_bytes = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+  options.prefill_batch = engine_prefill_batch(engine, c, setup.batch, longest - 1, setup.max_context,
+                                               engine_memory_bytes(engine, machine_bytes));
   if (decoder_ == nullptr || key != decoder_key_) {
     decoder_.reset();  // its cache goes before the next one is allocated
-    const double machine_bytes = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
-    check_memory_budget(engine_generation_memory(engine, c, setup.batch, longest - 1, setup.max_context),
-                        engine_memory_bytes(engine, machine_bytes), setup.batch, setup.max_context);
     decoder_ = make_decoder(engine, weights_, setup);
     decoder_key_ = key;
   }

@@ -21,9 +21,9 @@ Schedule schedule_of(const Graph& graph, const DecodeSetup& setup, int32_t sm_co
   return make_schedule(graph, derive_dependencies(graph), setup.policy, sm_count);
 }
 
-// Every layer's cache, stacked as the decode pass's buffer table stacks kv_cache.
-void* allocate_cache(gpu::DeviceArena& arena, const Graph& decode_graph) {
-  const int64_t elements = decode_graph.buffer_table().kind_elements(BufferKind::kKvCache);
+// Every layer's cache, stacked as the pass's buffer table stacks kv_cache.
+void* allocate_cache(gpu::DeviceArena& arena, const Graph& graph) {
+  const int64_t elements = graph.buffer_table().kind_elements(BufferKind::kKvCache);
   return arena.allocate_bytes(size_t(elements) * sizeof(bf16), "allocating the KV cache");
 }
 
@@ -38,15 +38,21 @@ class GpuDecoder final : public DecodeEngine {
         cache_(allocate_cache(cache_arena_, decode_graph_)),
         decode_(decode_graph_, decode_schedule_, weights, options()) {}
 
-  void prefill(const std::vector<int32_t>& tokens, int64_t seq_len) override {
-    const ref::ModelInput input = prefill_input(setup_, tokens, seq_len);
+  void prefill(const std::vector<int32_t>& tokens, int64_t seq_len, int64_t first_sequence) override {
+    const ref::ModelInput input = prefill_input(setup_, tokens, seq_len, first_sequence);
     const Graph graph(weights_.config, input.shape);
     const Schedule schedule = schedule_of(graph, setup_, sm_count_);
     GpuOptions prefill_options = options();
     prefill_options.weights_of = &decode_;  // its RoPE table covers the whole cache
-    GpuEngine engine(graph, schedule, weights_, prefill_options);
-    engine.set_input(input);
-    engine.run();
+    gpu::DeviceArena part_arena;  // a part of the batch: its own cache, freed once copied
+    const bool whole_batch = input.shape.batch == setup_.batch;
+    if (!whole_batch) prefill_options.kv_cache = allocate_cache(part_arena, graph);
+    {
+      GpuEngine engine(graph, schedule, weights_, prefill_options);
+      engine.set_input(input);
+      engine.run();
+    }
+    if (!whole_batch) copy_part_cache(prefill_options.kv_cache, input.shape, first_sequence);
   }
 
   std::vector<int32_t> step(const std::vector<int32_t>& tokens, const std::vector<int32_t>& positions) override {
@@ -109,6 +115,22 @@ class GpuDecoder final : public DecodeEngine {
   }
 
  private:
+  // A prefill part's cache (layers of (n seq_len, 2 kv_dim), part.shape) into rows [0, seq_len) of sequences
+  // [first_sequence, first_sequence + n) of the batch's (layers of (batch max_context, 2 kv_dim)).
+  void copy_part_cache(const void* part, const RunShape& shape, int64_t first_sequence) const {
+    const size_t row_bytes = size_t(2 * weights_.config.kv_dim()) * sizeof(bf16);
+    const size_t part_layer = size_t(shape.batch * shape.seq_len) * row_bytes;
+    const size_t cache_layer = size_t(setup_.batch * setup_.max_context) * row_bytes;
+    for (int64_t layer = 0; layer < weights_.config.n_layers; ++layer) {
+      const char* from = static_cast<const char*>(part) + size_t(layer) * part_layer;
+      char* to = static_cast<char*>(cache_) + size_t(layer) * cache_layer +
+                 size_t(first_sequence * setup_.max_context) * row_bytes;
+      gpu::check_cuda(cudaMemcpy2D(to, size_t(setup_.max_context) * row_bytes, from, size_t(shape.seq_len) * row_bytes,
+                                   size_t(shape.seq_len) * row_bytes, size_t(shape.batch), cudaMemcpyDeviceToDevice),
+                      "copying a prefill part's KV cache rows");
+    }
+  }
+
   GpuOptions options() const {
     GpuOptions options;
     options.kv_cache = cache_;

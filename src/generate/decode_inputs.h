@@ -13,12 +13,38 @@ inline RunShape decode_shape(const DecodeSetup& setup) {
   return {setup.batch, 1, PassKind::kDecode, setup.max_context};
 }
 
-// The prefill pass over tokens (batch x seq_len, right-padded prompts).
-inline ref::ModelInput prefill_input(const DecodeSetup& setup, const std::vector<int32_t>& tokens, int64_t seq_len) {
+// Sequences of a prefill pass over tokens (n x seq_len, right-padded prompts).
+inline int64_t prefill_sequences(const DecodeSetup& setup, const std::vector<int32_t>& tokens, int64_t seq_len,
+                                 int64_t first_sequence) {
+  MK_CHECK(seq_len > 0 && int64_t(tokens.size()) % seq_len == 0,
+           "internal error: {} prefill tokens are no whole number of sequences of {}", tokens.size(), seq_len);
+  const int64_t count = int64_t(tokens.size()) / seq_len;
+  MK_CHECK(first_sequence >= 0 && count >= 1 && first_sequence + count <= setup.batch,
+           "internal error: prefill sequences [{}, {}) outside the batch of {}", first_sequence,
+           first_sequence + count, setup.batch);
+  return count;
+}
+
+// The prefill pass over tokens (n x seq_len) of sequences [first, first + n): into the batch's cache when n is the
+// batch, else into a cache of its own of seq_len positions a sequence (DecodeEngine::prefill).
+inline ref::ModelInput prefill_input(const DecodeSetup& setup, const std::vector<int32_t>& tokens, int64_t seq_len,
+                                     int64_t first_sequence) {
+  const int64_t count = prefill_sequences(setup, tokens, seq_len, first_sequence);
   ref::ModelInput input;
-  input.shape = {setup.batch, seq_len, PassKind::kPrefill, setup.max_context};
+  input.shape = {count, seq_len, PassKind::kPrefill, count == setup.batch ? setup.max_context : seq_len};
   input.tokens = tokens;
   return input;
+}
+
+// A part's own cache (layers of (n seq_len, 2 kv_dim)) into the rows [0, seq_len) of sequences [first, first + n)
+// of the batch's cache (layers of (batch max_context, 2 kv_dim)).
+inline void copy_prefill_rows(const std::vector<ref::Matrix>& part, std::vector<ref::Matrix>& cache,
+                              int64_t first_sequence, int64_t seq_len, int64_t max_context) {
+  for (size_t layer = 0; layer < cache.size(); ++layer) {
+    const ref::Matrix& from = part[layer];
+    for (int64_t b = 0; b < from.rows / seq_len; ++b)
+      std::copy(from.row(b * seq_len), from.row((b + 1) * seq_len), cache[layer].row((first_sequence + b) * max_context));
+  }
 }
 
 // One decode step: sequence b feeds tokens[b] at positions[b].

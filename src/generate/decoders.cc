@@ -23,8 +23,13 @@ std::string resolve_decode_engine(const std::string& engine) {
 }
 
 GenerationMemory engine_generation_memory(const std::string& engine, const ModelConfig& config, int64_t batch,
-                                          int64_t prefill_len, int64_t max_context) {
-  return generation_memory(config, batch, prefill_len, max_context, engine != "gpu");
+                                          int64_t prefill_len, int64_t max_context, int64_t prefill_batch) {
+  return generation_memory(config, batch, prefill_len, max_context, engine != "gpu", prefill_batch);
+}
+
+int64_t engine_prefill_batch(const std::string& engine, const ModelConfig& config, int64_t batch, int64_t prefill_len,
+                             int64_t max_context, double budget_bytes) {
+  return prefill_batch_within(config, batch, prefill_len, max_context, engine != "gpu", budget_bytes);
 }
 
 double engine_memory_bytes(const std::string& engine, double host_bytes) {

@@ -22,9 +22,16 @@ class ReferenceDecoder final : public DecodeEngine {
         operands_(weights, 1, setup.max_context),
         cache_(ref::make_kv_cache(weights.config, decode_shape(setup))) {}
 
-  void prefill(const std::vector<int32_t>& tokens, int64_t seq_len) override {
-    const ref::ModelOperands operands(weights_, seq_len, setup_.max_context);
-    ref::run_pass(operands, prefill_input(setup_, tokens, seq_len), &cache_);
+  void prefill(const std::vector<int32_t>& tokens, int64_t seq_len, int64_t first_sequence) override {
+    const ref::ModelInput input = prefill_input(setup_, tokens, seq_len, first_sequence);
+    const ref::ModelOperands operands(weights_, seq_len, input.shape.max_context);
+    if (input.shape.batch == setup_.batch) {
+      ref::run_pass(operands, input, &cache_);
+      return;
+    }
+    std::vector<ref::Matrix> part = ref::make_kv_cache(weights_.config, input.shape);
+    ref::run_pass(operands, input, &part);
+    copy_prefill_rows(part, cache_, first_sequence, seq_len, setup_.max_context);
   }
   std::vector<int32_t> step(const std::vector<int32_t>& tokens, const std::vector<int32_t>& positions) override {
     std::vector<ref::Matrix> by_kind = ref::run_pass(operands_, step_input(setup_, tokens, positions), &cache_);
@@ -53,12 +60,16 @@ class CpuVmDecoder final : public DecodeEngine {
         cache_(ref::make_kv_cache(weights.config, decode_shape(setup))),
         session_(decode_graph_, decode_schedule_, weights, setup.vm, &cache_) {}
 
-  void prefill(const std::vector<int32_t>& tokens, int64_t seq_len) override {
-    const Graph graph(weights_.config, prefill_input(setup_, tokens, seq_len).shape);
+  void prefill(const std::vector<int32_t>& tokens, int64_t seq_len, int64_t first_sequence) override {
+    const ref::ModelInput input = prefill_input(setup_, tokens, seq_len, first_sequence);
+    const Graph graph(weights_.config, input.shape);
     const Schedule schedule = verified_schedule(graph);
-    CpuVmSession session(graph, schedule, weights_, setup_.vm, &cache_);
-    session.set_input(prefill_input(setup_, tokens, seq_len));
+    const bool whole_batch = input.shape.batch == setup_.batch;
+    std::vector<ref::Matrix> part = whole_batch ? std::vector<ref::Matrix>{} : ref::make_kv_cache(weights_.config, input.shape);
+    CpuVmSession session(graph, schedule, weights_, setup_.vm, whole_batch ? &cache_ : &part);
+    session.set_input(input);
     session.launch();
+    if (!whole_batch) copy_prefill_rows(part, cache_, first_sequence, seq_len, setup_.max_context);
   }
   std::vector<int32_t> step(const std::vector<int32_t>& tokens, const std::vector<int32_t>& positions) override {
     session_.set_input(step_input(setup_, tokens, positions));

@@ -42,12 +42,28 @@ void check_prompts(const std::vector<std::vector<int32_t>>& prompts, const Decod
   }
 }
 
-// Every prompt but its last token, right-padded to the longest: the prefill's (batch, seq_len) tokens.
-std::vector<int32_t> prefill_tokens(const std::vector<std::vector<int32_t>>& prompts, int64_t seq_len, int32_t pad) {
-  std::vector<int32_t> tokens(prompts.size() * size_t(seq_len), pad);
-  for (size_t b = 0; b < prompts.size(); ++b)
-    std::copy(prompts[b].begin(), prompts[b].end() - 1, tokens.begin() + int64_t(b) * seq_len);
+// Every prompt of sequences [first, first + count) but its last token, right-padded to seq_len: a prefill pass's
+// (count, seq_len) tokens.
+std::vector<int32_t> prefill_tokens(const std::vector<std::vector<int32_t>>& prompts, size_t first, size_t count,
+                                    int64_t seq_len, int32_t pad) {
+  std::vector<int32_t> tokens(count * size_t(seq_len), pad);
+  for (size_t b = 0; b < count; ++b)
+    std::copy(prompts[first + b].begin(), prompts[first + b].end() - 1, tokens.begin() + int64_t(b) * seq_len);
   return tokens;
+}
+
+// The prompts but their last tokens, into the cache: options.prefill_batch sequences a pass; returns the passes.
+int64_t prefill(DecodeEngine& engine, const std::vector<std::vector<int32_t>>& prompts, int64_t seq_len,
+                const GenerationOptions& options) {
+  MK_CHECK(options.prefill_batch >= 0, "prefill batch must not be negative, got {}", options.prefill_batch);
+  const size_t batch = prompts.size();
+  const size_t per_pass = options.prefill_batch > 0 ? std::min(size_t(options.prefill_batch), batch) : batch;
+  int64_t passes = 0;
+  for (size_t first = 0; first < batch; first += per_pass, ++passes) {
+    const size_t count = std::min(per_pass, batch - first);
+    engine.prefill(prefill_tokens(prompts, first, count, seq_len, options.pad_id), seq_len, int64_t(first));
+  }
+  return passes;
 }
 
 // Steps the next wait for the engine covers: no more than any generating sequence may still make, nor than any
@@ -122,7 +138,7 @@ GenerationResult generate(DecodeEngine& engine, const std::vector<std::vector<in
   for (const std::vector<int32_t>& prompt : prompts) longest = std::max<int64_t>(longest, int64_t(prompt.size()));
   if (longest > 1) {
     const auto start = std::chrono::steady_clock::now();
-    engine.prefill(prefill_tokens(prompts, longest - 1, options.pad_id), longest - 1);
+    result.prefill_passes = prefill(engine, prompts, longest - 1, options);
     result.prefill_s = seconds_since(start);
   }
   std::vector<int32_t> tokens(batch), positions(batch);
@@ -227,7 +243,7 @@ int64_t default_max_context(const ModelConfig& config, int64_t longest_prompt, i
 }
 
 GenerationMemory generation_memory(const ModelConfig& config, int64_t batch, int64_t prefill_len, int64_t max_context,
-                                   bool fp32_activations) {
+                                   bool fp32_activations, int64_t prefill_batch) {
   GenerationMemory memory;
   memory.weights = 2.0 * double(parameter_count(config));
   // As the gpu engine stores each kind, or as fp32 where the cpu engines hold every buffer so.
@@ -240,9 +256,13 @@ GenerationMemory generation_memory(const ModelConfig& config, int64_t batch, int
     }
     return bytes;
   };
-  memory.kv_cache = kv_cache_bytes(config, batch, max_context, fp32_activations ? 4 : 2);
+  const int64_t element_bytes = fp32_activations ? 4 : 2;
+  memory.kv_cache = kv_cache_bytes(config, batch, max_context, element_bytes);
   memory.activations = bytes_of({batch, 1, PassKind::kDecode, max_context});
-  if (prefill_len > 0) memory.activations += bytes_of({batch, prefill_len, PassKind::kPrefill, max_context});
+  if (prefill_len <= 0) return memory;
+  const int64_t per_pass = prefill_batch > 0 ? std::min(prefill_batch, batch) : batch;
+  memory.activations += bytes_of({per_pass, prefill_len, PassKind::kPrefill, max_context});
+  if (per_pass < batch) memory.activations += kv_cache_bytes(config, per_pass, prefill_len, element_bytes);
   return memory;
 }
 
@@ -252,6 +272,24 @@ void check_memory_budget(const GenerationMemory& memory, double budget_bytes, in
            "more than the memory budget of {}: lower --max-context or --batch, or raise --memory-budget",
            batch, max_context, gib(memory.kv_cache), gib(memory.weights), gib(memory.activations), gib(memory.total()),
            gib(budget_bytes));
+}
+
+int64_t prefill_batch_within(const ModelConfig& config, int64_t batch, int64_t prefill_len, int64_t max_context,
+                             bool fp32_activations, double budget_bytes) {
+  auto memory_at = [&](int64_t per_pass) {
+    return generation_memory(config, batch, prefill_len, max_context, fp32_activations, per_pass);
+  };
+  if (memory_at(batch).total() <= budget_bytes) return batch;
+  check_memory_budget(memory_at(1), budget_bytes, batch, max_context);
+  // The memory grows with the sequences a pass: the most that fit, by bisection (batches reach 2^31), then the
+  // fewest passes of that many at most, evened out.
+  int64_t fits = 1, too_many = batch;
+  while (too_many - fits > 1) {
+    const int64_t middle = fits + (too_many - fits) / 2;
+    (memory_at(middle).total() <= budget_bytes ? fits : too_many) = middle;
+  }
+  const int64_t passes = (batch + fits - 1) / fits;
+  return (batch + passes - 1) / passes;
 }
 
 }  // namespace mk

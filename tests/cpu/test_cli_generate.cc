@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "mk/bf16.h"
+#include "mk/generate.h"
 #include "mk/model_config.h"
 #include "mk/safetensors.h"
 #include "mk/tokenizer.h"
@@ -69,6 +70,31 @@ TEST(CliGenerate, ReferenceAndCpuVmMakeTheSameTokensForARaggedBatch) {
   ASSERT_EQ(reference.status, 0) << reference.output;
   EXPECT_THAT(vm.output, HasSubstr("step 2: "));
   EXPECT_EQ(vm.output.substr(vm.output.find("tokens: ")), reference.output.substr(reference.output.find("tokens: ")));
+}
+
+// A memory budget that holds the generation only with the prefill in parts: the parts are as large as fit, and the
+// tokens are those of one pass (given by --prefill-batch, or with room for it).
+TEST(CliGenerate, PrefillsInPartsWhereTheMemoryBudgetAsksIt) {
+  const mk::ModelConfig config = mk::find_preset("tiny").config;
+  const double gib = double(int64_t(1) << 30);
+  // 4 prompts, the longest 6 tokens (5 prefill rows), cache 128: room for 2 sequences a pass, not 3 or 4.
+  const double budget = (mk::generation_memory(config, 4, 5, 128, true, 2).total() +
+                         mk::generation_memory(config, 4, 5, 128, true, 3).total()) / 2;
+  const std::string args = "generate --preset tiny --engine cpu-vm --prompt-ids '1,2,3,4,5,6;7,8;9,10,11;12' "
+                           "--max-new-tokens 3 --max-context 128";
+  const Result one_pass = run_mk(args);
+  const Result parts = run_mk(args + fmt::format(" --memory-budget {:.12f}", budget / gib));
+  const Result ones = run_mk(args + " --prefill-batch 1");
+  for (const Result* result : {&one_pass, &parts, &ones}) ASSERT_EQ(result->status, 0) << result->output;
+  EXPECT_THAT(one_pass.output, Not(HasSubstr(" passes of up to")));
+  EXPECT_THAT(parts.output, HasSubstr(" in 2 passes of up to 2 sequences (--prefill-batch)"));
+  EXPECT_THAT(ones.output, HasSubstr(" in 4 passes of up to 1 sequence (--prefill-batch)"));
+  const std::string tokens = one_pass.output.substr(one_pass.output.find("\ntokens: "));
+  EXPECT_EQ(parts.output.substr(parts.output.find("\ntokens: ")), tokens);
+  EXPECT_EQ(ones.output.substr(ones.output.find("\ntokens: ")), tokens);
+  const Result too_small = run_mk(args + fmt::format(" --memory-budget {:.12f} --prefill-batch 3", budget / gib));
+  EXPECT_NE(too_small.status, 0);
+  EXPECT_THAT(too_small.output, HasSubstr("more than the memory budget"));
 }
 
 TEST(CliGenerate, StopsAtTheEosOfGenerationConfigAndWritesTheSequences) {

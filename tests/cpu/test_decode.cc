@@ -183,7 +183,7 @@ TEST(Sampling, DrawsFromTheTopKAndTopPCandidatesInOrder) {
 class CountingEngine final : public DecodeEngine {
  public:
   explicit CountingEngine(const DecodeSetup& setup) : setup_(setup) {}
-  void prefill(const std::vector<int32_t>&, int64_t) override {}
+  void prefill(const std::vector<int32_t>&, int64_t, int64_t) override {}
   std::vector<int32_t> step(const std::vector<int32_t>& tokens, const std::vector<int32_t>& positions) override {
     std::vector<int32_t> next;
     for (size_t b = 0; b < tokens.size(); ++b) {
@@ -220,6 +220,33 @@ GenerationResult generate_counting(const std::vector<std::vector<int32_t>>& prom
   });
   counts = engine.counts;
   return result;
+}
+
+// A prefill in parts of the batch (each part through a cache of its own, copied into the batch's) leaves the cache a
+// prefill of the whole batch leaves: every step's logits equal bit for bit, on both cpu engines, for parts of one
+// sequence, of unequal sizes (2, 2, 1) and of nearly the whole batch.
+TEST(Generate, PrefillInPartsOfTheBatchEqualsOnePass) {
+  const ModelWeights weights = random_weights(find_preset("tiny").config, 6);
+  std::vector<std::vector<int32_t>> prompts;
+  for (const int64_t length : {9, 2, 14, 1, 6}) prompts.push_back(random_prompt(weights.config, length, 30 + length));
+  for (const char* engine : {"reference", "cpu-vm"}) {
+    GenerationOptions options;
+    options.max_new_tokens = 5;
+    options.keep_logits = true;
+    const GenerationResult whole = generate(*make_decoder(engine, weights, setup_for(5, 64)), prompts, options);
+    for (const int64_t per_pass : {1, 2, 4}) {
+      SCOPED_TRACE(fmt::format("{}, {} sequences a prefill pass", engine, per_pass));
+      options.prefill_batch = per_pass;
+      const GenerationResult parts = generate(*make_decoder(engine, weights, setup_for(5, 64)), prompts, options);
+      for (size_t b = 0; b < prompts.size(); ++b)
+        EXPECT_EQ(parts.sequences[b].tokens, whole.sequences[b].tokens) << "sequence " << b;
+      ASSERT_EQ(parts.logits.size(), whole.logits.size());
+      for (size_t step = 0; step < whole.logits.size(); ++step)
+        EXPECT_TRUE(bitwise_equal(parts.logits[step].data.data(), whole.logits[step].data.data(),
+                                  int64_t(whole.logits[step].data.size())))
+            << "step " << step;
+    }
+  }
 }
 
 TEST(Generate, GroupsOfStepsMakeWhatSingleStepsMake) {
@@ -354,7 +381,30 @@ TEST(Generate, MemoryBudgetIsCheckedBeforeAllocating) {
               testing::ThrowsMessage<Error>(HasSubstr("the KV cache of batch 4 x max context 131072 needs 16.00 GiB")));
   EXPECT_NO_THROW(check_memory_budget(memory, 80.0 * (1 << 30), 4, 131072));
   EXPECT_EQ(default_max_context(config, 100, 30), 256);
+  EXPECT_EQ(prefill_batch_within(config, 4, 100, 131072, false, 80.0 * (1 << 30)), 4);
   EXPECT_EQ(default_max_context(find_preset("tiny").config, 1000, 100), 1024) << "capped at max_position_embeddings";
+}
+
+// Llama-3.1-8B at batch 64 of 896-token prompts: one prefill pass of all 64 needs ~141 GiB of activations (every
+// layer keeps its own), more than an H200 has, so the prefill goes in equal parts of as many sequences as fit.
+TEST(Generate, PrefillPassesTakeWhatTheMemoryBudgetAllows) {
+  const ModelConfig config = find_preset("llama-3.1-8b").config;
+  const GenerationMemory one_pass = generation_memory(config, 64, 895, 1024, false);
+  const GenerationMemory in_thirds = generation_memory(config, 64, 895, 1024, false, 22);
+  EXPECT_DOUBLE_EQ(in_thirds.kv_cache, one_pass.kv_cache);
+  EXPECT_DOUBLE_EQ(generation_memory(config, 64, 895, 1024, false, 64).total(), one_pass.total());
+  EXPECT_LT(in_thirds.activations, one_pass.activations / 2);
+  // A part's own cache (22 sequences x 895 rows) is counted: more than a third of one pass's activations.
+  EXPECT_GT(in_thirds.activations - generation_memory(config, 64, 0, 1024, false).activations,
+            (one_pass.activations - generation_memory(config, 64, 0, 1024, false).activations) * 22 / 64);
+  EXPECT_EQ(prefill_batch_within(config, 64, 895, 1024, false, one_pass.total()), 64);
+  EXPECT_EQ(prefill_batch_within(config, 64, 895, 1024, false, in_thirds.total()), 22);
+  EXPECT_EQ(prefill_batch_within(config, 64, 895, 1024, false, in_thirds.total() - 1), 16);
+  EXPECT_EQ(prefill_batch_within(config, 64, 0, 1024, false, 24.0 * (1 << 30)), 64) << "no prefill";
+  const double one_a_pass = generation_memory(config, 64, 895, 1024, false, 1).total();
+  EXPECT_EQ(prefill_batch_within(config, 64, 895, 1024, false, one_a_pass), 1);
+  EXPECT_THAT([&] { prefill_batch_within(config, 64, 895, 1024, false, one_a_pass - 1); },
+              testing::ThrowsMessage<Error>(HasSubstr("the KV cache of batch 64 x max context 1024 needs 8.00 GiB")));
 }
 
 }  // namespace

@@ -47,8 +47,9 @@ GenerationCase generation_case(const ModelConfig& config, const std::vector<int6
 // Generates on the GPU from ragged prompts, then checks every step's logits against forward passes over each
 // sequence's own tokens (the prompt and the tokens it was fed), and each new token against its step's argmax.
 void check_generation(const ModelConfig& config, const std::vector<int64_t>& prompt_lengths, int64_t new_tokens,
-                      int64_t max_context, uint64_t seed) {
-  SCOPED_TRACE(fmt::format("{} batch {} max context {}", config.name, prompt_lengths.size(), max_context));
+                      int64_t max_context, uint64_t seed, int64_t prefill_batch = 0) {
+  SCOPED_TRACE(fmt::format("{} batch {} max context {} prefill batch {}", config.name, prompt_lengths.size(),
+                           max_context, prefill_batch));
   const GenerationCase c = generation_case(config, prompt_lengths, max_context, seed);
   const ModelWeights& weights = c.weights;
   const std::vector<std::vector<int32_t>>& prompts = c.prompts;
@@ -56,6 +57,7 @@ void check_generation(const ModelConfig& config, const std::vector<int64_t>& pro
   GenerationOptions options;
   options.max_new_tokens = new_tokens;
   options.keep_logits = true;
+  options.prefill_batch = prefill_batch;
   const std::unique_ptr<DecodeEngine> gpu = make_gpu_decoder(weights, setup);
   const GenerationResult result = generate(*gpu, prompts, options);
   ASSERT_EQ(result.logits.size(), size_t(new_tokens));
@@ -100,6 +102,8 @@ TEST_F(Gpu, GenerationReproducesTheForwardPassOnRaggedBatches) {
   check_generation(small_config(512, 1024, 8, 8, 64, true, true), {300, 9, 270, 130, 290, 7}, 4, 512, 31);
   // GQA 8:1: all 8 query-head rows of decode attention's mmas; a partial second block and a short first one.
   check_generation(small_config(512, 1024, 8, 1, 64, true, true), {140, 20}, 8, 256, 32);
+  // The prefill in parts of 2, 2 and 1 sequences, each through a cache of its own copied into the batch's.
+  check_generation(small_config(256, 512, 4, 2, 64, true, true), {100, 37, 5, 64, 1}, 6, 256, 28, 2);
   // Multi-head without RoPE, one layer.
   check_generation(small_config(256, 768, 2, 2, 128, false, true, 1), {5}, 20, 128, 23);
 }
