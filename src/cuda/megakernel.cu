@@ -207,7 +207,7 @@ __device__ __forceinline__ bool run_decode_instruction(const MegakernelParams& p
       run_decode_gemm<kRows>(p, s, in, prologue, thread);
       return true;
     case Opcode::kDecodeAttention:
-      run_decode_attention(p, s, in, thread);
+      run_decode_attention<kRows != DecodeRows::kNarrow>(p, s, in, thread);
       return true;
     case Opcode::kSample:
       run_sample(p, s, in, thread);

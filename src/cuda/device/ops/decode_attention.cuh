@@ -29,15 +29,17 @@ __device__ __forceinline__ float warp_max(float value) {
 // consecutive keys over the banks, for the CUDA cores' K rows and ldmatrix's 8 rows at one column alike.
 __host__ __device__ constexpr int32_t kv_stride(int32_t head_dim) { return head_dim + 8; }
 
-// Keys [key_begin, key_end) of a block's K and V (rows padded) for one kv head into shared memory with cp.async,
-// every 16-byte copy in flight at once, leaving out key `skip` (-1: none). The caller waits for the copies.
+// Keys [key_begin, key_end) of a block's K and V (rows padded) for one kv head into shared memory with cp.async by
+// `threads` threads, every 16-byte copy in flight at once, leaving out key `skip` (-1: none). The caller waits for
+// the copies.
 // NOTE: each thread keeps one chunk of a row and steps over keys (threads past the last whole row of chunks idle): a
 // loop over copies divided every copy's index by the run-time chunk count (twentieth session, run 1).
 __device__ __forceinline__ void stage_kv_rows(const ModelDims& d, const __nv_bfloat16* k, int32_t key_begin,
                                               int32_t key_end, int32_t skip, __nv_bfloat16* k_block,
-                                              __nv_bfloat16* v_block, int consumer_thread) {
-  const int32_t chunks = d.head_dim / 8, keys_at_once = KernelConfig::kConsumerThreads / chunks;
-  const int32_t chunk = consumer_thread % chunks, first = consumer_thread / chunks;
+                                              __nv_bfloat16* v_block, int thread,
+                                              int threads = KernelConfig::kConsumerThreads) {
+  const int32_t chunks = d.head_dim / 8, keys_at_once = threads / chunks;
+  const int32_t chunk = thread % chunks, first = thread / chunks;
   if (first >= keys_at_once) return;
   const int32_t row_uint4s = 2 * d.kv_dim / 8, stride_uint4s = kv_stride(d.head_dim) / 8;
   const uint4* source = reinterpret_cast<const uint4*>(k) + int64_t(key_begin + first) * row_uint4s + chunk;
@@ -62,7 +64,7 @@ static_assert((kMaxKvBuffers & (kMaxKvBuffers - 1)) == 0, "a block's buffer is i
 struct DecodeAttentionSmem {
   static constexpr int kFloats = kMaxGroup * kMaxHeadDim + kMaxGroup * kDecodeKvBlock + 2 * kMaxGroup +
                                  2 * KernelConfig::kConsumerWarps * kMmaHeads;
-  static constexpr int kBf16s = kMaxGroup * kv_stride(kMaxHeadDim) + kMmaHeads * kWeightStride;
+  static constexpr int kBf16s = kMaxGroup * kv_stride(kMaxHeadDim) + 2 * kMmaHeads * kWeightStride;
   static constexpr int kFixedBytes = kFloats * 4 + kBf16s * 2;
   // A K and a V block of kDecodeKvBlock padded rows.
   __host__ __device__ static constexpr int32_t kv_buffer_bytes(int32_t head_dim) {
@@ -79,7 +81,7 @@ struct DecodeAttentionSmem {
   float* warp_maxima;          // (kConsumerWarps, kMmaHeads), tensor cores
   float* warp_sums;            // (kConsumerWarps, kMmaHeads), tensor cores
   __nv_bfloat16* q_rows;       // (G, kv_stride) bf16, tensor cores
-  __nv_bfloat16* weights;      // (kMmaHeads, kWeightStride) bf16, tensor cores
+  __nv_bfloat16* weights;      // (2 [halves], kMmaHeads, kWeightStride) bf16, tensor cores
   __nv_bfloat16* kv;           // buffers: (kv_buffers, 2 [K, V], kDecodeKvBlock, kv_stride) bf16
   int32_t stride;              // kv_stride(head_dim)
   int32_t buffers;             // kv_buffers(head_dim)
@@ -91,7 +93,7 @@ struct DecodeAttentionSmem {
         warp_sums(warp_maxima + KernelConfig::kConsumerWarps * kMmaHeads),
         q_rows(reinterpret_cast<__nv_bfloat16*>(warp_sums + KernelConfig::kConsumerWarps * kMmaHeads)),
         weights(q_rows + kMaxGroup * kv_stride(kMaxHeadDim)),
-        kv(weights + kMmaHeads * kWeightStride),
+        kv(weights + 2 * kMmaHeads * kWeightStride),
         stride(kv_stride(head_dim)),
         buffers(kv_buffers(head_dim)) {}
   // K and V of block j of the tile (its buffer is j % buffers).
@@ -154,16 +156,16 @@ __device__ __forceinline__ int32_t prestaged_blocks(const DecodeAttentionSmem& s
   return min(max(smem.buffers - 1, 1), in.row_end - in.row_begin);
 }
 
-// Stages block j (partial row in.row_begin + j) of the tile into its buffer as one cp.async group (empty past the
-// tile's blocks or the sequence's position, so that every block counts one group).
+// Stages block j (partial row in.row_begin + j) of the tile into its buffer as one cp.async group of `threads`
+// threads (empty past the tile's blocks or the sequence's position, so that every block counts one group).
 __device__ __forceinline__ void stage_tile_block(const MegakernelParams& p, const Instruction& in,
                                                  const DecodeAttentionSmem& smem, const TileKvBlocks& tile,
-                                                 int32_t j, int consumer_thread) {
+                                                 int32_t j, int thread, int threads = KernelConfig::kConsumerThreads) {
   if (in.row_begin + j < in.row_end) {
     const KvBlockKeys block = tile.keys_of(j);
     if (block.keys > 0)
       stage_kv_rows(p.dims, cache_keys(p, in, block.first_key), 0, block.keys, -1, smem.k_block(j), smem.v_block(j),
-                    consumer_thread);
+                    thread, threads);
   }
   ptx::cp_async_commit();
 }
@@ -242,7 +244,7 @@ __device__ __forceinline__ void decode_softmax(const ModelDims& d, int32_t keys,
 __device__ __forceinline__ bool decode_attention_on_mma(const ModelDims& d) { return d.head_dim % 16 == 0; }
 
 // One block's partial record on the CUDA cores (q and the block's K and V staged): scores, softmax, P V, and the
-// block's max and sum. Ends with the consumers synchronized (scores are reused by the next block).
+// block's max and sum. The next block's scores overwrite this one's only after run_decode_attention's barrier.
 __device__ __forceinline__ void decode_block_partial_cuda_cores(const ModelDims& d, const DecodeAttentionSmem& smem,
                                                                 int32_t j, int32_t keys, float* record, int warp,
                                                                 int lane, int consumer_thread) {
@@ -266,38 +268,40 @@ __device__ __forceinline__ void decode_block_partial_cuda_cores(const ModelDims&
     tail[1] = smem.stats[2 * consumer_thread + 1];
     tail[2] = tail[3] = 0.0f;
   }
-  ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
 }
 
-// The same on the tensor cores (decode_attention_mma.cuh): scores, weights (one exchange of the warps' maxima),
-// P V, and the block's max and sum. Ends with the consumers synchronized (a later block's staging overwrites this
-// buffer's K and V, the next block's scores the weights and the warps' shares).
+// The same on the tensor cores (decode_attention_mma.cuh) by a set of warps (BlockWarps): scores, weights (one
+// exchange of the set's maxima), P V, and the block's max and sum. A later block's staging overwrites this buffer's K
+// and V, and the set's next block the weights and the warps' shares, only after the set's next barrier.
+template <int kWarps>
 __device__ __forceinline__ void decode_block_partial_mma(const ModelDims& d, const DecodeAttentionSmem& smem,
-                                                         int32_t j, int32_t keys, float* record, int warp, int lane,
-                                                         int consumer_thread) {
+                                                         int32_t j, int32_t keys, float* record,
+                                                         const BlockWarps<kWarps>& set, int lane) {
   const int32_t hd = d.head_dim, stride = smem.stride, record_stride = hd + kPartialStats;
   __nv_bfloat16* v_block = smem.v_block(j);
-  float score[2][2];
-  mma_block_scores(smem.q_rows, smem.k_block(j), hd, stride, d.group_size, keys, warp, lane, score);
-  zero_value_tail(v_block, hd, stride, keys, consumer_thread);
-  mma_block_weights(score, smem.weights, smem.warp_maxima, smem.warp_sums, warp, lane);
-  ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
-  mma_block_output(smem.weights, v_block, hd, stride, d.group_size, keys, record, record_stride, warp, lane);
-  if (consumer_thread < d.group_size) {
-    const float2 stats = mma_block_stats(smem.warp_maxima, smem.warp_sums, consumer_thread);
-    *reinterpret_cast<float4*>(record + consumer_thread * record_stride + hd) =
-        make_float4(stats.x, stats.y, 0.0f, 0.0f);
+  __nv_bfloat16* weights = smem.weights + (set.first_warp / kWarps) * kMmaHeads * kWeightStride;
+  float score[BlockWarps<kWarps>::kKeyTiles][2];
+  mma_block_scores(smem.q_rows, smem.k_block(j), hd, stride, d.group_size, keys, set, lane, score);
+  zero_value_tail(v_block, hd, stride, keys, set.thread, BlockWarps<kWarps>::kThreads);
+  mma_block_weights(score, weights, smem.warp_maxima, smem.warp_sums, set, lane);
+  set.sync();
+  mma_block_output(weights, v_block, hd, stride, d.group_size, keys, record, record_stride, set, lane);
+  if (set.thread < d.group_size) {
+    const float2 stats = mma_block_stats(smem.warp_maxima, smem.warp_sums, set, set.thread);
+    *reinterpret_cast<float4*>(record + set.thread * record_stride + hd) = make_float4(stats.x, stats.y, 0.0f, 0.0f);
   }
-  ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
 }
 
+using AllWarps = BlockWarps<KernelConfig::kConsumerWarps>;
+using HalfWarps = BlockWarps<KernelConfig::kConsumerWarps / 2>;
+
 // Block j's partial record for the G query heads of the tile (q and the block's K and V staged), on the tensor
-// cores where head_dim allows. Ends with the consumers synchronized.
+// cores where head_dim allows.
 __device__ __forceinline__ void decode_block_partial(const ModelDims& d, const DecodeAttentionSmem& smem, int32_t j,
                                                      int32_t keys, float* record, int warp, int lane,
                                                      int consumer_thread) {
   if (decode_attention_on_mma(d))
-    decode_block_partial_mma(d, smem, j, keys, record, warp, lane, consumer_thread);
+    decode_block_partial_mma(d, smem, j, keys, record, AllWarps{warp, 0, 1, consumer_thread}, lane);
   else
     decode_block_partial_cuda_cores(d, smem, j, keys, record, warp, lane, consumer_thread);
 }
@@ -318,44 +322,108 @@ __device__ __forceinline__ void stage_query_heads(const ModelDims& d, const __nv
         __ldcg(reinterpret_cast<const uint4*>(q_heads) + i);
 }
 
-// attn_partial[l][rows] for sequence in.sequence, kv head in.head: one partial record per query head of the kv head
-// and per KV block of the split (blocks past the sequence's position are empty: max -inf, left out by the combine).
-// The first blocks were prestaged but for the newest key (prestage_decode_attention). With more than one buffer, block
-// j + buffers - 1 is requested before block j is computed, into the buffer block j - 1 has just freed.
-// NOTE: one block at a time, each block's load came after the previous block's math: 3.3 us a block at batch 8, 2 us
-// for a block staged ahead (sixth session, run 2).
-__device__ __forceinline__ void run_decode_attention(const MegakernelParams& p, const SharedState& s,
-                                                     const Instruction& in, int consumer_thread) {
+// The tile's blocks, all consumer warps on one block at a time. The barrier that shows every consumer's copies of
+// block j also ends block j - 1 for all of them: its buffer then takes block j + buffers - 1, and block j's math
+// rewrites the weights and the warps' shares (a barrier closing each block as well, 4 a block, was the layout before
+// the twenty-second session). Block j's record at record + j record_row.
+__device__ __forceinline__ void run_blocks(const MegakernelParams& p, const Instruction& in,
+                                           const DecodeAttentionSmem& smem, const TileKvBlocks& tile, float* record,
+                                           int64_t record_row, int consumer_thread) {
   const ModelDims& d = p.dims;
   const int warp = consumer_thread / 32, lane = consumer_thread % 32;
-  const int64_t B = d.batch, layer = in.layer;
   const int32_t G = d.group_size, hd = d.head_dim, stride = hd + kPartialStats;
-  const TileKvBlocks tile(d, in, p.positions[in.sequence]);
-  const DecodeAttentionSmem smem(s, hd);
   const bool ahead = smem.buffers > 1;
-  stage_query_heads(d, p.decode_q + (layer * B + in.sequence) * d.q_dim + in.head * G * hd, smem, consumer_thread);
-  stage_newest_key(p, in, smem, tile, consumer_thread);
-  const int64_t record_row = int64_t(d.q_dim / hd) * stride;  // floats of a partial row
-  float* record = p.attn_partial + (layer * B * partial_rows_per_sequence(d) + in.row_begin) * record_row +
-                  int64_t(in.head) * G * stride;  // block j's at record + j record_row
   for (int32_t j = 0; j < in.row_end - in.row_begin; ++j, record += record_row) {
-    // Groups committed after the one block j needs: those of the blocks requested ahead of it.
+    // Block j's copies: those of the blocks requested after it may stay in flight (block j + buffers - 1 is
+    // requested below, after this wait).
     if (ahead) {
-      stage_tile_block(p, in, smem, tile, j + smem.buffers - 1, consumer_thread);
-      ptx::cp_async_wait_at_most(min(j + 1, smem.buffers - 1));
+      ptx::cp_async_wait_at_most(min(j, smem.buffers - 2));
     } else {
-      if (j >= prestaged_blocks(smem, in)) stage_tile_block(p, in, smem, tile, j, consumer_thread);
+      if (j >= prestaged_blocks(smem, in)) {
+        ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);  // every consumer done with the one buffer
+        stage_tile_block(p, in, smem, tile, j, consumer_thread);
+      }
       ptx::cp_async_wait<0>();
     }
+    ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
+    if (ahead) stage_tile_block(p, in, smem, tile, j + smem.buffers - 1, consumer_thread);
     const KvBlockKeys block = tile.keys_of(j);
     if (block.keys <= 0) {
       for (int32_t i = consumer_thread; i < G * stride; i += KernelConfig::kConsumerThreads)
         record[i] = i % stride == hd ? -INFINITY : 0.0f;
       continue;
     }
-    ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
     decode_block_partial(d, smem, j, block.keys, record, warp, lane, consumer_thread);
   }
+}
+
+// Whether a tile's blocks go to the two halves of the warps in turn (run_blocks_in_halves): on the tensor cores, with
+// 4 K and V buffers (each half then keeps its next block loading while it computes one), and at least 2 blocks.
+__device__ __forceinline__ bool blocks_in_halves(const ModelDims& d, const DecodeAttentionSmem& smem,
+                                                 const Instruction& in) {
+  return decode_attention_on_mma(d) && smem.buffers == kMaxKvBuffers && in.row_end - in.row_begin >= 2;
+}
+
+// The tile's blocks by halves: half h (warps 4h..4h+3, named barrier 2 + h) takes blocks h, h + 2, ..., staging
+// block j + 2 into the buffer its block j - 2 left, so that each half's chain of dependent instructions (ldmatrix,
+// mma, the maxima's exchange, P V) runs while the other's waits. Block j's record at record + j record_row. Every
+// consumer first waits for the prestaged blocks (0-2) and the newest key.
+// NOTE: with all 8 warps on one block at a time, attention's tiles were bound by their instruction stream, not by
+// their loads (twentieth session: ncu's samples on wait, short_sb and selected; ~2 us a 32 KB block at batch 32).
+__device__ __forceinline__ void run_blocks_in_halves(const MegakernelParams& p, const Instruction& in,
+                                                     const DecodeAttentionSmem& smem, const TileKvBlocks& tile,
+                                                     float* record, int64_t record_row, int consumer_thread) {
+  const ModelDims& d = p.dims;
+  const int warp = consumer_thread / 32, half = warp / (KernelConfig::kConsumerWarps / 2);
+  const HalfWarps set{warp % (KernelConfig::kConsumerWarps / 2), half * (KernelConfig::kConsumerWarps / 2),
+                      2u + uint32_t(half), consumer_thread % HalfWarps::kThreads};
+  const int32_t blocks = in.row_end - in.row_begin, prestaged = prestaged_blocks(smem, in);
+  const int32_t G = d.group_size, hd = d.head_dim, stride = hd + kPartialStats;
+  ptx::cp_async_wait<0>();
+  ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);  // every consumer's prestaged copies and q
+  record += half * record_row;
+  for (int32_t j = half; j < blocks; j += 2, record += 2 * record_row) {
+    if (j >= prestaged) ptx::cp_async_wait<0>();  // staged by this half on its block j - 2
+    set.sync();  // the half's copies of block j visible, and its block j - 2 done, so that j + 2 takes its buffer
+    if (j + 2 >= prestaged) stage_tile_block(p, in, smem, tile, j + 2, set.thread, HalfWarps::kThreads);
+    const KvBlockKeys block = tile.keys_of(j);
+    if (block.keys <= 0) {
+      for (int32_t i = set.thread; i < G * stride; i += HalfWarps::kThreads)
+        record[i] = i % stride == hd ? -INFINITY : 0.0f;
+      continue;
+    }
+    decode_block_partial_mma(d, smem, j, block.keys, record, set, consumer_thread % 32);
+  }
+}
+
+// attn_partial[l][rows] for sequence in.sequence, kv head in.head: one partial record per query head of the kv head
+// and per KV block of the split (blocks past the sequence's position are empty: max -inf, left out by the combine).
+// The first blocks were prestaged but for the newest key (prestage_decode_attention). With more than one buffer, block
+// j + buffers - 1 is requested before block j is computed, into the buffer block j - 1 has just freed. Ends with the
+// consumers synchronized. kHalves: tiles of several blocks may go by halves of the warps (run_blocks_in_halves); the
+// narrow kernel's batches (1-2) have tiles of a block or two, and it keeps its code small.
+// NOTE: one block at a time, each block's load came after the previous block's math: 3.3 us a block at batch 8, 2 us
+// for a block staged ahead (sixth session, run 2).
+template <bool kHalves>
+__device__ __forceinline__ void run_decode_attention(const MegakernelParams& p, const SharedState& s,
+                                                     const Instruction& in, int consumer_thread) {
+  const ModelDims& d = p.dims;
+  const int64_t B = d.batch, layer = in.layer;
+  const int32_t G = d.group_size, hd = d.head_dim, stride = hd + kPartialStats;
+  const TileKvBlocks tile(d, in, p.positions[in.sequence]);
+  const DecodeAttentionSmem smem(s, hd);
+  stage_query_heads(d, p.decode_q + (layer * B + in.sequence) * d.q_dim + in.head * G * hd, smem, consumer_thread);
+  stage_newest_key(p, in, smem, tile, consumer_thread);
+  const int64_t record_row = int64_t(d.q_dim / hd) * stride;  // floats of a partial row
+  float* record = p.attn_partial + (layer * B * partial_rows_per_sequence(d) + in.row_begin) * record_row +
+                  int64_t(in.head) * G * stride;  // block j's at record + j record_row
+  if (kHalves && blocks_in_halves(d, smem, in)) {
+    run_blocks_in_halves(p, in, smem, tile, record, record_row, consumer_thread);
+  } else {
+    run_blocks(p, in, smem, tile, record, record_row, consumer_thread);
+  }
+  // Every warp's last block done before thread 0 stamps the tile's math (and before the next instruction's staging).
+  ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
 }
 
 }  // namespace mk::gpu
