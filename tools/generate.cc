@@ -140,7 +140,8 @@ CLI::App* GenerateCommand::add(CLI::App& app) {
                    "GiB the generation may allocate (default: the machine's memory)")
       ->check(kPositiveFinite);
   command->add_option("--eos", eos,
-                      "ids that end a sequence (default: generation_config.json's or config.json's eos_token_id)");
+                      "ids that end a sequence (default: generation_config.json's or config.json's eos_token_id, "
+                      "else, where the tokenizer is loaded, tokenizer_config.json's eos_token)");
   command->add_option("--trace", trace_path,
                       "gpu: after generating, trace one more decode step (the last token fed again) into this "
                       "Perfetto JSON and print its per-op summary")
@@ -284,9 +285,7 @@ std::vector<int32_t> GenerateCommand::eos_ids(const ModelConfig& config,
     const std::vector<int32_t> ids = parse_token_ids(eos, "--eos");
     return checked_eos_ids(config, {ids.begin(), ids.end()}, "--eos");
   }
-  std::vector<int32_t> ids = model_dir.empty() ? std::vector<int32_t>{} : model_eos_ids(config, model_dir);
-  if (ids.empty() && tokenizer) ids = tokenizer->eos_ids();
-  return ids;
+  return default_eos_ids(config, model_dir, tokenizer ? &*tokenizer : nullptr);
 }
 
 void GenerateCommand::print_header(const ModelConfig& config, const DecodeEngine& decoder, const DecodeSetup& setup,

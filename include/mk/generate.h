@@ -18,6 +18,8 @@
 
 namespace mk {
 
+class Tokenizer;
+
 // What every engine of one generation shares: its batch, its cache, how it samples.
 struct DecodeSetup {
   int64_t batch = 1;
@@ -138,6 +140,12 @@ GenerationResult generate(DecodeEngine& engine, const std::vector<std::vector<in
 // bounded size, JSON without duplicate keys), each id must be a whole number in [0, 2^31), and at least one must lie
 // in the vocabulary of `config`.
 std::vector<int32_t> model_eos_ids(const ModelConfig& config, const std::filesystem::path& model_dir);
+
+// The ids that end generation when the caller names none, for `mk generate` and the Python Model alike:
+// model_eos_ids (none without a model_dir), else the tokenizer's (where tokenizer_config.json's eos_token comes in),
+// held to the same rule that at least one lie in the vocabulary of `config`, the message naming the tokenizer's source.
+std::vector<int32_t> default_eos_ids(const ModelConfig& config, const std::filesystem::path& model_dir,
+                                     const Tokenizer* tokenizer);
 
 // Throw mk::Error naming the first empty prompt or id outside the model's vocabulary, before any engine runs: a
 // prompt's (by prompt and position, which the engines, seeing a padded batch, cannot name), or a user's EOS id's (which

@@ -98,6 +98,9 @@ class Tokenizer {
   // The ids that end generation (generation_config.json's eos_token_id, else tokenizer_config.json's eos_token,
   // else config.json's eos_token_id); empty when none of those files says.
   const std::vector<int32_t>& eos_ids() const;
+  // Where eos_ids() came from, as "DIR/tokenizer_config.json: eos_token \"</s>\"" (or a config's eos_token_id), for
+  // messages: they lie in the tokenizer's vocabulary, which may be larger than a model's. Empty when eos_ids() is.
+  const std::string& eos_source() const;
 
  private:
   explicit Tokenizer(std::unique_ptr<text::TokenizerImpl> impl);

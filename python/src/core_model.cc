@@ -88,8 +88,7 @@ std::unique_ptr<CoreModel> CoreModel::from_dir(const std::filesystem::path& dir)
   const ModelConfig config = load_model_dir_config(dir);
   std::unique_ptr<CoreModel> model(new CoreModel(load_weights(dir, config), {1, 128}, dir.string()));
   if (std::filesystem::is_regular_file(dir / "tokenizer.json")) model->tokenizer_.emplace(Tokenizer::load(dir));
-  model->eos_ids_ = model_eos_ids(config, dir);
-  if (model->eos_ids_.empty() && model->tokenizer_) model->eos_ids_ = model->tokenizer_->eos_ids();
+  model->eos_ids_ = default_eos_ids(config, dir, model->tokenizer_ ? &*model->tokenizer_ : nullptr);
   model->load_warning_ = unused_tensors_warning(dir, model->weights_);
   for (const std::filesystem::path& file : model_dir_files(dir))
     model->inputs_.push_back({fmt::format("model file {}", file.filename().string()), file});

@@ -4,6 +4,7 @@ with a tokenizer.json beside the weights or without."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -42,6 +43,26 @@ def test_tokenizer_beside_the_weights(exported_tiny):
     assert model.tokenizer is not None and model.tokenizer.bos_id == 1
     assert model.encode("the kernel") == [1, 485, 1007]
     assert model.decode([1, 485, 1007], skip_special_tokens=True) == "the kernel"
+
+
+def test_the_tokenizers_eos_is_the_default_when_the_config_names_none(exported_tiny):
+    # The exported config.json has no eos_token_id; llama2's </s> lies in the tiny model's vocabulary.
+    model = megakernel.Model.from_pretrained(exported_tiny[0])
+    assert model.eos_ids and model.eos_ids == megakernel.Tokenizer.load(exported_tiny[0]).eos_ids
+
+
+def test_a_tokenizer_eos_outside_the_models_vocabulary_is_refused(tmp_path, run_mk):
+    # llama3's <|eot_id|> lies past the tiny model's 384 ids: it was taken, and generation ran on to the budget as if
+    # there were no EOS.
+    run_mk("export", "--preset", "tiny", "--out", tmp_path)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(TOKENIZER_FIXTURES / "llama3" / name, tmp_path / name)
+    (eos,) = megakernel.Tokenizer.load(tmp_path).eos_ids
+    assert eos >= 384
+    source = re.escape(str(tmp_path / "tokenizer_config.json"))
+    message = rf"{source}: eos_token \"<\|eot_id\|>\" names no id in the model's vocabulary \[0, 384\), got {eos}"
+    with pytest.raises(megakernel.MkError, match=message):
+        megakernel.Model.from_pretrained(tmp_path)
 
 
 def test_seed_model_with_mk_config_json(tmp_path, run_mk, mk_forward):

@@ -14,6 +14,7 @@
 #include "mk/files.h"
 #include "mk/kv_cache.h"
 #include "mk/tiles.h"
+#include "mk/tokenizer.h"
 
 namespace mk {
 
@@ -29,6 +30,17 @@ std::string gib(double bytes) { return fmt::format("{:.2f} GiB", bytes / double(
 template <typename Id>
 void check_prompt_not_empty(const std::vector<Id>& prompt, size_t b) {
   MK_CHECK(!prompt.empty(), "prompt {} is empty: generation starts from at least one token", b);
+}
+
+// An id the model lacks beside one it has is harmless (it never matches); with none it has, generation would run on to
+// the budget as if there were no EOS.
+void check_eos_reaches_vocabulary(const ModelConfig& config, const std::vector<int32_t>& ids,
+                                  const std::string& source) {
+  const bool any_in_vocabulary =
+      std::any_of(ids.begin(), ids.end(), [&](int32_t id) { return id >= 0 && id < config.vocab_size; });
+  MK_CHECK(ids.empty() || any_in_vocabulary,
+           "{} names no id in the model's vocabulary [0, {}), got {}: no token could end a sequence", source,
+           config.vocab_size, fmt::join(ids, ", "));
 }
 
 // Checks the prompts against the engine: one per sequence, each at least one token, each fitting the cache.
@@ -182,16 +194,19 @@ std::vector<int32_t> model_eos_ids(const ModelConfig& config, const std::filesys
     if (eos == json.end() || eos->is_null()) continue;
     const std::string source = path.string() + ": eos_token_id";
     const std::vector<int32_t> ids = json_token_ids(*eos, source);
-    // An id the model lacks beside one it has is harmless (it never matches); with none it has, generation would
-    // run on to the budget as if there were no EOS.
-    const bool any_in_vocabulary =
-        std::any_of(ids.begin(), ids.end(), [&](int32_t id) { return id < config.vocab_size; });
-    MK_CHECK(ids.empty() || any_in_vocabulary,
-             "{} names no id in the vocabulary [0, {}), got {}: no token could end a sequence", source,
-             config.vocab_size, fmt::join(ids, ", "));
+    check_eos_reaches_vocabulary(config, ids, source);
     return ids;
   }
   return {};
+}
+
+std::vector<int32_t> default_eos_ids(const ModelConfig& config, const std::filesystem::path& model_dir,
+                                     const Tokenizer* tokenizer) {
+  std::vector<int32_t> ids = model_dir.empty() ? std::vector<int32_t>{} : model_eos_ids(config, model_dir);
+  if (!ids.empty() || tokenizer == nullptr) return ids;
+  // The tokenizer checked its ids against its own vocabulary, which may be larger than the model's.
+  check_eos_reaches_vocabulary(config, tokenizer->eos_ids(), tokenizer->eos_source());
+  return tokenizer->eos_ids();
 }
 
 namespace {

@@ -4,8 +4,10 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -22,11 +24,13 @@ Affixes parse_post_processor(const nlohmann::json& processor);
 // The JSON files of a model directory; null where a file is absent.
 struct ConfigFiles {
   nlohmann::json tokenizer_config, generation_config, model_config;
+  std::filesystem::path dir;  // where they were read, to name them in SpecialIds::eos_source
 };
 
 struct SpecialIds {
   std::optional<int32_t> bos;
   std::vector<int32_t> eos;
+  std::string eos_source;  // the file and entry eos came from, as "DIR/FILE: entry"; empty when eos is
 };
 
 // BOS and EOS by the precedence of include/mk/tokenizer.h. Where tokenizer_config.json sets add_bos_token or

@@ -155,6 +155,7 @@ Tokenizer Tokenizer::load(const std::filesystem::path& path) {
   MK_CHECK(std::filesystem::is_regular_file(file), "no tokenizer.json at {}", file.string());
   text::ConfigFiles files;
   const std::filesystem::path dir = file.parent_path();
+  files.dir = dir;
   for (const auto& [name, slot] :
        {std::pair{"tokenizer_config.json", &files.tokenizer_config},
         std::pair{"generation_config.json", &files.generation_config}, std::pair{"config.json", &files.model_config}}) {
@@ -224,6 +225,8 @@ bool Tokenizer::is_special(int32_t id) const {
 std::optional<int32_t> Tokenizer::bos_id() const { return impl_->special_ids.bos; }
 
 const std::vector<int32_t>& Tokenizer::eos_ids() const { return impl_->special_ids.eos; }
+
+const std::string& Tokenizer::eos_source() const { return impl_->special_ids.eos_source; }
 
 StreamDecoder::StreamDecoder(const Tokenizer& tokenizer, bool skip_special_tokens)
     : tokenizer_(&tokenizer), skip_special_(skip_special_tokens) {}

@@ -1,5 +1,5 @@
-// Hostile input to `mk generate` through the binary: the model directory's generation_config.json, token ids outside
-// the vocabulary, flags the run would ignore, and outputs onto the files generation reads.
+// Hostile input to `mk generate` through the binary: the model directory's generation_config.json and tokenizer EOS,
+// token ids outside the vocabulary, flags the run would ignore, and outputs onto the files generation reads.
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -14,6 +14,7 @@
 #include "mk/generate.h"
 #include "mk/program.h"
 #include "mk/reference.h"
+#include "mk/tokenizer.h"
 
 namespace {
 
@@ -79,12 +80,39 @@ TEST_F(HostileGenerate, ModelEosIdsNoneOfWhichIsInTheVocabularyAreRefused) {
   // (One the model lacks beside one it has never matches, and is allowed.)
   write_generation_config(R"({"eos_token_id": [500, 384]})");
   expect_failure(run_mk(generate("--prompt-ids 1")), 1,
-                 "generation_config.json: eos_token_id names no id in the vocabulary [0, 384), got 500, 384");
+                 "generation_config.json: eos_token_id names no id in the model's vocabulary [0, 384), got 500, 384");
   fs::remove(model() / "generation_config.json");
   nlohmann::json config = nlohmann::json::parse(read_bytes(model() / "config.json"));
   config["eos_token_id"] = 384;
   write_bytes(model() / "config.json", config.dump());
-  expect_failure(run_mk(generate("--prompt-ids 1")), 1, "config.json: eos_token_id names no id in the vocabulary");
+  expect_failure(run_mk(generate("--prompt-ids 1")), 1,
+                 "config.json: eos_token_id names no id in the model's vocabulary");
+}
+
+TEST_F(HostileGenerate, TokenizerEosIdsNoneOfWhichIsInTheVocabularyAreRefused) {
+  // The exported config.json names no EOS, so the tokenizer's (tokenizer_config.json's eos_token) is the default.
+  const auto with_tokenizer = [&](const char* fixture) {
+    for (const char* name : {"tokenizer.json", "tokenizer_config.json"}) {
+      fs::copy_file(fs::path(MK_TOKENIZER_FIXTURES) / fixture / name, model() / name,
+                    fs::copy_options::overwrite_existing);
+    }
+    return mk::Tokenizer::load(model()).eos_ids();
+  };
+  // llama2's </s> lies in the tiny model's vocabulary: the control.
+  const std::vector<int32_t> valid = with_tokenizer("llama2");
+  ASSERT_EQ(valid.size(), 1U);
+  const MkResult control = run_mk(generate("--prompt-ids 1 --stream text"));
+  ASSERT_EQ(control.status, 0) << control.output;
+  EXPECT_THAT(control.output, HasSubstr(fmt::format("EOS {}\n", valid[0])));
+  // llama3's <|eot_id|> does not: it was accepted, and generation ran on to the budget as if there were no EOS.
+  const std::vector<int32_t> outside = with_tokenizer("llama3");
+  ASSERT_EQ(outside.size(), 1U);
+  ASSERT_GE(outside[0], 384);
+  expect_failure(run_mk(generate("--prompt-ids 1 --stream text")), 1,
+                 fmt::format("{}: eos_token \"<|eot_id|>\" names no id in the model's vocabulary [0, 384), got {}",
+                             (model() / "tokenizer_config.json").string(), outside[0]));
+  // --eos replaces the tokenizer's, as it does the model's.
+  EXPECT_EQ(run_mk(generate("--prompt-ids 1 --stream text --eos 3")).status, 0);
 }
 
 TEST_F(HostileGenerate, PromptIdsOutsideTheVocabularyAreNamedByPromptAndPosition) {
