@@ -4,6 +4,7 @@ loop, its new ids back as ids or text, and streaming through a worker thread (th
 from __future__ import annotations
 
 import queue
+import reprlib
 import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Union
@@ -30,17 +31,38 @@ def _prompts(model: Model, prompt: Prompt) -> tuple[list[list[int]], bool, bool]
         return [model.encode(prompt)], True, False
     if hasattr(prompt, "tolist"):  # numpy arrays and torch tensors
         prompt = prompt.tolist()
-    items = list(prompt)
+    items = _listed(prompt, "prompt", "text, token ids or a list of prompts")
     if items and all(isinstance(p, str) for p in items):
         return [model.encode(p) for p in items], True, True
-    if all(np.ndim(p) == 0 for p in items):  # scalars: one prompt
+    scalars = [_is_scalar(p) for p in items]
+    if all(scalars):  # one prompt
         return [_whole_ids(items, "prompt")], False, False
+    if any(scalars):
+        first, second = sorted((scalars.index(True), scalars.index(False)))
+        raise _core.MkError(f"prompt must be one prompt's token ids or a list of prompts, not a mix: item {first} "
+                            f"is {reprlib.repr(items[first])}, item {second} is {reprlib.repr(items[second])}")
     return [_whole_ids(p, f"prompt {index}") for index, p in enumerate(items)], False, True
+
+
+def _is_scalar(value: Any) -> bool:
+    try:
+        return np.ndim(value) == 0
+    except ValueError:  # numpy will not measure a ragged nesting, which is no scalar either
+        return False
+
+
+def _listed(values: Any, name: str, expected: str) -> list[Any]:
+    """`values` as a list; a lone number or None, which iteration would refuse with a TypeError naming nothing, raises
+    MkError naming the argument and what it takes."""
+    try:
+        return list(values)
+    except TypeError:
+        raise _core.MkError(f"{name} must be {expected}, got {reprlib.repr(values)}") from None
 
 
 def _whole_ids(values: Any, name: str) -> list[int]:
     """Token ids as ints; a float id (say from a float array) is refused rather than truncated to another id."""
-    return [checked_int(value, f"{name}'s token id", INT64) for value in values]
+    return [checked_int(value, f"{name}'s token id", INT64) for value in _listed(values, name, "a list of token ids")]
 
 
 def _generate(model: Model, prompts: list[list[int]], max_new_tokens: int, options: dict[str, Any],

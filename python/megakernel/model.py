@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import reprlib
 import sys
 import warnings
 from collections.abc import Iterator, Sequence
@@ -178,7 +179,18 @@ class Model:
             if tensor.is_floating_point():
                 tensor = tensor.float()
             return tensor.contiguous().numpy()
-        array = np.ascontiguousarray(value)
+        try:
+            array = np.ascontiguousarray(value)
+        except (TypeError, ValueError):  # a ragged nesting, say
+            array = None
+        # None, text or a dict become arrays of objects or strings, which the core's binding refuses with a TypeError
+        # naming no argument.
+        if array is None or array.dtype.kind not in "biufc":
+            if self.has_embedding:
+                expected = "token ids (batch, seq_len), int32 or int64"
+            else:
+                expected = f"hidden states (batch, seq_len, {self._config['d_model']}), float32"
+            raise _core.MkError(f"tokens must be {expected}, got {reprlib.repr(value)}")
         if not self.has_embedding and array.dtype.kind == "f":
             array = np.ascontiguousarray(array, dtype=np.float32)
         return array

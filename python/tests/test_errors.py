@@ -39,6 +39,22 @@ def test_bad_tokens(tiny, tokens, message):
             tiny.forward(tokens, engine=engine)
 
 
+@pytest.mark.parametrize("tokens", [None, "1 2", [[1, 2], [3]], {"ids": [1]}])
+def test_tokens_that_are_no_array_raise_mk_error_naming_the_argument(tiny, tokens, tmp_path):
+    # None and a dict raised nanobind's TypeError with a dump of the binding's overloads, a ragged list numpy's
+    # ValueError; none named the argument.
+    for call in (lambda: tiny.forward(tokens, engine="reference"), lambda: tiny.forward(tokens),
+                 lambda: tiny.trace(tokens, tmp_path / "t.json", engine="cpu-vm")):
+        with pytest.raises(MkError, match=r"tokens must be token ids \(batch, seq_len\), int32 or int64, got "):
+            call()
+
+
+def test_hidden_states_that_are_no_array_name_what_the_model_takes():
+    model = megakernel.Model.preset("seed", layers=1, d_model=256)
+    with pytest.raises(MkError, match=r"tokens must be hidden states \(batch, seq_len, 256\), float32, got None"):
+        model.forward(None, engine="reference")
+
+
 def test_hidden_states_of_the_wrong_width():
     model = megakernel.Model.preset("seed", layers=1, d_model=256)
     message = r"it takes hidden states of shape \(batch, seq_len, 256\), got shape \(1, 4, 8\)"

@@ -107,6 +107,28 @@ def test_float_ids_are_refused_not_truncated(tiny):
             tiny.generate(max_new_tokens=2, engine="reference", **arguments)
 
 
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (dict(eos_ids=5), r"eos_ids must be a list of token ids, got 5"),
+        (dict(eos_ids=np.int64(5)), rf"eos_ids must be a list of token ids, got {re.escape(repr(np.int64(5)))}"),
+        (dict(prompt=[1, [2]]), r"prompt must be one prompt's token ids or a list of prompts, not a mix: "
+                                r"item 0 is 1, item 1 is \[2\]"),
+        (dict(prompt=[[1], 2, 3]), r"not a mix: item 0 is \[1\], item 1 is 2"),
+        (dict(prompt=[[1, [2, 3]]]), r"prompt 0's token id must be a whole number, got \[2, 3\]"),  # was a ValueError
+        (dict(prompt=5), r"prompt must be text, token ids or a list of prompts, got 5"),
+        (dict(prompt=None), r"prompt must be text, token ids or a list of prompts, got None"),
+    ],
+)
+def test_arguments_of_the_wrong_form_raise_mk_error_naming_them(tiny, arguments, message):
+    # Each raised a plain TypeError ("'int' object is not iterable") naming no argument, or numpy's ValueError.
+    arguments = {"prompt": [1, 2], "max_new_tokens": 2, **arguments}
+    with pytest.raises(MkError, match=message):
+        tiny.generate(engine="reference", **arguments)
+    with pytest.raises(MkError, match=message):
+        list(tiny.stream(engine="reference", **arguments))
+
+
 def test_negative_new_tokens_are_named_not_blamed_on_the_cache(tiny):
     # With a prompt longer than -max_new_tokens, the default cache came to 1 position and the prompt was blamed.
     for generation in (lambda: tiny.generate([1, 2, 3], -5), lambda: list(tiny.stream([1, 2, 3], -5))):
