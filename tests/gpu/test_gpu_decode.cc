@@ -129,6 +129,20 @@ TEST_F(Gpu, DecodeAttentionStagesBlocksAhead) {
   mostly_short[7] = 300;
   mostly_short[16] = 410;
   check_generation(small_config(512, 1024, 4, 4, 128, true, true), mostly_short, 3, 512, 37);
+  // Tiles of several blocks by halves of the warps (run_blocks_in_halves; decode and wide kernels, head_dim 64), at
+  // GQA 4:1 and 8:1. 33 sequences x 2 kv heads = 66 pairs: 2 splits of 4 blocks, so that half 1 stages block 3 in its
+  // loop; 17 sequences x 1 kv head: 7 splits of 2 blocks (blocks s and s + 7), split 0's both holding keys for the
+  // 950-token prompt, every other split's second block past the cache (empty).
+  std::vector<int64_t> by_halves(33, 20);
+  by_halves[0] = 900;
+  by_halves[5] = 520;
+  by_halves[11] = 400;
+  by_halves[32] = 700;
+  check_generation(small_config(512, 1024, 8, 2, 64, true, true), by_halves, 3, 1024, 38);
+  std::vector<int64_t> gqa8(17, 12);
+  gqa8[3] = 950;
+  gqa8[16] = 300;
+  check_generation(small_config(512, 1024, 8, 1, 64, true, true), gqa8, 3, 1024, 39);
 }
 
 TEST_F(Gpu, TensorCoreDecodeTilesAtTheirEdges) {
