@@ -244,7 +244,7 @@ __device__ __forceinline__ void decode_softmax(const ModelDims& d, int32_t keys,
 __device__ __forceinline__ bool decode_attention_on_mma(const ModelDims& d) { return d.head_dim % 16 == 0; }
 
 // One block's partial record on the CUDA cores (q and the block's K and V staged): scores, softmax, P V, and the
-// block's max and sum. The next block's scores overwrite this one's only after run_decode_attention's barrier.
+// block's max and sum. The next block's scores overwrite this one's only after run_blocks' next barrier.
 __device__ __forceinline__ void decode_block_partial_cuda_cores(const ModelDims& d, const DecodeAttentionSmem& smem,
                                                                 int32_t j, int32_t keys, float* record, int warp,
                                                                 int lane, int consumer_thread) {
@@ -401,7 +401,8 @@ __device__ __forceinline__ void run_blocks_in_halves(const MegakernelParams& p, 
 // The first blocks were prestaged but for the newest key (prestage_decode_attention). With more than one buffer, block
 // j + buffers - 1 is requested before block j is computed, into the buffer block j - 1 has just freed. Ends with the
 // consumers synchronized. kHalves: tiles of several blocks may go by halves of the warps (run_blocks_in_halves); the
-// narrow kernel's batches (1-2) have tiles of a block or two, and it keeps its code small.
+// narrow kernel (batches 1-2, whose tiles are mostly of a block or two at the contexts measured) keeps its code
+// small.
 // NOTE: one block at a time, each block's load came after the previous block's math: 3.3 us a block at batch 8, 2 us
 // for a block staged ahead (sixth session, run 2).
 template <bool kHalves>
@@ -417,7 +418,9 @@ __device__ __forceinline__ void run_decode_attention(const MegakernelParams& p, 
   const int64_t record_row = int64_t(d.q_dim / hd) * stride;  // floats of a partial row
   float* record = p.attn_partial + (layer * B * partial_rows_per_sequence(d) + in.row_begin) * record_row +
                   int64_t(in.head) * G * stride;  // block j's at record + j record_row
-  if (kHalves && blocks_in_halves(d, smem, in)) {
+  bool by_halves = false;
+  if constexpr (kHalves) by_halves = blocks_in_halves(d, smem, in);
+  if (by_halves) {
     run_blocks_in_halves(p, in, smem, tile, record, record_row, consumer_thread);
   } else {
     run_blocks(p, in, smem, tile, record, record_row, consumer_thread);
