@@ -78,7 +78,7 @@ std::string resolve_decode_engine(const std::string& engine);
 // else the host's.
 GenerationMemory engine_generation_memory(const std::string& engine, const ModelConfig& config, int64_t batch,
                                           int64_t prefill_len, int64_t max_context, int64_t prefill_batch = 0);
-// prefill_batch_within for where `engine` keeps a generation.
+// prefill_batch_within for where `engine` keeps a generation; on the GPU with a headroom (kGpuPartHeadroomBytes).
 int64_t engine_prefill_batch(const std::string& engine, const ModelConfig& config, int64_t batch, int64_t prefill_len,
                              int64_t max_context, double budget_bytes);
 double engine_memory_bytes(const std::string& engine, double host_bytes);
@@ -174,8 +174,9 @@ GenerationMemory generation_memory(const ModelConfig& config, int64_t batch, int
 // Throws mk::Error, before anything is allocated, when `memory` exceeds budget_bytes, saying what to lower.
 void check_memory_budget(const GenerationMemory& memory, double budget_bytes, int64_t batch, int64_t max_context);
 // The most sequences a prefill pass may take, in the fewest passes of equal size, with the whole generation within
-// budget_bytes (the batch where one pass fits); throws as check_memory_budget when not even one sequence a pass fits.
+// budget_bytes - headroom_bytes (the batch where one pass fits); one a pass where even that misses it but fits the
+// budget; throws as check_memory_budget when not even one sequence a pass fits the budget.
 int64_t prefill_batch_within(const ModelConfig& config, int64_t batch, int64_t prefill_len, int64_t max_context,
-                             bool fp32_activations, double budget_bytes);
+                             bool fp32_activations, double budget_bytes, double headroom_bytes = 0);
 
 }  // namespace mk

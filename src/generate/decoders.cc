@@ -27,9 +27,15 @@ GenerationMemory engine_generation_memory(const std::string& engine, const Model
   return generation_memory(config, batch, prefill_len, max_context, engine != "gpu", prefill_batch);
 }
 
+// NOTE: the GPU's budget is its whole memory, of which the CUDA context and the allocations' granularity take some:
+// a part sized to the last byte would fail to allocate where a smaller one runs.
+constexpr double kGpuPartHeadroomBytes = double(int64_t(1) << 30);
+
 int64_t engine_prefill_batch(const std::string& engine, const ModelConfig& config, int64_t batch, int64_t prefill_len,
                              int64_t max_context, double budget_bytes) {
-  return prefill_batch_within(config, batch, prefill_len, max_context, engine != "gpu", budget_bytes);
+  const bool gpu = engine == "gpu";
+  return prefill_batch_within(config, batch, prefill_len, max_context, !gpu, budget_bytes,
+                              gpu ? kGpuPartHeadroomBytes : 0.0);
 }
 
 double engine_memory_bytes(const std::string& engine, double host_bytes) {

@@ -67,7 +67,6 @@ std::vector<int32_t> prefill_tokens(const std::vector<std::vector<int32_t>>& pro
 // The prompts but their last tokens, into the cache: options.prefill_batch sequences a pass; returns the passes.
 int64_t prefill(DecodeEngine& engine, const std::vector<std::vector<int32_t>>& prompts, int64_t seq_len,
                 const GenerationOptions& options) {
-  MK_CHECK(options.prefill_batch >= 0, "prefill batch must not be negative, got {}", options.prefill_batch);
   const size_t batch = prompts.size();
   const size_t per_pass = options.prefill_batch > 0 ? std::min(size_t(options.prefill_batch), batch) : batch;
   int64_t passes = 0;
@@ -142,6 +141,7 @@ GenerationResult generate(DecodeEngine& engine, const std::vector<std::vector<in
   const DecodeSetup& setup = engine.setup();
   check_prompts(prompts, setup);
   MK_CHECK(options.max_new_tokens >= 0, "max new tokens must not be negative, got {}", options.max_new_tokens);
+  MK_CHECK(options.prefill_batch >= 0, "prefill batch must not be negative, got {}", options.prefill_batch);
   MK_CHECK(options.steps_per_sync >= 1 && options.steps_per_sync <= kMaxStepsPerSync,
            "steps per sync must be in [1, {}], got {}", kMaxStepsPerSync, options.steps_per_sync);
   GenerationResult result;
@@ -290,18 +290,19 @@ void check_memory_budget(const GenerationMemory& memory, double budget_bytes, in
 }
 
 int64_t prefill_batch_within(const ModelConfig& config, int64_t batch, int64_t prefill_len, int64_t max_context,
-                             bool fp32_activations, double budget_bytes) {
+                             bool fp32_activations, double budget_bytes, double headroom_bytes) {
   auto memory_at = [&](int64_t per_pass) {
     return generation_memory(config, batch, prefill_len, max_context, fp32_activations, per_pass);
   };
-  if (memory_at(batch).total() <= budget_bytes) return batch;
+  const double target = budget_bytes - headroom_bytes;
+  if (memory_at(batch).total() <= target) return batch;
   check_memory_budget(memory_at(1), budget_bytes, batch, max_context);
-  // The memory grows with the sequences a pass: the most that fit, by bisection (batches reach 2^31), then the
-  // fewest passes of that many at most, evened out.
+  // The memory grows with the sequences a pass: the most that fit the target, by bisection (batches reach 2^31), then
+  // the fewest passes of that many at most, evened out. One a pass where even that misses the target but fits.
   int64_t fits = 1, too_many = batch;
   while (too_many - fits > 1) {
     const int64_t middle = fits + (too_many - fits) / 2;
-    (memory_at(middle).total() <= budget_bytes ? fits : too_many) = middle;
+    (memory_at(middle).total() <= target ? fits : too_many) = middle;
   }
   const int64_t passes = (batch + fits - 1) / fits;
   return (batch + passes - 1) / passes;

@@ -95,6 +95,7 @@ TEST(CliGenerate, PrefillsInPartsWhereTheMemoryBudgetAsksIt) {
   const Result too_small = run_mk(args + fmt::format(" --memory-budget {:.12f} --prefill-batch 3", budget / gib));
   EXPECT_NE(too_small.status, 0);
   EXPECT_THAT(too_small.output, HasSubstr("more than the memory budget"));
+  EXPECT_THAT(too_small.output, HasSubstr("or raise --memory-budget, or lower --prefill-batch"));
 }
 
 TEST(CliGenerate, StopsAtTheEosOfGenerationConfigAndWritesTheSequences) {

@@ -352,6 +352,11 @@ TEST(Generate, BadArgumentsAreClearErrors) {
     EXPECT_THAT(error_of([&] { generate(*engine, {{1}}, options); }),
                 HasSubstr(fmt::format("steps per sync must be in [1, 1024], got {}", steps)));
   }
+  // A one-token prompt has no prefill, and a negative prefill batch is refused all the same.
+  GenerationOptions negative_parts;
+  negative_parts.prefill_batch = -1;
+  EXPECT_THAT(error_of([&] { generate(*engine, {{1}}, negative_parts); }),
+              HasSubstr("prefill batch must not be negative, got -1"));
   DecodeSetup bad = setup_for(1, 8);
   bad.sampling.top_p = 0;
   EXPECT_THAT(error_of([&] { make_cpu_vm_decoder(weights, bad); }), HasSubstr("top-p must be in (0, 1]"));
@@ -401,8 +406,12 @@ TEST(Generate, PrefillPassesTakeWhatTheMemoryBudgetAllows) {
   EXPECT_EQ(prefill_batch_within(config, 64, 895, 1024, false, in_thirds.total()), 22);
   EXPECT_EQ(prefill_batch_within(config, 64, 895, 1024, false, in_thirds.total() - 1), 16);
   EXPECT_EQ(prefill_batch_within(config, 64, 0, 1024, false, 24.0 * (1 << 30)), 64) << "no prefill";
+  // A headroom: the parts fit the budget less it; one a pass fits the budget even where it misses the headroom.
+  EXPECT_EQ(prefill_batch_within(config, 64, 895, 1024, false, in_thirds.total() + 1.0e9, 1.0e9), 22);
+  EXPECT_EQ(prefill_batch_within(config, 64, 895, 1024, false, one_pass.total(), 1.0), 32);
   const double one_a_pass = generation_memory(config, 64, 895, 1024, false, 1).total();
   EXPECT_EQ(prefill_batch_within(config, 64, 895, 1024, false, one_a_pass), 1);
+  EXPECT_EQ(prefill_batch_within(config, 64, 895, 1024, false, one_a_pass, 1.0e9), 1);
   EXPECT_THAT([&] { prefill_batch_within(config, 64, 895, 1024, false, one_a_pass - 1); },
               testing::ThrowsMessage<Error>(HasSubstr("the KV cache of batch 64 x max context 1024 needs 8.00 GiB")));
 }
