@@ -102,8 +102,18 @@ std::unique_ptr<TokenizerImpl> build(const json& root, const ConfigFiles& files)
     impl->vocab_size = std::max<int64_t>(impl->vocab_size, int64_t{token.id} + 1);
   impl->special_ids = resolve_special_ids(
       files, [&](std::string_view token) { return impl->token_to_id(token); }, impl->affixes);
-  for (const auto& ids : {impl->affixes.prefix, impl->affixes.suffix, impl->special_ids.eos})
-    for (const int32_t id : ids) MK_CHECK(id < impl->vocab_size, "special id {} is outside the vocabulary", id);
+  // Named by where they came from: tokenizer_config.json's tokens are looked up in the vocabulary, so an affix
+  // outside it is the post-processor's, and an EOS id a config file's.
+  for (const auto& ids : {impl->affixes.prefix, impl->affixes.suffix}) {
+    for (const int32_t id : ids) {
+      MK_CHECK(id < impl->vocab_size, "post_processor: special id {} is outside the vocabulary [0, {})", id,
+               impl->vocab_size);
+    }
+  }
+  for (const int32_t id : impl->special_ids.eos) {
+    MK_CHECK(id < impl->vocab_size, "EOS id {} (from {}) is outside the tokenizer's vocabulary [0, {})", id,
+             impl->special_ids.eos_source, impl->vocab_size);
+  }
   return impl;
 }
 

@@ -188,6 +188,34 @@ TEST(TokenizerSpecial, ConfigIdsBeyondInt32AreRefusedNotWrapped) {
   }
 }
 
+// They were refused as "special id N is outside the vocabulary", naming neither the file nor the entry.
+TEST(TokenizerSpecial, IdsOutsideTheVocabularyNameWhereTheyCameFrom) {
+  TempDir dir;
+  write(dir.path() / "tokenizer.json", tiny().dump());
+  const int64_t vocab = from(tiny()).vocab_size();
+  const int64_t outside = vocab + 34;
+  const auto eos_message = [&](const char* file) {
+    return fmt::format("EOS id {} (from {}: eos_token_id) is outside the tokenizer's vocabulary [0, {})", outside,
+                       (dir.path() / file).string(), vocab);
+  };
+  write(dir.path() / "config.json", json({{"eos_token_id", {1, outside}}}).dump());
+  EXPECT_THAT(error_of([&] { mk::Tokenizer::load(dir.path()); }), HasSubstr(eos_message("config.json")));
+  write(dir.path() / "generation_config.json", json({{"eos_token_id", outside}}).dump());
+  EXPECT_THAT(error_of([&] { mk::Tokenizer::load(dir.path()); }), HasSubstr(eos_message("generation_config.json")));
+
+  json with_template = tiny();
+  with_template["post_processor"] = {
+      {"type", "TemplateProcessing"},
+      {"single", {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}}, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+      {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {outside}}, {"tokens", {"<s>"}}}}}}};
+  write(dir.path() / "tokenizer.json", with_template.dump());
+  std::filesystem::remove(dir.path() / "generation_config.json");
+  std::filesystem::remove(dir.path() / "config.json");
+  EXPECT_THAT(error_of([&] { mk::Tokenizer::load(dir.path()); }),
+              HasSubstr(fmt::format("{}: post_processor: special id {} is outside the vocabulary [0, {})",
+                                    (dir.path() / "tokenizer.json").string(), outside, vocab)));
+}
+
 // tokenizer_config.json's add_bos_token/add_eos_token replace the post-processor, as in transformers' Llama class.
 TEST(TokenizerSpecial, AddBosAndEosTokenFlags) {
   TempDir dir;
