@@ -1,9 +1,12 @@
-"""Range checks of the integer arguments the core takes as fixed-width C++ integers, made before the call so that a
-value the C++ type cannot hold raises MkError naming the argument rather than nanobind's TypeError."""
+"""Checks of the Python API's arguments made before they reach the core or a loop: integers the core takes as
+fixed-width C++ integers, and the lists it takes, so that a value of the wrong form raises MkError naming the argument
+rather than nanobind's or iteration's TypeError, which names none."""
 
 from __future__ import annotations
 
 import operator
+import reprlib
+from collections.abc import Iterator
 from typing import Any
 
 from . import _core
@@ -34,3 +37,16 @@ def checked_int(value: Any, name: str, bounds: tuple[int, int]) -> int:
     if not low <= number < high:
         raise _core.MkError(f"{name} must be in {_range_text(low, high)}, got {number}")
     return number
+
+
+def iterated(values: Any, name: str, expected: str) -> Iterator[Any]:
+    """An iterator over `values`; a lone number or None raises MkError naming the argument and what it takes."""
+    try:
+        return iter(values)
+    except TypeError:
+        raise _core.MkError(f"{name} must be {expected}, got {reprlib.repr(values)}") from None
+
+
+def listed(values: Any, name: str, expected: str) -> list[Any]:
+    """`values` as a list, checked as iterated() checks them."""
+    return list(iterated(values, name, expected))

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Union
 import numpy as np
 
 from . import _core
-from ._arguments import INT32, INT64, UINT64, checked_int
+from ._arguments import INT32, INT64, UINT64, checked_int, listed
 
 if TYPE_CHECKING:
     from .model import Model
@@ -31,7 +31,7 @@ def _prompts(model: Model, prompt: Prompt) -> tuple[list[list[int]], bool, bool]
         return [model.encode(prompt)], True, False
     if hasattr(prompt, "tolist"):  # numpy arrays and torch tensors
         prompt = prompt.tolist()
-    items = _listed(prompt, "prompt", "text, token ids or a list of prompts")
+    items = listed(prompt, "prompt", "text, token ids or a list of prompts")
     if items and all(isinstance(p, str) for p in items):
         return [model.encode(p) for p in items], True, True
     scalars = [_is_scalar(p) for p in items]
@@ -51,18 +51,9 @@ def _is_scalar(value: Any) -> bool:
         return False
 
 
-def _listed(values: Any, name: str, expected: str) -> list[Any]:
-    """`values` as a list; a lone number or None, which iteration would refuse with a TypeError naming nothing, raises
-    MkError naming the argument and what it takes."""
-    try:
-        return list(values)
-    except TypeError:
-        raise _core.MkError(f"{name} must be {expected}, got {reprlib.repr(values)}") from None
-
-
 def _whole_ids(values: Any, name: str) -> list[int]:
     """Token ids as ints; a float id (say from a float array) is refused rather than truncated to another id."""
-    return [checked_int(value, f"{name}'s token id", INT64) for value in _listed(values, name, "a list of token ids")]
+    return [checked_int(value, f"{name}'s token id", INT64) for value in listed(values, name, "a list of token ids")]
 
 
 def _generate(model: Model, prompts: list[list[int]], max_new_tokens: int, options: dict[str, Any],

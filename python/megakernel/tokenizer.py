@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+import reprlib
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from . import _core
-from ._arguments import INT32, checked_int
+from ._arguments import INT32, checked_int, iterated, listed
 
 
 def _id(value: Any) -> int:
@@ -19,7 +20,7 @@ def _id_list(ids: Any) -> list[int]:
     """A flat list of ints from a list, a numpy array or a torch tensor of ids."""
     if hasattr(ids, "tolist"):
         ids = ids.tolist()
-    ids = list(ids)
+    ids = listed(ids, "ids", "a list of token ids")
     if any(isinstance(i, list) for i in ids):
         raise _core.MkError("token ids must be one flat sequence, got a nested one")
     return [_id(i) for i in ids]
@@ -39,6 +40,16 @@ class StreamDecoder:
     def finish(self) -> str:
         """Whatever is still held back (an incomplete character comes out as U+FFFD); then starts afresh."""
         return self._core.finish()
+
+
+def _pieces(ids: Iterator[Any], decoder: StreamDecoder) -> Iterator[str]:
+    for token_id in ids:
+        piece = decoder.push(token_id)
+        if piece:
+            yield piece
+    rest = decoder.finish()
+    if rest:
+        yield rest
 
 
 class Tokenizer:
@@ -61,6 +72,8 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True, split_special_tokens: bool = False) -> list[int]:
         """Token ids of `text`. add_special_tokens: add what the post-processor adds (Llama: BOS).
         split_special_tokens: tokenize special-token text (say "<|eot_id|>") as plain text."""
+        if not isinstance(text, str):  # nanobind's TypeError would name no argument
+            raise _core.MkError(f"text must be a str, got {reprlib.repr(text)}")
         return self._core.encode(text, add_special_tokens, split_special_tokens)
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
@@ -74,15 +87,9 @@ class Tokenizer:
 
     def stream(self, ids: Iterable[int], skip_special_tokens: bool = False) -> Iterator[str]:
         """Yields the text of `ids` piece by piece as they come, each piece whole UTF-8 characters; nothing is yielded
-        for a token that ends inside a character until a later one completes it."""
-        decoder = self.stream_decoder(skip_special_tokens)
-        for token_id in ids:
-            piece = decoder.push(token_id)
-            if piece:
-                yield piece
-        rest = decoder.finish()
-        if rest:
-            yield rest
+        for a token that ends inside a character until a later one completes it. `ids` may come lazily (a generator),
+        so they are checked as they come, but ids that are no iterable at all raise MkError at once."""
+        return _pieces(iterated(ids, "ids", "an iterable of token ids"), self.stream_decoder(skip_special_tokens))
 
     @property
     def vocab_size(self) -> int:

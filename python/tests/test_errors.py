@@ -141,6 +141,26 @@ def test_token_ids_that_are_not_whole_int32_are_refused_by_the_tokenizer():
             call()
 
 
+@pytest.mark.parametrize(
+    ("method", "argument", "message"),
+    [
+        ("decode", 5, r"ids must be a list of token ids, got 5"),
+        ("decode", None, r"ids must be a list of token ids, got None"),
+        ("encode", 5, r"text must be a str, got 5"),
+        ("encode", None, r"text must be a str, got None"),
+        ("encode", b"hi", r"text must be a str, got b'hi'"),
+        ("stream", 5, r"ids must be an iterable of token ids, got 5"),
+        ("stream", None, r"ids must be an iterable of token ids, got None"),
+    ],
+)
+def test_tokenizer_arguments_of_the_wrong_form_raise_mk_error_naming_them(method, argument, message):
+    # Each raised a TypeError naming no argument ("'int' object is not iterable", or nanobind's list of overloads),
+    # stream's only once iterated; stream() must refuse at the call, not at the first next().
+    tokenizer = megakernel.Tokenizer.load(TOKENIZER_FIXTURES / "llama2")
+    with pytest.raises(MkError, match=message):
+        getattr(tokenizer, method)(argument)
+
+
 def test_trace_refuses_to_overwrite_the_models_files(run_mk, tmp_path):
     # The trace JSON was written over the weights (or config.json) the model was loaded from.
     directory = tmp_path / "m"
