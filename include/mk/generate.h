@@ -134,6 +134,11 @@ using StepCallback = std::function<void(int64_t step, const std::vector<int32_t>
 // sequence is fed its own ids, into cache rows past its end that nothing reads.
 GenerationResult generate(DecodeEngine& engine, const std::vector<std::vector<int32_t>>& prompts,
                           const GenerationOptions& options, const StepCallback& on_step = {});
+// What generate() and a decode engine's construction check of a generation, without building an engine: the setup
+// against the model (shape, cache, sampling), the prompts against the setup, the options. Throws mk::Error naming the
+// problem. For callers that take a generation now and run it later (Python's Model.stream).
+void check_generation(const ModelConfig& config, const std::vector<std::vector<int32_t>>& prompts,
+                      const GenerationOptions& options, const DecodeSetup& setup);
 
 // The ids that end generation for a Hugging Face model directory: generation_config.json's eos_token_id (an int or
 // a list), else config.json's; empty when neither says. Each file is read as config.json is (a regular file of

@@ -56,9 +56,9 @@ def _whole_ids(values: Any, name: str) -> list[int]:
     return [checked_int(value, f"{name}'s token id", INT64) for value in listed(values, name, "a list of token ids")]
 
 
-def _generate(model: Model, prompts: list[list[int]], max_new_tokens: int, options: dict[str, Any],
-              on_step: Any = None) -> list[tuple[list[int], str]]:
-    """The core's generation: (new ids, stop reason) per prompt. The core checks the ids against the vocabulary."""
+def _core_arguments(prompts: list[list[int]], max_new_tokens: int, options: dict[str, Any]) -> tuple[Any, ...]:
+    """The core's arguments of a generation (its generate() and check_generate()), the integers checked against their
+    C++ types; the core checks the rest (ids against the vocabulary, the sampling's ranges, the cache)."""
     sampling = _core.SamplingParams()
     sampling.temperature = float(options["temperature"])
     sampling.top_k = checked_int(options["top_k"], "top_k", (0, INT32[1]))
@@ -69,8 +69,8 @@ def _generate(model: Model, prompts: list[list[int]], max_new_tokens: int, optio
     # 0 is the core's "default"; a caller's 0 or negative size would silently get the default too.
     given_context = options["max_context"]
     max_context = 0 if given_context is None else checked_int(given_context, "max_context", (1, INT64[1]))
-    return model._core.generate(options["engine"], prompts, checked_int(max_new_tokens, "max_new_tokens", INT64),
-                                sampling, eos_ids, max_context, on_step)
+    return (options["engine"], prompts, checked_int(max_new_tokens, "max_new_tokens", INT64), sampling, eos_ids,
+            max_context)
 
 
 def _primed_decoder(tokenizer: Tokenizer, prompt: list[int], skip_special_tokens: bool) -> Any:
@@ -90,7 +90,7 @@ def generate_ids(model: Model, prompt: Prompt, max_new_tokens: int, options: dic
                  skip_special_tokens: bool) -> Any:
     """Model.generate: the new ids, or their text for text prompts; a list of them for a batch."""
     prompts, is_text, is_batch = _prompts(model, prompt)
-    results = _generate(model, prompts, max_new_tokens, options)
+    results = model._core.generate(*_core_arguments(prompts, max_new_tokens, options), None)
     if is_text:
         tokenizer = model._require_tokenizer()
         out: list[Any] = [_new_text(tokenizer, p, new, skip_special_tokens) for p, (new, _) in zip(prompts, results)]
@@ -101,16 +101,18 @@ def generate_ids(model: Model, prompt: Prompt, max_new_tokens: int, options: dic
 
 def run_stream(model: Model, prompt: str | Sequence[int], max_new_tokens: int, options: dict[str, Any],
                skip_special_tokens: bool) -> Iterator[Any]:
-    """Model.stream: checks the prompt now, generates when iterated."""
+    """Model.stream: checks every argument now, as generate() does, so that a bad one is raised by the call that gave
+    it rather than by a later next(); generates when iterated."""
     prompts, is_text, is_batch = _prompts(model, prompt)
     if is_batch:
         raise _core.MkError("stream() takes one prompt (text or ids); generate() takes a batch")
+    arguments = _core_arguments(prompts, max_new_tokens, options)
+    model._core.check_generate(*arguments)
     decoder = _primed_decoder(model._require_tokenizer(), prompts[0], skip_special_tokens) if is_text else None
-    return _stream(model, prompts, max_new_tokens, options, decoder)
+    return _stream(model, arguments, decoder)
 
 
-def _stream(model: Model, prompts: list[list[int]], max_new_tokens: int, options: dict[str, Any],
-            decoder: Any) -> Iterator[Any]:
+def _stream(model: Model, arguments: tuple[Any, ...], decoder: Any) -> Iterator[Any]:
     items: queue.Queue[Any] = queue.Queue()
     closed = threading.Event()
     done = object()
@@ -123,7 +125,7 @@ def _stream(model: Model, prompts: list[list[int]], max_new_tokens: int, options
 
     def work() -> None:
         try:
-            _generate(model, prompts, max_new_tokens, options, on_step)
+            model._core.generate(*arguments, on_step)
             items.put(done)
         except _Cancelled:
             items.put(done)

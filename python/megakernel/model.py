@@ -269,7 +269,9 @@ class Model:
     ) -> Iterator[str | int]:
         """generate() for one prompt, as an iterator over what each decode step makes as it makes it: pieces of text
         (whole UTF-8 characters; a token that ends inside a character shows with the one that completes it) for a
-        text prompt, ids for an ids prompt. Stopping the iteration early stops the generation at the next step."""
+        text prompt, ids for an ids prompt. Stopping the iteration early stops the generation at the next step. The
+        arguments are checked when it is called, by generate()'s checks: a bad one raises MkError there, not at
+        next()."""
         options = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, eos_ids=eos_ids,
                        engine=engine, max_context=max_context)
         return run_stream(self, prompt, max_new_tokens, options, skip_special_tokens)

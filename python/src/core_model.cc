@@ -185,37 +185,46 @@ std::string CoreModel::trace(EngineKind kind, const ref::ModelInput& input, cons
   return format_trace_summary(*e.graph, summarize_trace(*e.graph, e.schedule, trace), trace);
 }
 
-GenerationResult CoreModel::generate(const GenerateRequest& request, const StepCallback& on_step) {
-  const std::lock_guard lock(mutex_);
-  const std::string engine = resolve_decode_engine(request.engine);
-  check_decode_engine(engine);
+CoreModel::GenerationPlan CoreModel::plan_generation(const GenerateRequest& request) const {
+  GenerationPlan plan;
+  plan.engine = resolve_decode_engine(request.engine);
+  check_decode_engine(plan.engine);
   const ModelConfig& c = config();
   MK_CHECK(c.has_embedding && c.has_lm_head, "model '{}' cannot generate: it has no {}", c.name,
            c.has_embedding ? "LM head" : "embedding");
   MK_CHECK(!request.prompts.empty(), "generate: no prompts");
-  const std::vector<std::vector<int32_t>> prompts = checked_prompt_ids(c, request.prompts);
-  GenerationOptions options = request.options;
-  options.eos_ids = request.eos_ids ? checked_eos_ids(c, *request.eos_ids, "eos_ids") : eos_ids_;
+  plan.prompts = checked_prompt_ids(c, request.prompts);
+  plan.options = request.options;
+  plan.options.eos_ids = request.eos_ids ? checked_eos_ids(c, *request.eos_ids, "eos_ids") : eos_ids_;
   int64_t longest = 0;
-  for (const std::vector<int32_t>& prompt : prompts) longest = std::max<int64_t>(longest, int64_t(prompt.size()));
-  DecodeSetup setup;
+  for (const std::vector<int32_t>& prompt : plan.prompts) longest = std::max<int64_t>(longest, int64_t(prompt.size()));
+  DecodeSetup& setup = plan.setup;
   setup.batch = int64_t(request.prompts.size());
   setup.max_context =
       request.max_context > 0 ? request.max_context : default_max_context(c, longest, request.options.max_new_tokens);
   setup.sampling = request.sampling;
-  const std::string key =
-      fmt::format("{} {} {} {} {} {} {}", engine, setup.batch, setup.max_context, setup.sampling.temperature,
-                  setup.sampling.top_k, setup.sampling.top_p, setup.sampling.seed);
+  // Before the memory is reckoned: a cache past the model's positions is named as such, not as too large.
+  check_generation(c, plan.prompts, plan.options, setup);
   // Each call: its prompts set the prefill's length, so how many sequences a prefill pass takes.
   const double machine_bytes = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
-  options.prefill_batch = engine_prefill_batch(engine, c, setup.batch, longest - 1, setup.max_context,
-                                               engine_memory_bytes(engine, machine_bytes));
+  plan.options.prefill_batch = engine_prefill_batch(plan.engine, c, setup.batch, longest - 1, setup.max_context,
+                                                    engine_memory_bytes(plan.engine, machine_bytes));
+  return plan;
+}
+
+GenerationResult CoreModel::generate(const GenerateRequest& request, const StepCallback& on_step) {
+  const std::lock_guard lock(mutex_);
+  const GenerationPlan plan = plan_generation(request);
+  const DecodeSetup& setup = plan.setup;
+  const std::string key =
+      fmt::format("{} {} {} {} {} {} {}", plan.engine, setup.batch, setup.max_context, setup.sampling.temperature,
+                  setup.sampling.top_k, setup.sampling.top_p, setup.sampling.seed);
   if (decoder_ == nullptr || key != decoder_key_) {
     decoder_.reset();  // its cache goes before the next one is allocated
-    decoder_ = make_decoder(engine, weights_, setup);
+    decoder_ = make_decoder(plan.engine, weights_, setup);
     decoder_key_ = key;
   }
-  return mk::generate(*decoder_, prompts, options, on_step);
+  return mk::generate(*decoder_, plan.prompts, plan.options, on_step);
 }
 
 void CoreModel::clear_engines() {

@@ -78,6 +78,10 @@ class CoreModel {
   // Prefill, then decode steps until EOS, the token budget or the cache's end; on_step after each step. The decoder
   // of the last call is kept for the next one with the same engine, batch, cache size and sampling.
   GenerationResult generate(const GenerateRequest& request, const StepCallback& on_step);
+  // Every check generate() makes of a request (the engine, the model, the prompts and EOS ids against the vocabulary,
+  // the sampling, the token budget, the cache and its memory) without building or running an engine: for Python's
+  // stream(), which checks its arguments when called but generates only when iterated.
+  void check_generate(const GenerateRequest& request) const { plan_generation(request); }
   // Drops every cached engine (and the gpu engine's device memory).
   void clear_engines();
 
@@ -87,7 +91,16 @@ class CoreModel {
     Schedule schedule;
     std::unique_ptr<GpuEngine> gpu;
   };
+  // A request checked and settled into what generate() runs.
+  struct GenerationPlan {
+    std::string engine;  // "gpu", "cpu-vm" or "reference": "auto" resolved
+    std::vector<std::vector<int32_t>> prompts;
+    GenerationOptions options;
+    DecodeSetup setup;
+  };
   CoreModel(ModelWeights weights, RunShape default_shape, std::string source);
+  // Reads only what loading set, so it needs no lock.
+  GenerationPlan plan_generation(const GenerateRequest& request) const;
   // The engine of kind and shape, built on first use. Only one gpu engine is kept: each holds its own copy of the
   // weights on the device, so a new shape replaces the last one instead of doubling the memory.
   Engine& engine(EngineKind kind, const RunShape& shape);

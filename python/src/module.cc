@@ -85,6 +85,20 @@ void forward_device(CoreModel& model, const DeviceArray& input, DeviceArray& out
   model.forward_device(shape, in, out);
 }
 
+// A generation as Python's generate() and check_generate() give it.
+GenerateRequest request_of(const std::string& engine, std::vector<std::vector<int64_t>> prompts, int64_t max_new_tokens,
+                           const ref::SamplingParams& sampling, std::optional<std::vector<int64_t>> eos_ids,
+                           int64_t max_context) {
+  GenerationOptions options;
+  options.max_new_tokens = max_new_tokens;
+  return {.engine = engine,
+          .prompts = std::move(prompts),
+          .eos_ids = std::move(eos_ids),
+          .options = std::move(options),
+          .sampling = sampling,
+          .max_context = max_context};
+}
+
 // Generation with the GIL released; on_step (step, new ids with -1 for stopped sequences) is called with it held,
 // and whatever it raises ends the generation and reaches the caller. Returns (new ids, stop reason) per sequence.
 std::vector<std::pair<std::vector<int32_t>, std::string>> generate(CoreModel& model, GenerateRequest request,
@@ -203,18 +217,24 @@ void bind_model(nb::module_& m) {
           [](CoreModel& model, const std::string& engine, std::vector<std::vector<int64_t>> prompts,
              int64_t max_new_tokens, const ref::SamplingParams& sampling,
              std::optional<std::vector<int64_t>> eos_ids, int64_t max_context, nb::object on_step) {
-            GenerationOptions options;
-            options.max_new_tokens = max_new_tokens;
-            GenerateRequest request{.engine = engine,
-                                    .prompts = std::move(prompts),
-                                    .eos_ids = std::move(eos_ids),
-                                    .options = std::move(options),
-                                    .sampling = sampling,
-                                    .max_context = max_context};
-            return generate(model, std::move(request), std::move(on_step));
+            return generate(model, request_of(engine, std::move(prompts), max_new_tokens, sampling, std::move(eos_ids),
+                                              max_context),
+                            std::move(on_step));
           },
           nb::arg("engine"), nb::arg("prompts"), nb::arg("max_new_tokens"), nb::arg("sampling"),
           nb::arg("eos_ids").none(), nb::arg("max_context"), nb::arg("on_step").none())
+      .def(
+          "check_generate",
+          [](const CoreModel& model, const std::string& engine, std::vector<std::vector<int64_t>> prompts,
+             int64_t max_new_tokens, const ref::SamplingParams& sampling,
+             std::optional<std::vector<int64_t>> eos_ids, int64_t max_context) {
+            const GenerateRequest request =
+                request_of(engine, std::move(prompts), max_new_tokens, sampling, std::move(eos_ids), max_context);
+            nb::gil_scoped_release release;
+            model.check_generate(request);
+          },
+          nb::arg("engine"), nb::arg("prompts"), nb::arg("max_new_tokens"), nb::arg("sampling"),
+          nb::arg("eos_ids").none(), nb::arg("max_context"))
       // Without the GIL: it waits for the model's mutex, which a generation holds while its callback takes the GIL.
       .def("clear_engines", &CoreModel::clear_engines, nb::call_guard<nb::gil_scoped_release>());
 }

@@ -129,6 +129,41 @@ def test_arguments_of_the_wrong_form_raise_mk_error_naming_them(tiny, arguments,
         list(tiny.stream(engine="reference", **arguments))
 
 
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        dict(eos_ids=5),
+        dict(eos_ids=[3.5]),
+        dict(eos_ids=[384]),
+        dict(temperature=1.0, top_p=2.0),
+        dict(temperature=-1.0),
+        dict(top_k=2**40),
+        dict(seed=-1),
+        dict(max_new_tokens=-5),
+        dict(max_context=0),
+        dict(prompt=[1, 2, 3], max_context=2),
+        dict(prompt=[1, 999]),
+        dict(engine="nope"),
+    ],
+)
+def test_stream_checks_its_arguments_when_called_as_generate_does(tiny, arguments):
+    # Only the prompt's form was checked at the call; the rest reached the core in the worker thread, so a bad
+    # eos_ids or top_p was raised by the first next(), away from the call that gave it.
+    arguments = {"prompt": [1, 2], "max_new_tokens": 2, "engine": "reference", **arguments}
+    with pytest.raises(MkError) as from_generate:
+        tiny.generate(**arguments)
+    with pytest.raises(MkError) as from_stream:
+        tiny.stream(**arguments)  # not iterated
+    assert str(from_stream.value) == str(from_generate.value)
+
+
+def test_a_cache_past_the_models_positions_is_named_as_such(tiny):
+    # The memory was reckoned first: the cache was refused as needing 1907 GiB, not as past the model's positions.
+    positions = tiny.config["max_position_embeddings"]
+    with pytest.raises(MkError, match=rf"max context {10**9} exceeds the model's max_position_embeddings {positions}"):
+        tiny.generate([1, 2], 2, engine="reference", max_context=10**9)
+
+
 def test_negative_new_tokens_are_named_not_blamed_on_the_cache(tiny):
     # With a prompt longer than -max_new_tokens, the default cache came to 1 position and the prompt was blamed.
     for generation in (lambda: tiny.generate([1, 2, 3], -5), lambda: list(tiny.stream([1, 2, 3], -5))):

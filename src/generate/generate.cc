@@ -15,6 +15,7 @@
 #include "mk/kv_cache.h"
 #include "mk/tiles.h"
 #include "mk/tokenizer.h"
+#include "decode_inputs.h"
 
 namespace mk {
 
@@ -52,6 +53,16 @@ void check_prompts(const std::vector<std::vector<int32_t>>& prompts, const Decod
              "prompt {} has {} tokens, more than the KV cache's {} positions (--max-context)", b, prompts[b].size(),
              setup.max_context);
   }
+}
+
+// What generate() checks of its arguments; the engine checked its setup when it was built.
+void check_run(const std::vector<std::vector<int32_t>>& prompts, const GenerationOptions& options,
+               const DecodeSetup& setup) {
+  check_prompts(prompts, setup);
+  MK_CHECK(options.max_new_tokens >= 0, "max new tokens must not be negative, got {}", options.max_new_tokens);
+  MK_CHECK(options.prefill_batch >= 0, "prefill batch must not be negative, got {}", options.prefill_batch);
+  MK_CHECK(options.steps_per_sync >= 1 && options.steps_per_sync <= kMaxStepsPerSync,
+           "steps per sync must be in [1, {}], got {}", kMaxStepsPerSync, options.steps_per_sync);
 }
 
 // Every prompt of sequences [first, first + count) but its last token, right-padded to seq_len: a prefill pass's
@@ -139,11 +150,7 @@ const char* stop_reason_text(StopReason reason) {
 GenerationResult generate(DecodeEngine& engine, const std::vector<std::vector<int32_t>>& prompts,
                           const GenerationOptions& options, const StepCallback& on_step) {
   const DecodeSetup& setup = engine.setup();
-  check_prompts(prompts, setup);
-  MK_CHECK(options.max_new_tokens >= 0, "max new tokens must not be negative, got {}", options.max_new_tokens);
-  MK_CHECK(options.prefill_batch >= 0, "prefill batch must not be negative, got {}", options.prefill_batch);
-  MK_CHECK(options.steps_per_sync >= 1 && options.steps_per_sync <= kMaxStepsPerSync,
-           "steps per sync must be in [1, {}], got {}", kMaxStepsPerSync, options.steps_per_sync);
+  check_run(prompts, options, setup);
   GenerationResult result;
   const size_t batch = prompts.size();
   int64_t longest = 0;
@@ -180,6 +187,12 @@ GenerationResult generate(DecodeEngine& engine, const std::vector<std::vector<in
     }
   }
   return result;
+}
+
+void check_generation(const ModelConfig& config, const std::vector<std::vector<int32_t>>& prompts,
+                      const GenerationOptions& options, const DecodeSetup& setup) {
+  decode_inputs::checked(config, setup);
+  check_run(prompts, options, setup);
 }
 
 std::vector<int32_t> model_eos_ids(const ModelConfig& config, const std::filesystem::path& model_dir) {

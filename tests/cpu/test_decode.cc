@@ -11,6 +11,7 @@
 #include "mk/gpu.h"
 #include "mk/random.h"
 #include "test_models.h"
+#include "test_util.h"
 
 namespace mk {
 namespace {
@@ -376,6 +377,33 @@ TEST(Generate, BadArgumentsAreClearErrors) {
   seed.n_layers = 1;
   EXPECT_THAT(error_of([&] { make_reference_decoder(random_weights(seed, 1), setup_for(1, 8)); }),
               HasSubstr("has no embedding: generating needs token ids in and logits out"));
+}
+
+// What an engine's construction or generate() would refuse, check_generation refuses alike with nothing built (Python's
+// Model.stream checks its arguments with it when called and generates only when iterated).
+TEST(Generate, CheckGenerationRefusesWhatGenerateRefuses) {
+  using testing_util::error_of;  // fails the test where nothing is thrown
+  const ModelWeights weights = random_weights(find_preset("tiny").config, 8);
+  GenerationOptions negative;
+  negative.max_new_tokens = -1;
+  DecodeSetup no_top_p = setup_for(1, 8);
+  no_top_p.sampling.top_p = 0;
+  const struct {
+    std::vector<std::vector<int32_t>> prompts;
+    GenerationOptions options;
+    DecodeSetup setup;
+  } cases[] = {{{random_prompt(weights.config, 9, 1)}, {}, setup_for(1, 8)},
+               {{{1}, {2}}, {}, setup_for(1, 8)},
+               {{{}}, {}, setup_for(1, 8)},
+               {{{1}}, negative, setup_for(1, 8)},
+               {{{1}}, {}, no_top_p},
+               {{{1}}, {}, setup_for(1, 2048)}};
+  for (const auto& [prompts, options, setup] : cases) {
+    const std::string refused =
+        error_of([&] { generate(*make_reference_decoder(weights, setup), prompts, options); });
+    EXPECT_EQ(error_of([&] { check_generation(weights.config, prompts, options, setup); }), refused);
+  }
+  EXPECT_NO_THROW(check_generation(weights.config, {{1, 2}}, {}, setup_for(1, 8)));
 }
 
 TEST(Generate, MemoryBudgetIsCheckedBeforeAllocating) {
