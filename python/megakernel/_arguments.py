@@ -1,6 +1,6 @@
 """Checks of the Python API's arguments made before they reach the core or a loop: integers the core takes as
-fixed-width C++ integers, and the lists it takes, so that a value of the wrong form raises MkError naming the argument
-rather than nanobind's or iteration's TypeError, which names none."""
+fixed-width C++ integers, real numbers, and the lists it takes, so that a value of the wrong form raises MkError naming
+the argument rather than nanobind's, float()'s or iteration's TypeError, which names none."""
 
 from __future__ import annotations
 
@@ -37,6 +37,17 @@ def checked_int(value: Any, name: str, bounds: tuple[int, int]) -> int:
     if not low <= number < high:
         raise _core.MkError(f"{name} must be in {_range_text(low, high)}, got {number}")
     return number
+
+
+def checked_float(value: Any, name: str) -> float:
+    """`value` as a float, or MkError naming the argument: float() alone would raise a TypeError naming nothing for
+    None, and would take the text "0.5" for a number."""
+    if not isinstance(value, (str, bytes)):
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            pass
+    raise _core.MkError(f"{name} must be a number, got {reprlib.repr(value)}")
 
 
 def iterated(values: Any, name: str, expected: str) -> Iterator[Any]:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Union
 import numpy as np
 
 from . import _core
-from ._arguments import INT32, INT64, UINT64, checked_int, listed
+from ._arguments import INT32, INT64, UINT64, checked_float, checked_int, listed
 
 if TYPE_CHECKING:
     from .model import Model
@@ -60,9 +60,9 @@ def _core_arguments(prompts: list[list[int]], max_new_tokens: int, options: dict
     """The core's arguments of a generation (its generate() and check_generate()), the integers checked against their
     C++ types; the core checks the rest (ids against the vocabulary, the sampling's ranges, the cache)."""
     sampling = _core.SamplingParams()
-    sampling.temperature = float(options["temperature"])
+    sampling.temperature = checked_float(options["temperature"], "temperature")
     sampling.top_k = checked_int(options["top_k"], "top_k", (0, INT32[1]))
-    sampling.top_p = float(options["top_p"])
+    sampling.top_p = checked_float(options["top_p"], "top_p")
     sampling.seed = checked_int(options["seed"], "seed", UINT64)
     eos = options["eos_ids"]
     eos_ids = None if eos is None else _whole_ids(eos, "eos_ids")  # None: the model's

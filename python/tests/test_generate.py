@@ -118,6 +118,9 @@ def test_float_ids_are_refused_not_truncated(tiny):
         (dict(prompt=[[1, [2, 3]]]), r"prompt 0's token id must be a whole number, got \[2, 3\]"),  # was a ValueError
         (dict(prompt=5), r"prompt must be text, token ids or a list of prompts, got 5"),
         (dict(prompt=None), r"prompt must be text, token ids or a list of prompts, got None"),
+        (dict(temperature=None), r"temperature must be a number, got None"),  # was float()'s TypeError
+        (dict(temperature="0.5"), r"temperature must be a number, got '0.5'"),  # was taken for 0.5
+        (dict(top_p="hot"), r"top_p must be a number, got 'hot'"),  # was float()'s ValueError
     ],
 )
 def test_arguments_of_the_wrong_form_raise_mk_error_naming_them(tiny, arguments, message):
