@@ -43,7 +43,8 @@ inline void copy_prefill_rows(const std::vector<ref::Matrix>& part, std::vector<
   for (size_t layer = 0; layer < cache.size(); ++layer) {
     const ref::Matrix& from = part[layer];
     for (int64_t b = 0; b < from.rows / seq_len; ++b)
-      std::copy(from.row(b * seq_len), from.row((b + 1) * seq_len), cache[layer].row((first_sequence + b) * max_context));
+      std::copy(from.row(b * seq_len), from.row((b + 1) * seq_len),
+                cache[layer].row((first_sequence + b) * max_context));
   }
 }
 

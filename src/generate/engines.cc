@@ -65,7 +65,8 @@ class CpuVmDecoder final : public DecodeEngine {
     const Graph graph(weights_.config, input.shape);
     const Schedule schedule = verified_schedule(graph);
     const bool whole_batch = input.shape.batch == setup_.batch;
-    std::vector<ref::Matrix> part = whole_batch ? std::vector<ref::Matrix>{} : ref::make_kv_cache(weights_.config, input.shape);
+    std::vector<ref::Matrix> part =
+        whole_batch ? std::vector<ref::Matrix>{} : ref::make_kv_cache(weights_.config, input.shape);
     CpuVmSession session(graph, schedule, weights_, setup_.vm, whole_batch ? &cache_ : &part);
     session.set_input(input);
     session.launch();
