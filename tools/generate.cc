@@ -243,13 +243,9 @@ int GenerateCommand::run() const {
                                   : engine_memory_bytes(engine_name, double(host_memory_bytes()));
   if (prefill_batch > 0) {
     options.prefill_batch = prefill_batch;
-    try {
-      check_memory_budget(
-          engine_generation_memory(engine_name, config, setup.batch, longest - 1, setup.max_context, prefill_batch),
-          budget_bytes, setup.batch, setup.max_context);
-    } catch (const Error& error) {
-      throw Error(fmt::format("{}, or lower --prefill-batch", error.what()));
-    }
+    check_memory_budget(
+        engine_generation_memory(engine_name, config, setup.batch, longest - 1, setup.max_context, prefill_batch),
+        budget_bytes, setup.batch, setup.max_context, /*prefill_batch_given=*/true);
   } else {
     options.prefill_batch =
         engine_prefill_batch(engine_name, config, setup.batch, longest - 1, setup.max_context, budget_bytes);

@@ -176,8 +176,10 @@ struct GenerationMemory {
 // prefill_batch: sequences a prefill pass (0: all); a pass of fewer than the batch adds its own cache.
 GenerationMemory generation_memory(const ModelConfig& config, int64_t batch, int64_t prefill_len, int64_t max_context,
                                    bool fp32_activations, int64_t prefill_batch = 0);
-// Throws mk::Error, before anything is allocated, when `memory` exceeds budget_bytes, saying what to lower.
-void check_memory_budget(const GenerationMemory& memory, double budget_bytes, int64_t batch, int64_t max_context);
+// Throws mk::Error, before anything is allocated, when `memory` exceeds budget_bytes, saying what to lower (the
+// caller's prefill batch too where it gave one).
+void check_memory_budget(const GenerationMemory& memory, double budget_bytes, int64_t batch, int64_t max_context,
+                         bool prefill_batch_given = false);
 // The most sequences a prefill pass may take, in the fewest passes of equal size, with the whole generation within
 // budget_bytes - headroom_bytes (the batch where one pass fits); one a pass where even that misses it but fits the
 // budget; throws as check_memory_budget when not even one sequence a pass fits the budget.

@@ -36,10 +36,17 @@ inline ref::ModelInput prefill_input(const DecodeSetup& setup, const std::vector
   return input;
 }
 
+// The cpu engines' cache of a prefill pass of part of the batch (prefill_input's shape), empty for the whole batch,
+// which writes the batch's cache itself.
+inline std::vector<ref::Matrix> part_cache(const ModelConfig& config, const DecodeSetup& setup, const RunShape& pass) {
+  return pass.batch == setup.batch ? std::vector<ref::Matrix>{} : ref::make_kv_cache(config, pass);
+}
+
 // A part's own cache (layers of (n seq_len, 2 kv_dim)) into the rows [0, seq_len) of sequences [first, first + n)
-// of the batch's cache (layers of (batch max_context, 2 kv_dim)).
+// of the batch's cache (layers of (batch max_context, 2 kv_dim)); nothing for part_cache's empty one.
 inline void copy_prefill_rows(const std::vector<ref::Matrix>& part, std::vector<ref::Matrix>& cache,
                               int64_t first_sequence, int64_t seq_len, int64_t max_context) {
+  if (part.empty()) return;
   for (size_t layer = 0; layer < cache.size(); ++layer) {
     const ref::Matrix& from = part[layer];
     for (int64_t b = 0; b < from.rows / seq_len; ++b)

@@ -25,12 +25,8 @@ class ReferenceDecoder final : public DecodeEngine {
   void prefill(const std::vector<int32_t>& tokens, int64_t seq_len, int64_t first_sequence) override {
     const ref::ModelInput input = prefill_input(setup_, tokens, seq_len, first_sequence);
     const ref::ModelOperands operands(weights_, seq_len, input.shape.max_context);
-    if (input.shape.batch == setup_.batch) {
-      ref::run_pass(operands, input, &cache_);
-      return;
-    }
-    std::vector<ref::Matrix> part = ref::make_kv_cache(weights_.config, input.shape);
-    ref::run_pass(operands, input, &part);
+    std::vector<ref::Matrix> part = part_cache(weights_.config, setup_, input.shape);
+    ref::run_pass(operands, input, part.empty() ? &cache_ : &part);
     copy_prefill_rows(part, cache_, first_sequence, seq_len, setup_.max_context);
   }
   std::vector<int32_t> step(const std::vector<int32_t>& tokens, const std::vector<int32_t>& positions) override {
@@ -64,13 +60,11 @@ class CpuVmDecoder final : public DecodeEngine {
     const ref::ModelInput input = prefill_input(setup_, tokens, seq_len, first_sequence);
     const Graph graph(weights_.config, input.shape);
     const Schedule schedule = verified_schedule(graph);
-    const bool whole_batch = input.shape.batch == setup_.batch;
-    std::vector<ref::Matrix> part =
-        whole_batch ? std::vector<ref::Matrix>{} : ref::make_kv_cache(weights_.config, input.shape);
-    CpuVmSession session(graph, schedule, weights_, setup_.vm, whole_batch ? &cache_ : &part);
+    std::vector<ref::Matrix> part = part_cache(weights_.config, setup_, input.shape);
+    CpuVmSession session(graph, schedule, weights_, setup_.vm, part.empty() ? &cache_ : &part);
     session.set_input(input);
     session.launch();
-    if (!whole_batch) copy_prefill_rows(part, cache_, first_sequence, seq_len, setup_.max_context);
+    copy_prefill_rows(part, cache_, first_sequence, seq_len, setup_.max_context);
   }
   std::vector<int32_t> step(const std::vector<int32_t>& tokens, const std::vector<int32_t>& positions) override {
     session_.set_input(step_input(setup_, tokens, positions));

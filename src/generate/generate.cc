@@ -294,12 +294,13 @@ GenerationMemory generation_memory(const ModelConfig& config, int64_t batch, int
   return memory;
 }
 
-void check_memory_budget(const GenerationMemory& memory, double budget_bytes, int64_t batch, int64_t max_context) {
+void check_memory_budget(const GenerationMemory& memory, double budget_bytes, int64_t batch, int64_t max_context,
+                         bool prefill_batch_given) {
   MK_CHECK(memory.total() <= budget_bytes,
            "the KV cache of batch {} x max context {} needs {} (with {} of weights and {} of activations, {} in all), "
-           "more than the memory budget of {}: lower --max-context or --batch, or raise --memory-budget",
+           "more than the memory budget of {}: lower --max-context or --batch, or raise --memory-budget{}",
            batch, max_context, gib(memory.kv_cache), gib(memory.weights), gib(memory.activations), gib(memory.total()),
-           gib(budget_bytes));
+           gib(budget_bytes), prefill_batch_given ? ", or lower --prefill-batch" : "");
 }
 
 int64_t prefill_batch_within(const ModelConfig& config, int64_t batch, int64_t prefill_len, int64_t max_context,

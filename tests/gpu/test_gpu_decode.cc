@@ -6,6 +6,8 @@
 
 #include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "gpu_fixture.h"
 #include "mk/compare.h"
@@ -108,6 +110,15 @@ TEST_F(Gpu, GenerationReproducesTheForwardPassOnRaggedBatches) {
   check_generation(small_config(256, 768, 2, 2, 128, false, true, 1), {5}, 20, 128, 23);
 }
 
+// Prompt lengths of `count` sequences, each `short_length` but the (index, length) pairs in `long_ones`: long prompts
+// reach the later KV blocks, short ones keep the CPU reference's forward passes cheap.
+std::vector<int64_t> mostly_short_prompts(size_t count, int64_t short_length,
+                                          const std::vector<std::pair<size_t, int64_t>>& long_ones) {
+  std::vector<int64_t> lengths(count, short_length);
+  for (const auto& [index, length] : long_ones) lengths.at(index) = length;
+  return lengths;
+}
+
 // Decode attention keeps later KV blocks loading while one is computed (4 buffers at head_dim 64, 2 at 128): tasks
 // of several blocks, the newest key in a prestaged block or in one staged in the loop, and empty blocks.
 TEST_F(Gpu, DecodeAttentionStagesBlocksAhead) {
@@ -124,25 +135,16 @@ TEST_F(Gpu, DecodeAttentionStagesBlocksAhead) {
   // split of 4 blocks (max context 512), up to 4 holding keys. Most prompts are short: the CPU reference is the cost.
   check_generation(small_config(512, 1024, 8, 8, 64, true, true), {700, 50, 650, 300, 10, 690, 200, 120, 520}, 3,
                    768, 36);
-  std::vector<int64_t> mostly_short(17, 20);
-  mostly_short[0] = 460;
-  mostly_short[7] = 300;
-  mostly_short[16] = 410;
-  check_generation(small_config(512, 1024, 4, 4, 128, true, true), mostly_short, 3, 512, 37);
+  check_generation(small_config(512, 1024, 4, 4, 128, true, true),
+                   mostly_short_prompts(17, 20, {{0, 460}, {7, 300}, {16, 410}}), 3, 512, 37);
   // Tiles of several blocks by halves of the warps (run_blocks_in_halves; decode and wide kernels, head_dim 64), at
   // GQA 4:1 and 8:1. 33 sequences x 2 kv heads = 66 pairs: 2 splits of 4 blocks, so that half 1 stages block 3 in its
   // loop; 17 sequences x 1 kv head: 7 splits of 2 blocks (blocks s and s + 7), split 0's both holding keys for the
   // 950-token prompt, every other split's second block past the cache (empty).
-  std::vector<int64_t> by_halves(33, 20);
-  by_halves[0] = 900;
-  by_halves[5] = 520;
-  by_halves[11] = 400;
-  by_halves[32] = 700;
-  check_generation(small_config(512, 1024, 8, 2, 64, true, true), by_halves, 3, 1024, 38);
-  std::vector<int64_t> gqa8(17, 12);
-  gqa8[3] = 950;
-  gqa8[16] = 300;
-  check_generation(small_config(512, 1024, 8, 1, 64, true, true), gqa8, 3, 1024, 39);
+  check_generation(small_config(512, 1024, 8, 2, 64, true, true),
+                   mostly_short_prompts(33, 20, {{0, 900}, {5, 520}, {11, 400}, {32, 700}}), 3, 1024, 38);
+  check_generation(small_config(512, 1024, 8, 1, 64, true, true), mostly_short_prompts(17, 12, {{3, 950}, {16, 300}}),
+                   3, 1024, 39);
 }
 
 TEST_F(Gpu, TensorCoreDecodeTilesAtTheirEdges) {
