@@ -170,22 +170,49 @@ __device__ __forceinline__ void rescale_output(float (&o)[kHeadDim / 2], float2 
   for (int i = 0; i < kHeadDim / 2; ++i) o[i] *= (i / 2) % 2 == 0 ? correction.x : correction.y;
 }
 
-// Online softmax of one block of scores, in place (scores become unnormalized probabilities); returns the factor
-// by which the output accumulated so far must be scaled, per row half.
-__device__ __forceinline__ float2 online_softmax(float (&score)[kScoreValues], float (&row_max)[2],
-                                                 float (&row_sum)[2], float scale_log2, bool diagonal,
-                                                 int32_t first_key, int32_t query0, int thread_in_wg) {
-  float block_max[2] = {-INFINITY, -INFINITY};
+// Independent partial maxima and sums a row half: one running value would chain 32 dependent FMNMX (or FADD) a
+// block, and the softmax, on the path between a warpgroup's MMA issues, stalled on that chain (ncu at S=4096).
+constexpr int kSoftmaxChains = 4;
+
+// Per row half, the largest score of the block; on the diagonal block keys past the row's query are set to -inf
+// first. The mask is compiled into its own loop: as a run-time condition of every score it cost every block as
+// many instructions as the maxima themselves (ncu at S=4096), though only the last block of a tile needs it.
+template <bool kDiagonal>
+__device__ __forceinline__ void block_row_max(float (&score)[kScoreValues], int32_t first_key, int32_t query0,
+                                              int thread_in_wg, float (&block_max)[2]) {
+  float partial[kSoftmaxChains][2];
+#pragma unroll
+  for (int c = 0; c < kSoftmaxChains; ++c) partial[c][0] = partial[c][1] = -INFINITY;
 #pragma unroll
   for (int j = 0; j < kScoreValues / 4; ++j) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int half = e / 2;
-      const int32_t key = first_key + 8 * j + 2 * (thread_in_wg % 4) + (e % 2);
       float& value = score[4 * j + e];
-      if (diagonal && key > query0 + 8 * half) value = -INFINITY;
-      block_max[half] = fmaxf(block_max[half], value);
+      if constexpr (kDiagonal) {
+        const int32_t key = first_key + 8 * j + 2 * (thread_in_wg % 4) + (e % 2);
+        if (key > query0 + 8 * half) value = -INFINITY;
+      }
+      float& chain = partial[(2 * j + e % 2) % kSoftmaxChains][half];
+      chain = fmaxf(chain, value);
     }
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    block_max[half] = fmaxf(fmaxf(partial[0][half], partial[1][half]), fmaxf(partial[2][half], partial[3][half]));
+  }
+}
+
+// Online softmax of one block of scores, in place (scores become unnormalized probabilities); returns the factor
+// by which the output accumulated so far must be scaled, per row half.
+__device__ __forceinline__ float2 online_softmax(float (&score)[kScoreValues], float (&row_max)[2],
+                                                 float (&row_sum)[2], float scale_log2, bool diagonal,
+                                                 int32_t first_key, int32_t query0, int thread_in_wg) {
+  float block_max[2];
+  if (diagonal) {
+    block_row_max<true>(score, first_key, query0, thread_in_wg, block_max);
+  } else {
+    block_row_max<false>(score, first_key, query0, thread_in_wg, block_max);
   }
   float correction[2];
 #pragma unroll
@@ -195,16 +222,22 @@ __device__ __forceinline__ float2 online_softmax(float (&score)[kScoreValues], f
     const float new_max = fmaxf(row_max[half], block_max[half]);  // finite: key 0 is visible to every query
     correction[half] = ptx::exp2_ftz((row_max[half] - new_max) * scale_log2);
     row_max[half] = new_max;
-    row_sum[half] *= correction[half];
   }
   // NOTE: scores stay unscaled until here, so scaling and the max's subtraction are one FFMA per score: the timed
   // runs are power-capped (docs/perf.md, fourth session, run 7), where instructions removed count.
   const float max_scaled[2] = {row_max[0] * scale_log2, row_max[1] * scale_log2};
+  float partial_sum[kSoftmaxChains][2] = {};
 #pragma unroll
   for (int i = 0; i < kScoreValues; ++i) {
     const int half = (i / 2) % 2;
     score[i] = ptx::exp2_ftz(fmaf(score[i], scale_log2, -max_scaled[half]));
-    row_sum[half] += score[i];
+    partial_sum[(i / 4 * 2 + i % 2) % kSoftmaxChains][half] += score[i];
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const float block_sum =
+        (partial_sum[0][half] + partial_sum[1][half]) + (partial_sum[2][half] + partial_sum[3][half]);
+    row_sum[half] = row_sum[half] * correction[half] + block_sum;
   }
   return make_float2(correction[0], correction[1]);
 }
