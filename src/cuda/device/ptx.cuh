@@ -103,18 +103,20 @@ __device__ __forceinline__ float exp2_ftz(float x) {
   return y;
 }
 
-// 1 / x on the SFU alone: denormal inputs and results flush to zero.
-__device__ __forceinline__ float rcp_ftz(float x) {
+// tanh on the SFU (MUFU.TANH): about 16.5 correct bits, far below a bf16 output's rounding (8 bits).
+__device__ __forceinline__ float tanh_approx(float x) {
   float y;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
 
-// x sigmoid(x) from two SFU operations. NOTE: __fdividef and __expf keep their denormal range fix-ups, which doubled
-// the gate_up epilogue's code (ncu, thirteenth session: 30% of its stalls were instruction fetches); flushing changes
-// only |x| > 87, where x sigmoid(x) is x or 0 to well within bf16's rounding anyway.
+// x sigmoid(x) = h + h tanh(h), h = x / 2: one SFU operation. The gate_up epilogue's SwiGLU was bound by the SFU
+// with two (exp and reciprocal: ncu at S=4096, the epilogue's largest line waiting on the SFU's queue), and the
+// SFU runs at an eighth of the FMA pipes' rate. NOTE: __fdividef and __expf keep denormal range fix-ups, which
+// doubled the epilogue's code (thirteenth session: 30% of its stalls were instruction fetches).
 __device__ __forceinline__ float silu_fast(float x) {
-  return x * rcp_ftz(1.0f + exp2_ftz(-1.4426950408889634f * x));
+  const float half_x = 0.5f * x;
+  return fmaf(half_x, tanh_approx(half_x), half_x);
 }
 
 // Makes this thread's generic-proxy shared-memory writes visible to later async-proxy (TMA) reads of them.
