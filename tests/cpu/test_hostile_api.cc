@@ -91,7 +91,7 @@ TEST(HostileApi, TheGraphIsCountedBeforeItIsTiled) {
   EXPECT_THAT(error_of([] {
                 mk::Graph graph(mk::find_preset("seed").config, {1, mk::kMaxTokens});
               }),
-              HasSubstr("4563402752 tasks are more than the 2^32 one schedule addresses"));
+              HasSubstr("4563402752 tasks are more than a schedule addresses (fewer than 2^32)"));
 }
 
 TEST(HostileApi, JsonWithDuplicateKeysOrDeepNestingIsRefused) {
