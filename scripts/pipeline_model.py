@@ -133,22 +133,36 @@ class NamedBarrier:
 
 
 class Ring:
-    """Position in the stage ring, advanced alike by producer and consumers (PipelineState)."""
+    """Position in the stage ring, advanced alike by producer and consumers (PipelineState); `lap` counts the wraps,
+    which the kernel keeps only as the phase's parity."""
 
-    def __init__(self, stages, stage=0, phase=0):
-        self.stages, self.stage, self.phase = stages, stage, phase
+    def __init__(self, stages, stage=0, phase=0, lap=0):
+        self.stages, self.stage, self.phase, self.lap = stages, stage, phase, lap
 
     def advance(self):
         self.stage += 1
         if self.stage == self.stages:
-            self.stage, self.phase = 0, self.phase ^ 1
+            self.stage, self.phase, self.lap = 0, self.phase ^ 1, self.lap + 1
 
     def copy(self):
-        return Ring(self.stages, self.stage, self.phase)
+        return Ring(self.stages, self.stage, self.phase, self.lap)
 
     def next_block(self):  # attention's K and V blocks alternate: a cursor over one kind skips the other
         self.advance()
         self.advance()
+
+
+def exact_wait(barrier, parity, completed, what):
+    """A parity wait that must pass on exactly `completed` phases of the barrier: a parity wait passes on any phase of
+    its parity, so one two phases behind (or ahead) passes silently on the GPU."""
+    def ready():
+        if not barrier.passed(parity):
+            return False
+        if barrier.phase != completed:
+            raise ProtocolViolation(f"{what}: passed with {barrier.phase} phases of the barrier completed, meant "
+                                    f"{completed}")
+        return True
+    return ready
 
 
 class ProtocolViolation(Exception):
@@ -157,10 +171,12 @@ class ProtocolViolation(Exception):
 
 
 class Model:
-    def __init__(self, header, sm_begin, instructions, waits, producer_parity, poller="kernel", held_stage="kernel"):
+    def __init__(self, header, sm_begin, instructions, waits, producer_parity, poller="kernel", held_stage="kernel",
+                 ring="kernel"):
         self.header, self.sm_begin, self.ins, self.waits = header, sm_begin, instructions, waits
         self.stages = stage_count()
         self.producer_parity, self.poller_mode, self.held_mode = producer_parity, poller, held_stage
+        self.ring_mode = ring
         c = header["config"]
         q_dim = c["n_heads"] * c["head_dim"]
         self.k = {"kQkv": c["d_model"], "kOProj": q_dim, "kGateUp": c["d_model"], "kDown": c["d_ff"],
@@ -276,7 +292,10 @@ class Model:
 
     def fill(self, sm, ring, i, tx):  # tx transactions expected, one landed now (a prefetch's A lands later)
         stage, parity = ring.stage, ring.phase ^ 1
-        yield ("producer: stage empty", i), lambda: sm.empty[stage].passed(parity)
+        if self.ring_mode == "early-fill" and ring.lap > 0:
+            parity = ring.phase  # a mutation: the parity of the lap before, which passes a lap early
+        what = f"schedule instruction {i}: the producer's wait for stage {stage} empty"
+        yield ("producer: stage empty", i), exact_wait(sm.empty[stage], parity, ring.lap, what)
         sm.full[stage].expect_and_arrive(tx)
         sm.full[stage].land(1)
         ring.advance()
@@ -300,7 +319,8 @@ class Model:
 
         def full(r, i, what):
             stage, parity = r.stage, r.phase
-            return (f"consumers {warpgroup}: {what}", i), lambda: sm.full[stage].passed(parity)
+            return (f"consumers {warpgroup}: {what}", i), exact_wait(
+                sm.full[stage], parity, r.lap + 1, f"schedule instruction {i}: consumers {warpgroup}' wait for {what}")
 
         for i in order:
             x = self.ins[i]
@@ -439,11 +459,11 @@ class SmState:
         self.last_of_group = False  # decode: did the SM's linked attention task take its group's last ticket
 
 
-def interleave(schedule, producer_parity, seed, poller="kernel", held_stage="kernel"):
+def interleave(schedule, producer_parity, seed, poller="kernel", held_stage="kernel", ring="kernel"):
     """One random interleaving: None if every actor finishes, else what went wrong: the blocked actors' waits (a
     deadlock), or the output tile overwritten before its store read it."""
     header, sm_begin, instructions, _ = schedule
-    model = Model(*schedule, producer_parity, poller, held_stage)
+    model = Model(*schedule, producer_parity, poller, held_stage, ring)
     rng = random.Random(seed)
     actors = []
     for sm_index in range(header["num_sms"]):
@@ -457,9 +477,9 @@ def interleave(schedule, producer_parity, seed, poller="kernel", held_stage="ker
         moved = False
         for actor in actors:
             for _ in range(rng.randint(1, 4)):
-                if actor["wait"] is not None and not actor["wait"][1]():
-                    break
                 try:
+                    if actor["wait"] is not None and not actor["wait"][1]():  # exact_wait raises on a wrong phase
+                        break
                     actor["wait"] = next(actor["run"])
                 except StopIteration:
                     actor["wait"] = "done"
@@ -503,6 +523,9 @@ def main():
                              "of its ring (laps) or before the counters are met (early)")
     parser.add_argument("--held-stage", choices=("kernel", "unreleased"), default="kernel",
                         help="the storer releases a wide tile's held stage as the kernel does, or (a mutation) not")
+    parser.add_argument("--ring", choices=("kernel", "early-fill"), default="kernel",
+                        help="the producer waits for a stage's release as the kernel does, or (a mutation) with the "
+                             "parity of the lap before, which a parity wait passes a lap early")
     parser.add_argument("--expect", choices=("clean", "failure"),
                         help="exit 1 unless every interleaving is clean, or unless one fails")
     args = parser.parse_args()
@@ -514,7 +537,7 @@ def main():
         schedule = load_schedule(path)
     failures = 0
     for seed in range(args.interleavings):
-        blocked = interleave(schedule, args.producer_waits == "parity", seed, args.poller, args.held_stage)
+        blocked = interleave(schedule, args.producer_waits == "parity", seed, args.poller, args.held_stage, args.ring)
         if blocked is not None:
             failures += 1
             if failures == 1:
@@ -523,6 +546,7 @@ def main():
                     print("  " + line)
     poller = "" if args.poller == "kernel" else f", poller mutation '{args.poller}'"
     poller += "" if args.held_stage == "kernel" else f", held stage '{args.held_stage}'"
+    poller += "" if args.ring == "kernel" else f", ring '{args.ring}'"
     shape = f"decode batch {args.batch} max context {args.max_context}" if args.decode else \
         f"batch {args.batch} seq {args.seq}, producer waits by {args.producer_waits}"  # decode: the producer idles
     print(f"{args.preset} {shape} on {args.sms} SMs{poller}: {args.interleavings - failures} of "
