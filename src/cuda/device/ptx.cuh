@@ -103,17 +103,20 @@ __device__ __forceinline__ float exp2_ftz(float x) {
   return y;
 }
 
-// tanh on the SFU (MUFU.TANH): about 16.5 correct bits, far below a bf16 output's rounding (8 bits).
+// tanh on the SFU (MUFU.TANH): relative error up to ~1.1e-5 (about 16.5 correct bits).
 __device__ __forceinline__ float tanh_approx(float x) {
   float y;
   asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
 
-// x sigmoid(x) = h + h tanh(h), h = x / 2: one SFU operation. The gate_up epilogue's SwiGLU was bound by the SFU
-// with two (exp and reciprocal: ncu at S=4096, the epilogue's largest line waiting on the SFU's queue), and the
-// SFU runs at an eighth of the FMA pipes' rate. NOTE: __fdividef and __expf keep denormal range fix-ups, which
-// doubled the epilogue's code (thirteenth session: 30% of its stalls were instruction fetches).
+// x sigmoid(x) = h + h tanh(h), h = x / 2: one SFU operation. Its error is absolute, up to ~|x| 1e-5: for x below
+// about -4, where 1 + tanh(h) cancels, that is a large share of the tiny result, but it stays far below the bf16
+// rounding of the activations around it (the exp and reciprocal form was relative, ~1e-7). The gate_up epilogue's
+// SwiGLU was bound by the SFU with two (exp and reciprocal: ncu at S=4096, the epilogue's largest line waiting on the
+// SFU's queue), and the SFU runs at an eighth of the FMA pipes' rate. Used by the decode gate_up too. NOTE:
+// __fdividef and __expf keep denormal range fix-ups, which doubled the epilogue's code (thirteenth session: 30% of
+// its stalls were instruction fetches).
 __device__ __forceinline__ float silu_fast(float x) {
   const float half_x = 0.5f * x;
   return fmaf(half_x, tanh_approx(half_x), half_x);
