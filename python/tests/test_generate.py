@@ -121,15 +121,32 @@ def test_float_ids_are_refused_not_truncated(tiny):
         (dict(temperature=None), r"temperature must be a number, got None"),  # was float()'s TypeError
         (dict(temperature="0.5"), r"temperature must be a number, got '0.5'"),  # was taken for 0.5
         (dict(top_p="hot"), r"top_p must be a number, got 'hot'"),  # was float()'s ValueError
+        # nanobind's TypeError naming no argument; skip_special_tokens reached it only with a text prompt, and was
+        # ignored with ids:
+        (dict(engine=5), r'engine must be "auto", "gpu", "cpu-vm" or "reference", got 5'),
+        (dict(engine=None), r'engine must be "auto", "gpu", "cpu-vm" or "reference", got None'),
+        (dict(engine="cpu-vm\0"), r"engine must not contain a NUL character"),  # was "unknown engine 'cpu-vm"
+        (dict(skip_special_tokens=1), r"skip_special_tokens must be True or False, got 1"),
+        (dict(skip_special_tokens=None), r"skip_special_tokens must be True or False, got None"),
+        # A bool was taken for the number 1 or 0:
+        (dict(max_new_tokens=True), r"max_new_tokens must be a whole number, got True"),
+        (dict(prompt=[True, 2]), r"prompt's token id must be a whole number, got True"),
+        (dict(prompt=np.array([False, True])), r"prompt's token id must be a whole number, got False"),
+        (dict(eos_ids=[False]), r"eos_ids's token id must be a whole number, got False"),
+        (dict(temperature=True), r"temperature must be a number, got True"),
+        (dict(temperature=1.0, top_p=np.bool_(True)), r"top_p must be a number, got (np\.)?True_?"),
+        (dict(temperature=1.0, top_k=True), r"top_k must be a whole number, got True"),
+        (dict(temperature=1.0, seed=False), r"seed must be a whole number, got False"),
+        (dict(max_context=True), r"max_context must be a whole number, got True"),
     ],
 )
 def test_arguments_of_the_wrong_form_raise_mk_error_naming_them(tiny, arguments, message):
     # Each raised a plain TypeError ("'int' object is not iterable") naming no argument, or numpy's ValueError.
-    arguments = {"prompt": [1, 2], "max_new_tokens": 2, **arguments}
+    arguments = {"prompt": [1, 2], "max_new_tokens": 2, "engine": "reference", **arguments}
     with pytest.raises(MkError, match=message):
-        tiny.generate(engine="reference", **arguments)
+        tiny.generate(**arguments)
     with pytest.raises(MkError, match=message):
-        list(tiny.stream(engine="reference", **arguments))
+        list(tiny.stream(**arguments))
 
 
 @pytest.mark.parametrize(
