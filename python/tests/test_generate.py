@@ -184,6 +184,25 @@ def test_a_cache_past_the_models_positions_is_named_as_such(tiny):
         tiny.generate([1, 2], 2, engine="reference", max_context=10**9)
 
 
+def test_messages_name_the_arguments_not_mk_generates_flags(tiny, run_mk, tmp_path):
+    # They said "(--max-context)" and "lower --max-context or --batch, or raise --memory-budget": flags of mk generate,
+    # two of which Python has no counterpart of.
+    too_long = r"prompt 0 has 3 tokens, more than the KV cache's 2 positions \(max_context\)$"
+    for generation in (tiny.generate, tiny.stream):
+        with pytest.raises(MkError, match=too_long):
+            generation([1, 2, 3], 2, engine="reference", max_context=2)
+    # A cache of 2^29 positions a sequence, allowed by the config, needs 8 TiB: more than this machine's memory.
+    run_mk("export", "--preset", "tiny", "--layers", 16, "--out", tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["max_position_embeddings"] = 2**29
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    model = megakernel.Model.from_pretrained(tmp_path)
+    for engine in ("cpu-vm", "reference"):
+        with pytest.raises(MkError, match=r"the KV cache of batch 1 x max context 536870912 needs 8192.00 GiB .* more "
+                                          r"than the memory budget of .*: lower max_context or the number of prompts$"):
+            model.stream([1, 2], 2, engine=engine, max_context=2**29)  # checked, not run
+
+
 def test_negative_new_tokens_are_named_not_blamed_on_the_cache(tiny):
     # With a prompt longer than -max_new_tokens, the default cache came to 1 position and the prompt was blamed.
     for generation in (lambda: tiny.generate([1, 2, 3], -5), lambda: list(tiny.stream([1, 2, 3], -5))):
