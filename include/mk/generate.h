@@ -160,6 +160,8 @@ std::vector<int32_t> model_eos_ids(const ModelConfig& config, const std::filesys
 // The ids that end generation when the caller names none, for `mk generate` and the Python Model alike:
 // model_eos_ids (none without a model_dir), else the tokenizer's (where tokenizer_config.json's eos_token comes in),
 // held to the same rule that at least one lie in the vocabulary of `config`, the message naming the tokenizer's source.
+// `tokenizer`: the caller's, or nullptr to load model_dir's where Tokenizer::in_model_dir finds one and the configs
+// name no EOS, so that `mk generate` of ids, which reads no text, stops where the Python Model does.
 std::vector<int32_t> default_eos_ids(const ModelConfig& config, const std::filesystem::path& model_dir,
                                      const Tokenizer* tokenizer);
 

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "mk/buffers.h"
 #include "mk/check.h"
@@ -217,7 +218,19 @@ std::vector<int32_t> model_eos_ids(const ModelConfig& config, const std::filesys
 std::vector<int32_t> default_eos_ids(const ModelConfig& config, const std::filesystem::path& model_dir,
                                      const Tokenizer* tokenizer) {
   std::vector<int32_t> ids = model_dir.empty() ? std::vector<int32_t>{} : model_eos_ids(config, model_dir);
-  if (!ids.empty() || tokenizer == nullptr) return ids;
+  if (!ids.empty()) return ids;
+  std::optional<Tokenizer> loaded;
+  if (tokenizer == nullptr && !model_dir.empty() && Tokenizer::in_model_dir(model_dir)) {
+    try {
+      tokenizer = &loaded.emplace(Tokenizer::load(model_dir));
+    } catch (const Error& error) {  // a run of ids would not say why it read the tokenizer
+      throw Error(
+          fmt::format("{} (read for the default EOS ids: neither generation_config.json nor config.json "
+                      "names an eos_token_id)",
+                      error.what()));
+    }
+  }
+  if (tokenizer == nullptr) return ids;
   // The tokenizer checked its ids against its own vocabulary, which may be larger than the model's.
   check_eos_reaches_vocabulary(config, tokenizer->eos_ids(), tokenizer->eos_source());
   return tokenizer->eos_ids();
