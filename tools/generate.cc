@@ -141,7 +141,7 @@ CLI::App* GenerateCommand::add(CLI::App& app) {
       ->check(kPositiveFinite);
   command->add_option("--eos", eos,
                       "ids that end a sequence (default: generation_config.json's or config.json's eos_token_id, "
-                      "else, where the tokenizer is loaded, tokenizer_config.json's eos_token)");
+                      "else the model directory's tokenizer's eos_token, from tokenizer_config.json, as in Python)");
   command->add_option("--trace", trace_path,
                       "gpu: after generating, trace one more decode step (the last token fed again) into this "
                       "Perfetto JSON and print its per-op summary")

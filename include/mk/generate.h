@@ -61,6 +61,16 @@ class DecodeEngine {
                                  const std::filesystem::path& path);
 };
 
+// What a caller's interface calls the settings that a generation's messages say to change: mk generate's flags by
+// default; the Python package passes its arguments' names. An empty name: the interface has no such setting, and the
+// messages do not suggest it.
+struct SettingNames {
+  std::string max_context = "--max-context";
+  std::string batch = "--batch";
+  std::string memory_budget = "--memory-budget";
+  std::string prefill_batch = "--prefill-batch";
+};
+
 std::unique_ptr<DecodeEngine> make_reference_decoder(const ModelWeights& weights, const DecodeSetup& setup);
 std::unique_ptr<DecodeEngine> make_cpu_vm_decoder(const ModelWeights& weights, const DecodeSetup& setup);
 struct GenerationMemory;
@@ -80,7 +90,7 @@ GenerationMemory engine_generation_memory(const std::string& engine, const Model
                                           int64_t prefill_len, int64_t max_context, int64_t prefill_batch = 0);
 // prefill_batch_within for where `engine` keeps a generation; on the GPU with a headroom (kGpuPartHeadroomBytes).
 int64_t engine_prefill_batch(const std::string& engine, const ModelConfig& config, int64_t batch, int64_t prefill_len,
-                             int64_t max_context, double budget_bytes);
+                             int64_t max_context, double budget_bytes, const SettingNames& names = {});
 double engine_memory_bytes(const std::string& engine, double host_bytes);
 // "reference", "cpu-vm" or "gpu"; anything else as check_decode_engine. (In mk_gpu: link it to use this.)
 std::unique_ptr<DecodeEngine> make_decoder(const std::string& engine, const ModelWeights& weights,
@@ -136,9 +146,10 @@ GenerationResult generate(DecodeEngine& engine, const std::vector<std::vector<in
                           const GenerationOptions& options, const StepCallback& on_step = {});
 // What generate() and a decode engine's construction check of a generation, without building an engine: the setup
 // against the model (shape, cache, sampling), the prompts against the setup, the options. Throws mk::Error naming the
-// problem. For callers that take a generation now and run it later (Python's Model.stream).
+// problem (and the setting to change by `names`). For callers that take a generation now and run it later (Python's
+// Model.stream).
 void check_generation(const ModelConfig& config, const std::vector<std::vector<int32_t>>& prompts,
-                      const GenerationOptions& options, const DecodeSetup& setup);
+                      const GenerationOptions& options, const DecodeSetup& setup, const SettingNames& names = {});
 
 // The ids that end generation for a Hugging Face model directory: generation_config.json's eos_token_id (an int or
 // a list), else config.json's; empty when neither says. Each file is read as config.json is (a regular file of
@@ -149,6 +160,8 @@ std::vector<int32_t> model_eos_ids(const ModelConfig& config, const std::filesys
 // The ids that end generation when the caller names none, for `mk generate` and the Python Model alike:
 // model_eos_ids (none without a model_dir), else the tokenizer's (where tokenizer_config.json's eos_token comes in),
 // held to the same rule that at least one lie in the vocabulary of `config`, the message naming the tokenizer's source.
+// `tokenizer`: the caller's, or nullptr to load model_dir's where Tokenizer::in_model_dir finds one and the configs
+// name no EOS, so that `mk generate` of ids, which reads no text, stops where the Python Model does.
 std::vector<int32_t> default_eos_ids(const ModelConfig& config, const std::filesystem::path& model_dir,
                                      const Tokenizer* tokenizer);
 
@@ -177,13 +190,14 @@ struct GenerationMemory {
 GenerationMemory generation_memory(const ModelConfig& config, int64_t batch, int64_t prefill_len, int64_t max_context,
                                    bool fp32_activations, int64_t prefill_batch = 0);
 // Throws mk::Error, before anything is allocated, when `memory` exceeds budget_bytes, saying what to lower (the
-// caller's prefill batch too where it gave one).
+// caller's prefill batch too where it gave one) by `names`.
 void check_memory_budget(const GenerationMemory& memory, double budget_bytes, int64_t batch, int64_t max_context,
-                         bool prefill_batch_given = false);
+                         bool prefill_batch_given = false, const SettingNames& names = {});
 // The most sequences a prefill pass may take, in the fewest passes of equal size, with the whole generation within
 // budget_bytes - headroom_bytes (the batch where one pass fits); one a pass where even that misses it but fits the
 // budget; throws as check_memory_budget when not even one sequence a pass fits the budget.
 int64_t prefill_batch_within(const ModelConfig& config, int64_t batch, int64_t prefill_len, int64_t max_context,
-                             bool fp32_activations, double budget_bytes, double headroom_bytes = 0);
+                             bool fp32_activations, double budget_bytes, double headroom_bytes = 0,
+                             const SettingNames& names = {});
 
 }  // namespace mk

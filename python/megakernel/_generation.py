@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Union
 import numpy as np
 
 from . import _core
-from ._arguments import INT32, INT64, UINT64, checked_float, checked_int, listed
+from ._arguments import INT32, INT64, UINT64, checked_bool, checked_engine, checked_float, checked_int, listed
 
 if TYPE_CHECKING:
     from .model import Model
@@ -69,8 +69,8 @@ def _core_arguments(prompts: list[list[int]], max_new_tokens: int, options: dict
     # 0 is the core's "default"; a caller's 0 or negative size would silently get the default too.
     given_context = options["max_context"]
     max_context = 0 if given_context is None else checked_int(given_context, "max_context", (1, INT64[1]))
-    return (options["engine"], prompts, checked_int(max_new_tokens, "max_new_tokens", INT64), sampling, eos_ids,
-            max_context)
+    return (checked_engine(options["engine"]), prompts, checked_int(max_new_tokens, "max_new_tokens", INT64), sampling,
+            eos_ids, max_context)
 
 
 def _primed_decoder(tokenizer: Tokenizer, prompt: list[int], skip_special_tokens: bool) -> Any:
@@ -89,6 +89,7 @@ def _new_text(tokenizer: Tokenizer, prompt: list[int], new_ids: list[int], skip_
 def generate_ids(model: Model, prompt: Prompt, max_new_tokens: int, options: dict[str, Any],
                  skip_special_tokens: bool) -> Any:
     """Model.generate: the new ids, or their text for text prompts; a list of them for a batch."""
+    skip_special_tokens = checked_bool(skip_special_tokens, "skip_special_tokens")  # also where no text is decoded
     prompts, is_text, is_batch = _prompts(model, prompt)
     results = model._core.generate(*_core_arguments(prompts, max_new_tokens, options), None)
     if is_text:
@@ -103,6 +104,7 @@ def run_stream(model: Model, prompt: str | Sequence[int], max_new_tokens: int, o
                skip_special_tokens: bool) -> Iterator[Any]:
     """Model.stream: checks every argument now, as generate() does, so that a bad one is raised by the call that gave
     it rather than by a later next(); generates when iterated."""
+    skip_special_tokens = checked_bool(skip_special_tokens, "skip_special_tokens")
     prompts, is_text, is_batch = _prompts(model, prompt)
     if is_batch:
         raise _core.MkError("stream() takes one prompt (text or ids); generate() takes a batch")

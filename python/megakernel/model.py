@@ -13,7 +13,7 @@ from typing import Any, Union
 import numpy as np
 
 from . import _core
-from ._arguments import INT64, UINT64, checked_int
+from ._arguments import INT64, UINT64, checked_engine, checked_int, checked_name, checked_path, made_by_the_core
 from ._generation import Prompt, generate_ids, run_stream
 from .tokenizer import Tokenizer
 
@@ -39,7 +39,8 @@ class Model:
     Create one with Model.from_pretrained(dir) or Model.preset(name)."""
 
     def __init__(self, core: _core.Model) -> None:
-        self._core = core
+        self._core = made_by_the_core(core, _core.Model, "Model",
+                                      "Model.from_pretrained(directory) or Model.preset(name)")
         self._tokenizer = Tokenizer(core.tokenizer) if core.tokenizer is not None else None
         self._config: dict[str, Any] = json.loads(core.config_json())
 
@@ -50,7 +51,7 @@ class Model:
         """Loads a model directory: config.json (Hugging Face LlamaForCausalLM) or mk_config.json (mk's own form, for
         models Hugging Face cannot describe), model.safetensors or sharded safetensors, and tokenizer.json (with its
         config files) when present."""
-        core = _core.Model.from_dir(os.fspath(directory))
+        core = _core.Model.from_dir(checked_path(directory, "directory"))
         if core.load_warning:  # transformers loads such a checkpoint with a warning too
             warnings.warn(core.load_warning, stacklevel=2)
         return cls(core)
@@ -73,7 +74,7 @@ class Model:
         and --d-ff."""
         sizes = {"layers": layers, "d_model": d_model, "heads": heads, "kv_heads": kv_heads, "d_ff": d_ff}
         checked = [0 if size is None else checked_int(size, key, INT64) for key, size in sizes.items()]
-        return cls(_core.Model.from_preset(name, checked_int(seed, "seed", UINT64), *checked))
+        return cls(_core.Model.from_preset(checked_name(name, "name"), checked_int(seed, "seed", UINT64), *checked))
 
     # ---- what the model is ----
 
@@ -148,7 +149,7 @@ class Model:
         engine: "gpu" (the megakernel, Hopper only), "cpu-vm" (the same schedule on CPU threads, bit-identical to
         the reference), "reference" (fp32 op by op), or "auto": the gpu engine where a usable GPU exists, else the
         reference. Raises MkError with mk's message for a bad shape, dtype, token id or engine."""
-        kind = _core.resolve_engine(engine)
+        kind = _core.resolve_engine(checked_engine(engine))
         tensor = _torch_tensor(tokens)
         if tensor is None:
             return self._core.forward(kind, self._host_array(tokens))
@@ -164,7 +165,7 @@ class Model:
         """One traced forward pass over `tokens` on the gpu engine or the cpu-vm ("auto": the gpu where usable, else
         the cpu-vm): writes the per-SM timeline as Chrome trace JSON to `path` (open it at ui.perfetto.dev) and
         returns the summary `mk trace` prints (per-op time, per-SM busy/waiting/idle, longest waits)."""
-        return self._core.trace(engine, self._host_array(tokens), os.fspath(path))
+        return self._core.trace(checked_engine(engine), self._host_array(tokens), checked_path(path, "path"))
 
     def clear_engines(self) -> None:
         """Frees every cached engine (the gpu engine's device memory with it) and the cached decoder."""

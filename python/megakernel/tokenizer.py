@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-import reprlib
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from . import _core
-from ._arguments import INT32, checked_int, iterated, listed
+from ._arguments import (INT32, checked_bool, checked_int, checked_path, checked_str, iterated, listed,
+                         made_by_the_core)
 
 
 def _id(value: Any) -> int:
@@ -31,7 +31,7 @@ class StreamDecoder:
     "" until a later token completes it. The pieces joined, plus finish(), equal Tokenizer.decode of all ids."""
 
     def __init__(self, core: _core.StreamDecoder) -> None:
-        self._core = core
+        self._core = made_by_the_core(core, _core.StreamDecoder, "StreamDecoder", "Tokenizer.stream_decoder()")
 
     def push(self, token_id: int) -> str:
         """The text this id completes (possibly ""). Raises MkError for an id outside the vocabulary."""
@@ -57,33 +57,33 @@ class Tokenizer:
     Mistral), with BOS/EOS from tokenizer_config.json, generation_config.json and config.json beside it."""
 
     def __init__(self, core: _core.Tokenizer) -> None:
-        self._core = core
+        self._core = made_by_the_core(core, _core.Tokenizer, "Tokenizer",
+                                      "Tokenizer.load(path) or Tokenizer.from_json(json_text)")
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Tokenizer:
         """Loads a tokenizer.json, or the one in a model directory (with its config files)."""
-        return cls(_core.Tokenizer.load(os.fspath(path)))
+        return cls(_core.Tokenizer.load(checked_path(path, "path")))
 
     @classmethod
     def from_json(cls, json_text: str) -> Tokenizer:
         """A tokenizer from the text of a tokenizer.json alone (no config files, so no BOS/EOS from them)."""
-        return cls(_core.Tokenizer.from_json(json_text))
+        return cls(_core.Tokenizer.from_json(checked_str(json_text, "json_text")))
 
     def encode(self, text: str, add_special_tokens: bool = True, split_special_tokens: bool = False) -> list[int]:
         """Token ids of `text`. add_special_tokens: add what the post-processor adds (Llama: BOS).
         split_special_tokens: tokenize special-token text (say "<|eot_id|>") as plain text."""
-        if not isinstance(text, str):  # nanobind's TypeError would name no argument
-            raise _core.MkError(f"text must be a str, got {reprlib.repr(text)}")
-        return self._core.encode(text, add_special_tokens, split_special_tokens)
+        return self._core.encode(checked_str(text, "text"), checked_bool(add_special_tokens, "add_special_tokens"),
+                                 checked_bool(split_special_tokens, "split_special_tokens"))
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
         """The text of `ids` as `tokenizers` decodes them (invalid byte sequences become U+FFFD). Raises MkError for an
         id outside the vocabulary."""
-        return self._core.decode(_id_list(ids), skip_special_tokens)
+        return self._core.decode(_id_list(ids), checked_bool(skip_special_tokens, "skip_special_tokens"))
 
     def stream_decoder(self, skip_special_tokens: bool = False) -> StreamDecoder:
         """A decoder to push ids into one at a time (for printing generated tokens as they come)."""
-        return StreamDecoder(self._core.stream_decoder(skip_special_tokens))
+        return StreamDecoder(self._core.stream_decoder(checked_bool(skip_special_tokens, "skip_special_tokens")))
 
     def stream(self, ids: Iterable[int], skip_special_tokens: bool = False) -> Iterator[str]:
         """Yields the text of `ids` piece by piece as they come, each piece whole UTF-8 characters; nothing is yielded
@@ -113,7 +113,7 @@ class Tokenizer:
 
     def token_to_id(self, token: str) -> int | None:
         """The id of a vocabulary entry or added token, or None."""
-        return self._core.token_to_id(token)
+        return self._core.token_to_id(checked_str(token, "token"))
 
     def id_to_token(self, token_id: int) -> str | None:
         """The vocabulary entry (or added token) of an id, or None outside the vocabulary."""

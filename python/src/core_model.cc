@@ -17,6 +17,12 @@ namespace {
 
 constexpr int32_t kCpuVmSms = 132;  // `mk run`'s default: the H100/H200 SM count
 
+// The settings a generation's messages say to change, as Model.generate names them, not by mk generate's flags. It
+// has no batch (its prompts are the batch), memory budget (the machine's memory is) or prefill batch (the budget
+// chooses it).
+const SettingNames kPythonNames{
+    .max_context = "max_context", .batch = "the number of prompts", .memory_budget = "", .prefill_batch = ""};
+
 }  // namespace
 
 EngineKind resolve_engine(const std::string& name) {
@@ -87,7 +93,7 @@ std::unique_ptr<CoreModel> CoreModel::from_dir(const std::filesystem::path& dir)
   MK_CHECK(std::filesystem::is_directory(dir), "{}: no such model directory", dir.string());
   const ModelConfig config = load_model_dir_config(dir);
   std::unique_ptr<CoreModel> model(new CoreModel(load_weights(dir, config), {1, 128}, dir.string()));
-  if (std::filesystem::is_regular_file(dir / "tokenizer.json")) model->tokenizer_.emplace(Tokenizer::load(dir));
+  if (Tokenizer::in_model_dir(dir)) model->tokenizer_.emplace(Tokenizer::load(dir));
   model->eos_ids_ = default_eos_ids(config, dir, model->tokenizer_ ? &*model->tokenizer_ : nullptr);
   model->load_warning_ = unused_tensors_warning(dir, model->weights_);
   for (const std::filesystem::path& file : model_dir_files(dir))
@@ -204,11 +210,11 @@ CoreModel::GenerationPlan CoreModel::plan_generation(const GenerateRequest& requ
       request.max_context > 0 ? request.max_context : default_max_context(c, longest, request.options.max_new_tokens);
   setup.sampling = request.sampling;
   // Before the memory is reckoned: a cache past the model's positions is named as such, not as too large.
-  check_generation(c, plan.prompts, plan.options, setup);
+  check_generation(c, plan.prompts, plan.options, setup, kPythonNames);
   // Each call: its prompts set the prefill's length, so how many sequences a prefill pass takes.
   const double machine_bytes = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
   plan.options.prefill_batch = engine_prefill_batch(plan.engine, c, setup.batch, longest - 1, setup.max_context,
-                                                    engine_memory_bytes(plan.engine, machine_bytes));
+                                                    engine_memory_bytes(plan.engine, machine_bytes), kPythonNames);
   return plan;
 }
 

@@ -171,3 +171,75 @@ def test_trace_refuses_to_overwrite_the_models_files(run_mk, tmp_path):
         with pytest.raises(MkError, match=rf"trace path .*{name} is the same file as model file {name}"):
             model.trace(np.zeros((1, 4), np.int32), directory / name, engine="cpu-vm")
         assert (directory / name).read_bytes() == before
+
+
+ENGINE_MESSAGE = r'engine must be "auto", "gpu", "cpu-vm" or "reference", got '
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda m, tmp: m.forward(np.zeros((1, 4), np.int32), engine=5), ENGINE_MESSAGE + "5"),
+        (lambda m, tmp: m(np.zeros((1, 4), np.int32), engine=None), ENGINE_MESSAGE + "None"),
+        (lambda m, tmp: m.forward(np.zeros((1, 4), np.int32), engine="cpu\0vm"), r"engine must not contain a NUL"),
+        (lambda m, tmp: m.trace(np.zeros((1, 4), np.int32), tmp / "t.json", engine=5), ENGINE_MESSAGE + "5"),
+        (lambda m, tmp: m.trace(np.zeros((1, 4), np.int32), 5, engine="cpu-vm"),
+         r"path must be a str or os.PathLike, got 5"),
+        (lambda m, tmp: megakernel.Model.from_pretrained(5), r"directory must be a str or os.PathLike, got 5"),
+        (lambda m, tmp: megakernel.Model.from_pretrained(None), r"directory must be a str or os.PathLike, got None"),
+        (lambda m, tmp: megakernel.Model.from_pretrained(f"{tmp}\0x"), r"directory must not contain a NUL character"),
+        (lambda m, tmp: megakernel.Model.preset(5), r"name must be a str, got 5"),
+        (lambda m, tmp: megakernel.Model.preset("ti\0ny"), r"name must not contain a NUL character"),
+        (lambda m, tmp: megakernel.Model("tiny"),
+         r"Model\(\) takes no 'tiny': create one with Model.from_pretrained\(directory\) or Model.preset\(name\)"),
+    ],
+)
+def test_model_arguments_of_the_wrong_type_raise_mk_error_naming_them(tiny, tmp_path, call, message):
+    # Each raised a TypeError naming no argument (nanobind's list of the binding's overloads, os.fspath()'s, or
+    # Model("tiny")'s "'str' object has no attribute"); a NUL cut the core's message short ("unknown preset 'ti").
+    with pytest.raises(MkError, match=message):
+        call(tiny, tmp_path)
+
+
+def test_bools_are_not_taken_for_numbers(tiny):
+    # Each was taken for the number 1 or 0.
+    calls = [lambda: megakernel.Model.preset("tiny", seed=True), lambda: megakernel.Model.preset("tiny", layers=True),
+             lambda: tiny.info(True, 4), lambda: tiny.info(1, np.bool_(False))]
+    for call, name in zip(calls, ["seed", "layers", "batch", "seq_len"]):
+        with pytest.raises(MkError, match=rf"{name} must be a whole number, got (np\.)?(True|False)"):
+            call()
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda t: t.encode("hi", add_special_tokens=1), r"add_special_tokens must be True or False, got 1"),
+        (lambda t: t.encode("hi", split_special_tokens=None), r"split_special_tokens must be True or False, got None"),
+        (lambda t: t.decode([1], skip_special_tokens="yes"), r"skip_special_tokens must be True or False, got 'yes'"),
+        (lambda t: t.stream([1], skip_special_tokens=0), r"skip_special_tokens must be True or False, got 0"),
+        (lambda t: t.stream_decoder(skip_special_tokens=0), r"skip_special_tokens must be True or False, got 0"),
+        (lambda t: t.token_to_id(5), r"token must be a str, got 5"),
+        (lambda t: t.decode([True]), r"token id must be a whole number, got True"),  # was id 1
+        (lambda t: t.is_special(False), r"token id must be a whole number, got False"),  # was id 0
+        (lambda t: megakernel.Tokenizer.from_json(5), r"json_text must be a str, got 5"),
+        (lambda t: megakernel.Tokenizer.load(None), r"path must be a str or os.PathLike, got None"),
+        (lambda t: megakernel.Tokenizer(str(TOKENIZER_FIXTURES)), r"Tokenizer\(\) takes no '.*': create one with "
+                                                                   r"Tokenizer.load\(path\) or Tokenizer.from_json"),
+        (lambda t: megakernel.StreamDecoder(3), r"StreamDecoder\(\) takes no 3: create one with "
+                                                r"Tokenizer.stream_decoder\(\)"),
+    ],
+)
+def test_tokenizer_arguments_of_the_wrong_type_raise_mk_error_naming_them(call, message):
+    # Each raised nanobind's TypeError naming no argument (the constructors a TypeError or AttributeError on first
+    # use), or took a bool for an id; stream() must refuse at the call, not at the first next().
+    tokenizer = megakernel.Tokenizer.load(TOKENIZER_FIXTURES / "llama2")
+    with pytest.raises(MkError, match=message):
+        call(tokenizer)
+
+
+def test_flags_and_paths_of_the_forms_python_allows_are_taken():
+    # The checks above refuse what is no bool, str or path; bytes paths pass, and numpy's bools, which nanobind
+    # refused with its TypeError, are taken as Python's.
+    tokenizer = megakernel.Tokenizer.load(bytes(TOKENIZER_FIXTURES / "llama2"))
+    assert tokenizer.encode("hi", add_special_tokens=np.bool_(False)) == tokenizer.encode("hi", False)
+    assert tokenizer.decode([1, 2], skip_special_tokens=np.True_) == tokenizer.decode([1, 2], True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -76,6 +77,18 @@ def test_text_prompts(tmp_path, run_mk):
     assert model.generate([prompt, prompt], 6) == [text, text]
 
 
+def test_mk_generate_of_ids_ends_at_the_eos_the_model_does(run_mk, tmp_path):
+    # With no EOS in the configs, the Model took the tokenizer's eos_token; mk generate of ids read no tokenizer, and
+    # had no EOS.
+    run_mk("export", "--preset", "tiny", "--out", tmp_path)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(TOKENIZER_FIXTURES / "llama2" / name, tmp_path / name)
+    model = megakernel.Model.from_pretrained(tmp_path)
+    assert model.eos_ids == model.tokenizer.eos_ids != []
+    output = run_mk("generate", "--model", tmp_path, "--prompt-ids", "1,2", "--max-new-tokens", 1)
+    assert f"; EOS {' '.join(map(str, model.eos_ids))}\n" in output
+
+
 def test_errors(tiny):
     if not megakernel.gpu_info()["usable"]:
         with pytest.raises(MkError, match="gpu engine: "):
@@ -121,15 +134,32 @@ def test_float_ids_are_refused_not_truncated(tiny):
         (dict(temperature=None), r"temperature must be a number, got None"),  # was float()'s TypeError
         (dict(temperature="0.5"), r"temperature must be a number, got '0.5'"),  # was taken for 0.5
         (dict(top_p="hot"), r"top_p must be a number, got 'hot'"),  # was float()'s ValueError
+        # nanobind's TypeError naming no argument; skip_special_tokens reached it only with a text prompt, and was
+        # ignored with ids:
+        (dict(engine=5), r'engine must be "auto", "gpu", "cpu-vm" or "reference", got 5'),
+        (dict(engine=None), r'engine must be "auto", "gpu", "cpu-vm" or "reference", got None'),
+        (dict(engine="cpu-vm\0"), r"engine must not contain a NUL character"),  # was "unknown engine 'cpu-vm"
+        (dict(skip_special_tokens=1), r"skip_special_tokens must be True or False, got 1"),
+        (dict(skip_special_tokens=None), r"skip_special_tokens must be True or False, got None"),
+        # A bool was taken for the number 1 or 0:
+        (dict(max_new_tokens=True), r"max_new_tokens must be a whole number, got True"),
+        (dict(prompt=[True, 2]), r"prompt's token id must be a whole number, got True"),
+        (dict(prompt=np.array([False, True])), r"prompt's token id must be a whole number, got False"),
+        (dict(eos_ids=[False]), r"eos_ids's token id must be a whole number, got False"),
+        (dict(temperature=True), r"temperature must be a number, got True"),
+        (dict(temperature=1.0, top_p=np.bool_(True)), r"top_p must be a number, got (np\.)?True_?"),
+        (dict(temperature=1.0, top_k=True), r"top_k must be a whole number, got True"),
+        (dict(temperature=1.0, seed=False), r"seed must be a whole number, got False"),
+        (dict(max_context=True), r"max_context must be a whole number, got True"),
     ],
 )
 def test_arguments_of_the_wrong_form_raise_mk_error_naming_them(tiny, arguments, message):
     # Each raised a plain TypeError ("'int' object is not iterable") naming no argument, or numpy's ValueError.
-    arguments = {"prompt": [1, 2], "max_new_tokens": 2, **arguments}
+    arguments = {"prompt": [1, 2], "max_new_tokens": 2, "engine": "reference", **arguments}
     with pytest.raises(MkError, match=message):
-        tiny.generate(engine="reference", **arguments)
+        tiny.generate(**arguments)
     with pytest.raises(MkError, match=message):
-        list(tiny.stream(engine="reference", **arguments))
+        list(tiny.stream(**arguments))
 
 
 @pytest.mark.parametrize(
@@ -165,6 +195,25 @@ def test_a_cache_past_the_models_positions_is_named_as_such(tiny):
     positions = tiny.config["max_position_embeddings"]
     with pytest.raises(MkError, match=rf"max context {10**9} exceeds the model's max_position_embeddings {positions}"):
         tiny.generate([1, 2], 2, engine="reference", max_context=10**9)
+
+
+def test_messages_name_the_arguments_not_mk_generates_flags(tiny, run_mk, tmp_path):
+    # They said "(--max-context)" and "lower --max-context or --batch, or raise --memory-budget": flags of mk generate,
+    # two of which Python has no counterpart of.
+    too_long = r"prompt 0 has 3 tokens, more than the KV cache's 2 positions \(max_context\)$"
+    for generation in (tiny.generate, tiny.stream):
+        with pytest.raises(MkError, match=too_long):
+            generation([1, 2, 3], 2, engine="reference", max_context=2)
+    # A cache of 2^29 positions a sequence, allowed by the config, needs 8 TiB: more than this machine's memory.
+    run_mk("export", "--preset", "tiny", "--layers", 16, "--out", tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["max_position_embeddings"] = 2**29
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    model = megakernel.Model.from_pretrained(tmp_path)
+    for engine in ("cpu-vm", "reference"):
+        with pytest.raises(MkError, match=r"the KV cache of batch 1 x max context 536870912 needs 8192.00 GiB .* more "
+                                          r"than the memory budget of .*: lower max_context or the number of prompts$"):
+            model.stream([1, 2], 2, engine=engine, max_context=2**29)  # checked, not run
 
 
 def test_negative_new_tokens_are_named_not_blamed_on_the_cache(tiny):

@@ -32,10 +32,10 @@ GenerationMemory engine_generation_memory(const std::string& engine, const Model
 constexpr double kGpuPartHeadroomBytes = double(int64_t(1) << 30);
 
 int64_t engine_prefill_batch(const std::string& engine, const ModelConfig& config, int64_t batch, int64_t prefill_len,
-                             int64_t max_context, double budget_bytes) {
+                             int64_t max_context, double budget_bytes, const SettingNames& names) {
   const bool gpu = engine == "gpu";
   return prefill_batch_within(config, batch, prefill_len, max_context, !gpu, budget_bytes,
-                              gpu ? kGpuPartHeadroomBytes : 0.0);
+                              gpu ? kGpuPartHeadroomBytes : 0.0, names);
 }
 
 double engine_memory_bytes(const std::string& engine, double host_bytes) {

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "mk/buffers.h"
 #include "mk/check.h"
@@ -45,20 +46,21 @@ void check_eos_reaches_vocabulary(const ModelConfig& config, const std::vector<i
 }
 
 // Checks the prompts against the engine: one per sequence, each at least one token, each fitting the cache.
-void check_prompts(const std::vector<std::vector<int32_t>>& prompts, const DecodeSetup& setup) {
+void check_prompts(const std::vector<std::vector<int32_t>>& prompts, const DecodeSetup& setup,
+                   const SettingNames& names) {
   MK_CHECK(int64_t(prompts.size()) == setup.batch, "{} prompts for an engine of batch {}", prompts.size(), setup.batch);
   for (size_t b = 0; b < prompts.size(); ++b) {
     check_prompt_not_empty(prompts[b], b);
     MK_CHECK(int64_t(prompts[b].size()) <= setup.max_context,
-             "prompt {} has {} tokens, more than the KV cache's {} positions (--max-context)", b, prompts[b].size(),
-             setup.max_context);
+             "prompt {} has {} tokens, more than the KV cache's {} positions ({})", b, prompts[b].size(),
+             setup.max_context, names.max_context);
   }
 }
 
 // What generate() checks of its arguments; the engine checked its setup when it was built.
 void check_run(const std::vector<std::vector<int32_t>>& prompts, const GenerationOptions& options,
-               const DecodeSetup& setup) {
-  check_prompts(prompts, setup);
+               const DecodeSetup& setup, const SettingNames& names = {}) {
+  check_prompts(prompts, setup, names);
   MK_CHECK(options.max_new_tokens >= 0, "max new tokens must not be negative, got {}", options.max_new_tokens);
   MK_CHECK(options.prefill_batch >= 0, "prefill batch must not be negative, got {}", options.prefill_batch);
   MK_CHECK(options.steps_per_sync >= 1 && options.steps_per_sync <= kMaxStepsPerSync,
@@ -190,9 +192,9 @@ GenerationResult generate(DecodeEngine& engine, const std::vector<std::vector<in
 }
 
 void check_generation(const ModelConfig& config, const std::vector<std::vector<int32_t>>& prompts,
-                      const GenerationOptions& options, const DecodeSetup& setup) {
+                      const GenerationOptions& options, const DecodeSetup& setup, const SettingNames& names) {
   decode_inputs::checked(config, setup);
-  check_run(prompts, options, setup);
+  check_run(prompts, options, setup, names);
 }
 
 std::vector<int32_t> model_eos_ids(const ModelConfig& config, const std::filesystem::path& model_dir) {
@@ -216,7 +218,19 @@ std::vector<int32_t> model_eos_ids(const ModelConfig& config, const std::filesys
 std::vector<int32_t> default_eos_ids(const ModelConfig& config, const std::filesystem::path& model_dir,
                                      const Tokenizer* tokenizer) {
   std::vector<int32_t> ids = model_dir.empty() ? std::vector<int32_t>{} : model_eos_ids(config, model_dir);
-  if (!ids.empty() || tokenizer == nullptr) return ids;
+  if (!ids.empty()) return ids;
+  std::optional<Tokenizer> loaded;
+  if (tokenizer == nullptr && !model_dir.empty() && Tokenizer::in_model_dir(model_dir)) {
+    try {
+      tokenizer = &loaded.emplace(Tokenizer::load(model_dir));
+    } catch (const Error& error) {  // a run of ids would not say why it read the tokenizer
+      throw Error(
+          fmt::format("{} (read for the default EOS ids: neither generation_config.json nor config.json "
+                      "names an eos_token_id)",
+                      error.what()));
+    }
+  }
+  if (tokenizer == nullptr) return ids;
   // The tokenizer checked its ids against its own vocabulary, which may be larger than the model's.
   check_eos_reaches_vocabulary(config, tokenizer->eos_ids(), tokenizer->eos_source());
   return tokenizer->eos_ids();
@@ -295,22 +309,26 @@ GenerationMemory generation_memory(const ModelConfig& config, int64_t batch, int
 }
 
 void check_memory_budget(const GenerationMemory& memory, double budget_bytes, int64_t batch, int64_t max_context,
-                         bool prefill_batch_given) {
+                         bool prefill_batch_given, const SettingNames& names) {
+  const std::string raise_budget = names.memory_budget.empty() ? "" : ", or raise " + names.memory_budget;
+  const std::string lower_prefill_batch =
+      prefill_batch_given && !names.prefill_batch.empty() ? ", or lower " + names.prefill_batch : "";
   MK_CHECK(memory.total() <= budget_bytes,
            "the KV cache of batch {} x max context {} needs {} (with {} of weights and {} of activations, {} in all), "
-           "more than the memory budget of {}: lower --max-context or --batch, or raise --memory-budget{}",
+           "more than the memory budget of {}: lower {} or {}{}{}",
            batch, max_context, gib(memory.kv_cache), gib(memory.weights), gib(memory.activations), gib(memory.total()),
-           gib(budget_bytes), prefill_batch_given ? ", or lower --prefill-batch" : "");
+           gib(budget_bytes), names.max_context, names.batch, raise_budget, lower_prefill_batch);
 }
 
 int64_t prefill_batch_within(const ModelConfig& config, int64_t batch, int64_t prefill_len, int64_t max_context,
-                             bool fp32_activations, double budget_bytes, double headroom_bytes) {
+                             bool fp32_activations, double budget_bytes, double headroom_bytes,
+                             const SettingNames& names) {
   auto memory_at = [&](int64_t per_pass) {
     return generation_memory(config, batch, prefill_len, max_context, fp32_activations, per_pass);
   };
   const double target = budget_bytes - headroom_bytes;
   if (memory_at(batch).total() <= target) return batch;
-  check_memory_budget(memory_at(1), budget_bytes, batch, max_context);
+  check_memory_budget(memory_at(1), budget_bytes, batch, max_context, /*prefill_batch_given=*/false, names);
   // The memory grows with the sequences a pass: the most that fit the target, by bisection (batches reach 2^31), then
   // the fewest passes of that many at most, evened out. One a pass where even that misses the target but fits.
   int64_t fits = 1, too_many = batch;

@@ -153,6 +153,10 @@ Tokenizer Tokenizer::from_json(std::string_view json_text, const std::string& or
   return Tokenizer(text::build_named(text::parse_json(json_text, origin), {}, origin));
 }
 
+bool Tokenizer::in_model_dir(const std::filesystem::path& dir) {
+  return std::filesystem::is_regular_file(dir / "tokenizer.json");
+}
+
 Tokenizer Tokenizer::load(const std::filesystem::path& path) {
   std::filesystem::path file = path;
   if (std::filesystem::is_directory(path)) {

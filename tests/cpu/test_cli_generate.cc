@@ -164,9 +164,9 @@ TEST(CliGenerate, TokenizesATextPromptWithTheModelsTokenizer) {
 TEST(CliGenerate, ErrorsAreClearAndNeverCrashes) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"--prompt-ids 1,2 --engine cpu-vm --trace t.json", "--trace applies to --engine gpu"},
-      {"--prompt-ids 1,2,3 --max-context 2", "more than the KV cache's 2 positions"},
+      {"--prompt-ids 1,2,3 --max-context 2", "more than the KV cache's 2 positions (--max-context)"},
       {"--prompt-ids 1,2,3 --max-context 100000", "exceeds the model's max_position_embeddings 1024"},
-      {"--prompt-ids 1,2 --memory-budget 0.0001", "more than the memory budget"},
+      {"--prompt-ids 1,2 --memory-budget 0.0001", ": lower --max-context or --batch, or raise --memory-budget\n"},
       {"--prompt hello", "--prompt needs --model DIR with a tokenizer.json"},
       {"--prompt-ids 1,x", "--prompt-ids: \"x\" is not a token id"},
       {"--prompt-ids 1,2 --temperature -1", "temperature must be 0 (greedy) or positive"},

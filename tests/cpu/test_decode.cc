@@ -418,6 +418,29 @@ TEST(Generate, MemoryBudgetIsCheckedBeforeAllocating) {
   EXPECT_EQ(default_max_context(find_preset("tiny").config, 1000, 100), 1024) << "capped at max_position_embeddings";
 }
 
+// The settings the messages say to change are named as the caller's interface names them: mk generate's flags by
+// default, Python's arguments where it passes them (it was told of --max-context, --batch and --memory-budget), and
+// none it lacks.
+TEST(Generate, MessagesNameTheSettingsAsTheCallerNamesThem) {
+  using testing_util::error_of;
+  const SettingNames python{
+      .max_context = "max_context", .batch = "the number of prompts", .memory_budget = "", .prefill_batch = ""};
+  const ModelConfig tiny = find_preset("tiny").config;
+  const std::vector<std::vector<int32_t>> long_prompt = {{1, 2, 3}};
+  EXPECT_THAT(error_of([&] { check_generation(tiny, long_prompt, {}, setup_for(1, 2)); }),
+              testing::EndsWith("more than the KV cache's 2 positions (--max-context)"));
+  EXPECT_THAT(error_of([&] { check_generation(tiny, long_prompt, {}, setup_for(1, 2), python); }),
+              testing::EndsWith("more than the KV cache's 2 positions (max_context)"));
+  const GenerationMemory memory = generation_memory(tiny, 4, 100, 1024, true);
+  EXPECT_THAT(
+      error_of([&] { check_memory_budget(memory, 1.0, 4, 1024, true); }),
+      testing::EndsWith(": lower --max-context or --batch, or raise --memory-budget, or lower --prefill-batch"));
+  EXPECT_THAT(error_of([&] { check_memory_budget(memory, 1.0, 4, 1024, true, python); }),
+              testing::EndsWith(": lower max_context or the number of prompts"));
+  EXPECT_THAT(error_of([&] { prefill_batch_within(tiny, 4, 100, 1024, true, 1.0, 0.0, python); }),
+              testing::EndsWith(": lower max_context or the number of prompts"));
+}
+
 // Llama-3.1-8B at batch 64 of 896-token prompts: one prefill pass of all 64 needs ~141 GiB of activations (every
 // layer keeps its own), more than an H200 has, so the prefill goes in equal parts of as many sequences as fit.
 TEST(Generate, PrefillPassesTakeWhatTheMemoryBudgetAllows) {

@@ -32,6 +32,14 @@ class HostileGenerate : public Hostile {
   void write_generation_config(const std::string& text) const {
     write_bytes(model() / "generation_config.json", text);
   }
+  // A fixture's tokenizer.json and tokenizer_config.json (tests/data/tokenizers) into the model; returns its EOS ids.
+  std::vector<int32_t> copy_tokenizer(const char* fixture) const {
+    for (const char* name : {"tokenizer.json", "tokenizer_config.json"}) {
+      fs::copy_file(fs::path(MK_TOKENIZER_FIXTURES) / fixture / name, model() / name,
+                    fs::copy_options::overwrite_existing);
+    }
+    return mk::Tokenizer::load(model()).eos_ids();
+  }
 };
 
 TEST_F(HostileGenerate, GenerationConfigIsReadAsStrictlyAsConfigJson) {
@@ -91,21 +99,14 @@ TEST_F(HostileGenerate, ModelEosIdsNoneOfWhichIsInTheVocabularyAreRefused) {
 
 TEST_F(HostileGenerate, TokenizerEosIdsNoneOfWhichIsInTheVocabularyAreRefused) {
   // The exported config.json names no EOS, so the tokenizer's (tokenizer_config.json's eos_token) is the default.
-  const auto with_tokenizer = [&](const char* fixture) {
-    for (const char* name : {"tokenizer.json", "tokenizer_config.json"}) {
-      fs::copy_file(fs::path(MK_TOKENIZER_FIXTURES) / fixture / name, model() / name,
-                    fs::copy_options::overwrite_existing);
-    }
-    return mk::Tokenizer::load(model()).eos_ids();
-  };
   // llama2's </s> lies in the tiny model's vocabulary: the control.
-  const std::vector<int32_t> valid = with_tokenizer("llama2");
+  const std::vector<int32_t> valid = copy_tokenizer("llama2");
   ASSERT_EQ(valid.size(), 1U);
   const MkResult control = run_mk(generate("--prompt-ids 1 --stream text"));
   ASSERT_EQ(control.status, 0) << control.output;
   EXPECT_THAT(control.output, HasSubstr(fmt::format("EOS {}\n", valid[0])));
   // llama3's <|eot_id|> does not: it was accepted, and generation ran on to the budget as if there were no EOS.
-  const std::vector<int32_t> outside = with_tokenizer("llama3");
+  const std::vector<int32_t> outside = copy_tokenizer("llama3");
   ASSERT_EQ(outside.size(), 1U);
   ASSERT_GE(outside[0], 384);
   expect_failure(run_mk(generate("--prompt-ids 1 --stream text")), 1,
@@ -113,6 +114,29 @@ TEST_F(HostileGenerate, TokenizerEosIdsNoneOfWhichIsInTheVocabularyAreRefused) {
                              (model() / "tokenizer_config.json").string(), outside[0]));
   // --eos replaces the tokenizer's, as it does the model's.
   EXPECT_EQ(run_mk(generate("--prompt-ids 1 --stream text --eos 3")).status, 0);
+}
+
+TEST_F(HostileGenerate, IdsPromptsEndAtTheTokenizersEosAsThePythonModelDoes) {
+  // mk generate read the tokenizer only for text (--prompt, --stream text): a run of ids had no EOS, where the Python
+  // Model of the same directory stopped at tokenizer_config.json's eos_token.
+  const std::vector<int32_t> eos = copy_tokenizer("llama2");
+  ASSERT_EQ(eos.size(), 1U);
+  for (const char* args : {"--prompt-ids 1", "--prompt-ids 1 --stream none"}) {
+    const MkResult result = run_mk(generate(args));
+    ASSERT_EQ(result.status, 0) << result.output;
+    EXPECT_THAT(result.output, HasSubstr(fmt::format("; EOS {}\n", eos[0]))) << args;
+  }
+  // A tokenizer.json that does not load is named, with why a run of ids read it.
+  write_bytes(model() / "tokenizer.json", "{not json");
+  const MkResult broken = run_mk(generate("--prompt-ids 1"));
+  expect_failure(broken, 1, "tokenizer.json is not valid JSON: ");
+  EXPECT_THAT(broken.output, HasSubstr("(read for the default EOS ids: neither generation_config.json nor config.json "
+                                       "names an eos_token_id)"));
+  // The configs' EOS comes first, and the tokenizer is not read.
+  write_generation_config(R"({"eos_token_id": 3})");
+  const MkResult configured = run_mk(generate("--prompt-ids 1"));
+  ASSERT_EQ(configured.status, 0) << configured.output;
+  EXPECT_THAT(configured.output, HasSubstr("; EOS 3\n"));
 }
 
 TEST_F(HostileGenerate, PromptIdsOutsideTheVocabularyAreNamedByPromptAndPosition) {
