@@ -111,11 +111,12 @@ TEST(CliGenerate, StopsAtTheEosOfGenerationConfigAndWritesTheSequences) {
     config << fmt::format(R"({{"eos_token_id": [100000, {}]}})", tokens[4]);
   }
   const std::filesystem::path output = dir.path() / "out.safetensors";
-  const Result eos_run = run_mk("generate --model " + quoted(model) + " --prompt-ids 1,2,3 --max-new-tokens 6 --output " +
-                                quoted(output));
+  const Result eos_run =
+      run_mk("generate --model " + quoted(model) + " --prompt-ids 1,2,3 --max-new-tokens 6 --output " + quoted(output));
   ASSERT_EQ(eos_run.status, 0) << eos_run.output;
   const size_t stop = size_t(std::find(tokens.begin() + 3, tokens.end(), tokens[4]) - tokens.begin());
-  EXPECT_EQ(ids_after(eos_run.output, "tokens: "), std::vector<int32_t>(tokens.begin(), tokens.begin() + int64_t(stop) + 1));
+  EXPECT_EQ(ids_after(eos_run.output, "tokens: "),
+            std::vector<int32_t>(tokens.begin(), tokens.begin() + int64_t(stop) + 1));
   EXPECT_THAT(eos_run.output, HasSubstr("sequence 0 at EOS"));
   mk::SafetensorsFile file(output);
   ASSERT_NE(file.find("lengths"), nullptr);
