@@ -280,18 +280,20 @@ for s in $steps; do
       ;;
     ab_decode)
       # Decode against old/'s tree (and old2/'s), alternating, twice: `mk generate`'s p50 per token on
-      # AB_DECODE_PRESET's shape (default llama-3.2-1b; random weights, 896-token prompt, 128 new tokens, context
-      # 1024) at each of AB_DECODE_BATCHES (default 1 8); then traced steps (below). NOTE: each tree's default
-      # --steps-per-sync: 8 (a group's time over its steps) since 1639e7a, a wait every step before.
+      # AB_DECODE_PRESET's shape (default llama-3.2-1b; random weights, an AB_DECODE_PROMPT-token prompt (default 896),
+      # 128 new tokens, context AB_DECODE_CONTEXT (default 1024)) at each of AB_DECODE_BATCHES (default 1 8); then
+      # traced steps (below). NOTE: each tree's default --steps-per-sync: 8 (a group's time over its steps) since
+      # 1639e7a, a wait every step before.
       build_old || continue
-      prompt=$(seq -s, 1 896)
+      prompt=$(seq -s, 1 "${AB_DECODE_PROMPT:-896}")
+      context=${AB_DECODE_CONTEXT:-1024}
       preset=${AB_DECODE_PRESET:-llama-3.2-1b}
       for _ in 1 2; do
         for batch in ${AB_DECODE_BATCHES:-1 8}; do
           for tree in $ab_trees; do
             binary=$(tree_binary "$tree")
             p50_line=$(timeout 300 "$binary" generate --preset "$preset" --engine gpu --prompt-ids "$prompt" \
-              --batch "$batch" --max-new-tokens 128 --max-context 1024 --stream none 2>&1 | grep -E 'p50') || {
+              --batch "$batch" --max-new-tokens 128 --max-context "$context" --stream none 2>&1 | grep -E 'p50') || {
               p50_line=failed
               status=1
             }
@@ -307,7 +309,7 @@ for s in $steps; do
         for tree in $ab_trees; do
           binary=$(tree_binary "$tree")
           if ! timeout 300 "$binary" generate --preset "$preset" --engine gpu --prompt-ids "$prompt" \
-            --batch "$batch" --max-new-tokens 128 --max-context 1024 --stream none \
+            --batch "$batch" --max-new-tokens 128 --max-context "$context" --stream none \
             --trace "$out/trace-decode-$tree$suffix.json" >"$out/decode-trace-$tree$suffix.log" 2>&1; then
             echo "!!! traced decode step ($tree, batch $batch) failed"
             status=1
