@@ -9,6 +9,7 @@
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
+#include <exception>
 #include <nlohmann/json.hpp>
 #include <utility>
 
@@ -246,7 +247,19 @@ void bind_model(nb::module_& m) {
 NB_MODULE(_core, m) {
   using namespace mk::python;
   m.doc() = "megakernel's C++ core; use the megakernel package, not this module";
-  nb::exception<mk::Error>(m, "MkError", PyExc_RuntimeError);
+  const nb::exception<mk::Error> mk_error(m, "MkError", PyExc_RuntimeError);
+  // Registered after nb::exception's own translator, so tried first: a message carries names and text from the
+  // caller's files, escaped as the CLI escapes them, so that an ESC cannot steer the terminal and a NUL (which would
+  // end the C string) is shown rather than cutting the message short.
+  nb::register_exception_translator(
+      [](const std::exception_ptr& thrown, void* type) {
+        try {
+          std::rethrow_exception(thrown);
+        } catch (const mk::Error& error) {
+          PyErr_SetString(static_cast<PyObject*>(type), mk::printable(error.what()).c_str());
+        }
+      },
+      mk_error.ptr());
   m.def(
       "resolve_engine", [](const std::string& name) { return std::string(engine_name(resolve_engine(name))); },
       nb::arg("name"));

@@ -91,6 +91,17 @@ def test_missing_or_broken_model_directory(tmp_path):
         megakernel.Model.from_pretrained(tmp_path)
 
 
+def test_messages_escape_what_would_steer_the_terminal(tmp_path):
+    # The core's message names the directory, ESC and all: shown escaped, as mk's CLI shows it.
+    hostile = tmp_path / "model\x1b[2J\x1b]0;title\x07"
+    with pytest.raises(MkError) as raised:
+        megakernel.Model.from_pretrained(hostile)
+    message = str(raised.value)
+    assert "no such model directory" in message
+    assert "\x1b" not in message and "\x07" not in message
+    assert r"model\x1b[2J\x1b]0;title\x07" in message
+
+
 def test_gpu_engine_without_a_gpu_says_why(tiny):
     info = megakernel.gpu_info()
     if info["usable"]:
