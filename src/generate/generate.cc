@@ -278,6 +278,11 @@ int64_t default_max_context(const ModelConfig& config, int64_t longest_prompt, i
   // Checked here, not only in generate(): a negative count would shrink the cache below the prompt, and the error
   // would blame the cache.
   MK_CHECK(max_new_tokens >= 0, "max new tokens must not be negative, got {}", max_new_tokens);
+  // Said here, before any weights are built: a cache capped at the model's positions would make generate() blame the
+  // cache, whose size cannot be raised past them.
+  MK_CHECK(config.rope.type == RopeType::kNone || longest_prompt <= config.max_position_embeddings,
+           "a prompt of {} tokens is longer than the model's max_position_embeddings {}", longest_prompt,
+           config.max_position_embeddings);
   const int64_t block = tiles::kDecodeKvBlock;
   int64_t context = (longest_prompt + max_new_tokens + block - 1) / block * block;
   if (config.rope.type != RopeType::kNone) context = std::min(context, config.max_position_embeddings);

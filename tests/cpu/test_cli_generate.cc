@@ -183,6 +183,12 @@ TEST(CliGenerate, ErrorsAreClearAndNeverCrashes) {
     EXPECT_THAT(result.output, HasSubstr(message)) << args;
   }
   EXPECT_EQ(run_mk("generate --preset tiny").status, 2) << "no prompt: a usage error";
+  std::string past_positions = "1";  // tiny's max_position_embeddings is 1024
+  for (int i = 1; i < 1025; ++i) past_positions += ",1";
+  const Result too_long = run_mk("generate --preset tiny --prompt-ids " + past_positions);
+  EXPECT_EQ(too_long.status, 1) << too_long.output;
+  EXPECT_THAT(too_long.output, HasSubstr("a prompt of 1025 tokens is longer than the model's max_position_embeddings"));
+  EXPECT_THAT(too_long.output, testing::Not(HasSubstr("longest prompt"))) << "refused before the header";
   const Result full = run_mk("generate --preset tiny --prompt-ids 1,2,3 --max-context 8 --max-new-tokens 100");
   EXPECT_EQ(full.status, 0) << full.output;
   EXPECT_THAT(full.output, HasSubstr("sequence 0 at the KV cache's end (6 new)"));

@@ -234,6 +234,14 @@ TEST(HostileGenerateApi, SamplingAtATinyTemperatureDrawsTheLargest) {
   }
 }
 
+TEST(HostileGenerateApi, APromptPastTheModelsPositionsIsNamedNotBlamedOnTheCache) {
+  // The default cache is capped at max_position_embeddings (1024 in tiny): a longer prompt was told to raise a max
+  // context that cannot be raised.
+  EXPECT_THAT(error_of([] { mk::default_max_context(mk::find_preset("tiny").config, 1025, 1); }),
+              HasSubstr("a prompt of 1025 tokens is longer than the model's max_position_embeddings 1024"));
+  EXPECT_EQ(mk::default_max_context(mk::find_preset("tiny").config, 1024, 1), 1024);
+}
+
 TEST(HostileGenerateApi, NegativeNewTokensAreNamedNotBlamedOnTheCache) {
   // A cache of (2 - 3) positions rounded up was 1, and generate() then blamed the prompt for not fitting it.
   EXPECT_THAT(error_of([] { mk::default_max_context(mk::find_preset("tiny").config, 2, -3); }),
