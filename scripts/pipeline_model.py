@@ -134,18 +134,22 @@ class NamedBarrier:
 
 class Ring:
     """Position in the stage ring, advanced alike by producer and consumers (PipelineState); `lap` counts the wraps,
-    which the kernel keeps only as the phase's parity."""
+    of which the kernel keeps only the parity, its phase."""
 
-    def __init__(self, stages, stage=0, phase=0, lap=0):
-        self.stages, self.stage, self.phase, self.lap = stages, stage, phase, lap
+    def __init__(self, stages, stage=0, lap=0):
+        self.stages, self.stage, self.lap = stages, stage, lap
+
+    @property
+    def phase(self):
+        return self.lap & 1
 
     def advance(self):
         self.stage += 1
         if self.stage == self.stages:
-            self.stage, self.phase, self.lap = 0, self.phase ^ 1, self.lap + 1
+            self.stage, self.lap = 0, self.lap + 1
 
     def copy(self):
-        return Ring(self.stages, self.stage, self.phase, self.lap)
+        return Ring(self.stages, self.stage, self.lap)
 
     def next_block(self):  # attention's K and V blocks alternate: a cursor over one kind skips the other
         self.advance()

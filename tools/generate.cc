@@ -238,6 +238,7 @@ int GenerateCommand::run() const {
   setup.policy = parse_schedule_policy(policy);
   setup.num_sms = num_sms;
   setup.stall_timeout_s = stall_timeout_s;
+  check_decode_setup(config, setup);  // before the memory: a cache past the model's positions is named as such
   const double budget_bytes = memory_budget_gib > 0
                                   ? memory_budget_gib * double(int64_t(1) << 30)
                                   : engine_memory_bytes(engine_name, double(host_memory_bytes()));

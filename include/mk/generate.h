@@ -62,8 +62,8 @@ class DecodeEngine {
 };
 
 // What a caller's interface calls the settings that a generation's messages say to change: mk generate's flags by
-// default; the Python package passes its arguments' names. An empty name: the interface has no such setting, and the
-// messages do not suggest it.
+// default; the Python package passes its arguments' names. memory_budget and prefill_batch may be empty: the
+// interface has no such setting, and the messages do not suggest it.
 struct SettingNames {
   std::string max_context = "--max-context";
   std::string batch = "--batch";
@@ -87,7 +87,7 @@ std::string resolve_decode_engine(const std::string& engine);
 // The memory a generation takes where `engine` keeps it, and how much that place has: the GPU's memory for "gpu",
 // else the host's.
 GenerationMemory engine_generation_memory(const std::string& engine, const ModelConfig& config, int64_t batch,
-                                          int64_t prefill_len, int64_t max_context, int64_t prefill_batch = 0);
+                                          int64_t prefill_len, int64_t max_context, int64_t prefill_batch);
 // prefill_batch_within for where `engine` keeps a generation; on the GPU with a headroom (kGpuPartHeadroomBytes).
 int64_t engine_prefill_batch(const std::string& engine, const ModelConfig& config, int64_t batch, int64_t prefill_len,
                              int64_t max_context, double budget_bytes, const SettingNames& names = {});
@@ -144,6 +144,10 @@ using StepCallback = std::function<void(int64_t step, const std::vector<int32_t>
 // sequence is fed its own ids, into cache rows past its end that nothing reads.
 GenerationResult generate(DecodeEngine& engine, const std::vector<std::vector<int32_t>>& prompts,
                           const GenerationOptions& options, const StepCallback& on_step = {});
+// What a decode engine's construction checks of its setup against the model (shape, cache, sampling), without
+// building one: for callers that reckon the memory of a setup first (a cache past the model's positions is named as
+// such, not as too large).
+void check_decode_setup(const ModelConfig& config, const DecodeSetup& setup);
 // What generate() and a decode engine's construction check of a generation, without building an engine: the setup
 // against the model (shape, cache, sampling), the prompts against the setup, the options. Throws mk::Error naming the
 // problem (and the setting to change by `names`). For callers that take a generation now and run it later (Python's

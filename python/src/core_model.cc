@@ -3,12 +3,12 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <unistd.h>
 
 #include <algorithm>
 
 #include "mk/check.h"
 #include "mk/cpu_vm.h"
+#include "mk/limits.h"
 #include "mk/trace.h"
 
 namespace mk::python {
@@ -212,9 +212,9 @@ CoreModel::GenerationPlan CoreModel::plan_generation(const GenerateRequest& requ
   // Before the memory is reckoned: a cache past the model's positions is named as such, not as too large.
   check_generation(c, plan.prompts, plan.options, setup, kPythonNames);
   // Each call: its prompts set the prefill's length, so how many sequences a prefill pass takes.
-  const double machine_bytes = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
-  plan.options.prefill_batch = engine_prefill_batch(plan.engine, c, setup.batch, longest - 1, setup.max_context,
-                                                    engine_memory_bytes(plan.engine, machine_bytes), kPythonNames);
+  plan.options.prefill_batch =
+      engine_prefill_batch(plan.engine, c, setup.batch, longest - 1, setup.max_context,
+                           engine_memory_bytes(plan.engine, double(host_memory_bytes())), kPythonNames);
   return plan;
 }
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 
 import numpy as np
 import pytest
@@ -75,18 +74,6 @@ def test_text_prompts(tmp_path, run_mk):
     assert text == model.decode(new_ids, skip_special_tokens=True)
     assert "".join(model.stream(prompt, 6)) == text
     assert model.generate([prompt, prompt], 6) == [text, text]
-
-
-def test_mk_generate_of_ids_ends_at_the_eos_the_model_does(run_mk, tmp_path):
-    # With no EOS in the configs, the Model took the tokenizer's eos_token; mk generate of ids read no tokenizer, and
-    # had no EOS.
-    run_mk("export", "--preset", "tiny", "--out", tmp_path)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(TOKENIZER_FIXTURES / "llama2" / name, tmp_path / name)
-    model = megakernel.Model.from_pretrained(tmp_path)
-    assert model.eos_ids == model.tokenizer.eos_ids != []
-    output = run_mk("generate", "--model", tmp_path, "--prompt-ids", "1,2", "--max-new-tokens", 1)
-    assert f"; EOS {' '.join(map(str, model.eos_ids))}\n" in output
 
 
 def test_errors(tiny):

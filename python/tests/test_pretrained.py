@@ -45,10 +45,13 @@ def test_tokenizer_beside_the_weights(exported_tiny):
     assert model.decode([1, 485, 1007], skip_special_tokens=True) == "the kernel"
 
 
-def test_the_tokenizers_eos_is_the_default_when_the_config_names_none(exported_tiny):
-    # The exported config.json has no eos_token_id; llama2's </s> lies in the tiny model's vocabulary.
+def test_the_tokenizers_eos_is_the_default_when_the_config_names_none(exported_tiny, run_mk):
+    # The exported config.json has no eos_token_id; llama2's </s> lies in the tiny model's vocabulary. mk generate of
+    # ids, which reads no text, had no EOS where the Model took the tokenizer's.
     model = megakernel.Model.from_pretrained(exported_tiny[0])
     assert model.eos_ids and model.eos_ids == megakernel.Tokenizer.load(exported_tiny[0]).eos_ids
+    output = run_mk("generate", "--model", exported_tiny[0], "--prompt-ids", "1,2", "--max-new-tokens", 1)
+    assert f"; EOS {' '.join(map(str, model.eos_ids))}\n" in output
 
 
 def test_a_tokenizer_eos_outside_the_models_vocabulary_is_refused(tmp_path, run_mk):

@@ -191,9 +191,11 @@ GenerationResult generate(DecodeEngine& engine, const std::vector<std::vector<in
   return result;
 }
 
+void check_decode_setup(const ModelConfig& config, const DecodeSetup& setup) { decode_inputs::checked(config, setup); }
+
 void check_generation(const ModelConfig& config, const std::vector<std::vector<int32_t>>& prompts,
                       const GenerationOptions& options, const DecodeSetup& setup, const SettingNames& names) {
-  decode_inputs::checked(config, setup);
+  check_decode_setup(config, setup);
   check_run(prompts, options, setup, names);
 }
 
@@ -242,6 +244,10 @@ template <typename Id>
 void check_prompt_ids_of(const ModelConfig& config, const std::vector<std::vector<Id>>& prompts) {
   for (size_t b = 0; b < prompts.size(); ++b) {
     check_prompt_not_empty(prompts[b], b);
+    // Named here, by the model's limit: past it, the cache (which cannot grow past it) would be blamed instead.
+    MK_CHECK(config.rope.type == RopeType::kNone || int64_t(prompts[b].size()) <= config.max_position_embeddings,
+             "prompt {} has {} tokens, more than the model's max_position_embeddings {}", b, prompts[b].size(),
+             config.max_position_embeddings);
     for (size_t i = 0; i < prompts[b].size(); ++i) {
       const Id id = prompts[b][i];
       MK_CHECK(id >= 0 && id < config.vocab_size,
@@ -278,11 +284,6 @@ int64_t default_max_context(const ModelConfig& config, int64_t longest_prompt, i
   // Checked here, not only in generate(): a negative count would shrink the cache below the prompt, and the error
   // would blame the cache.
   MK_CHECK(max_new_tokens >= 0, "max new tokens must not be negative, got {}", max_new_tokens);
-  // Said here, before any weights are built: a cache capped at the model's positions would make generate() blame the
-  // cache, whose size cannot be raised past them.
-  MK_CHECK(config.rope.type == RopeType::kNone || longest_prompt <= config.max_position_embeddings,
-           "a prompt of {} tokens is longer than the model's max_position_embeddings {}", longest_prompt,
-           config.max_position_embeddings);
   const int64_t block = tiles::kDecodeKvBlock;
   int64_t context = (longest_prompt + max_new_tokens + block - 1) / block * block;
   if (config.rope.type != RopeType::kNone) context = std::min(context, config.max_position_embeddings);

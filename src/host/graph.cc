@@ -54,8 +54,9 @@ Graph::Graph(const ModelConfig& config, const RunShape& shape)
   // Sized before anything is tiled: instructions name tasks with 32 bits, and a pass this host cannot schedule and
   // verify is refused here rather than at some allocation along the way.
   const int64_t num_tasks = count_tasks(config_, shape_);
-  MK_CHECK(num_tasks < (int64_t(1) << 32), "model '{}' at {}: {} tasks are more than a schedule addresses (fewer than 2^32)",
-           config_.name, mk::describe(shape_), num_tasks);
+  MK_CHECK(num_tasks < (int64_t(1) << 32),
+           "model '{}' at {}: {} tasks are more than a schedule addresses (fewer than 2^32)", config_.name,
+           mk::describe(shape_), num_tasks);
   check_memory(schedule_host_bytes(num_tasks), double(host_memory_bytes()),
                fmt::format("scheduling {} tasks ({})", num_tasks, mk::describe(shape_)), "host memory");
   tasks_.reserve(size_t(num_tasks));

@@ -114,19 +114,15 @@ SpecialIds resolve_special_ids(const ConfigFiles& files,
   const auto source = [&](const char* file, std::string_view entry) {
     return fmt::format("{}: {}", (files.dir / file).string(), entry);
   };
-  ids.eos = config_ids(files.generation_config, "eos_token_id", "generation_config.json");
-  ids.eos_source = source("generation_config.json", "eos_token_id");
-  if (ids.eos.empty()) {
-    if (const auto eos = id_of_config_token(eos_token, "eos_token")) {
-      ids.eos = {*eos};
-      ids.eos_source = source("tokenizer_config.json", fmt::format("eos_token \"{}\"", eos_token));
-    }
-  }
-  if (ids.eos.empty()) {
-    ids.eos = config_ids(files.model_config, "eos_token_id", "config.json");
+  // The first of generation_config.json, tokenizer_config.json's eos_token and config.json that names any.
+  if (ids.eos = config_ids(files.generation_config, "eos_token_id", "generation_config.json"); !ids.eos.empty()) {
+    ids.eos_source = source("generation_config.json", "eos_token_id");
+  } else if (const auto eos = id_of_config_token(eos_token, "eos_token")) {
+    ids.eos = {*eos};
+    ids.eos_source = source("tokenizer_config.json", fmt::format("eos_token \"{}\"", eos_token));
+  } else if (ids.eos = config_ids(files.model_config, "eos_token_id", "config.json"); !ids.eos.empty()) {
     ids.eos_source = source("config.json", "eos_token_id");
   }
-  if (ids.eos.empty()) ids.eos_source.clear();
 
   // transformers' LlamaTokenizer(Fast) rebuilds the post-processor from these flags (BOS on, EOS off by default).
   const json& config = files.tokenizer_config;

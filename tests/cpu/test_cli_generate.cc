@@ -185,10 +185,17 @@ TEST(CliGenerate, ErrorsAreClearAndNeverCrashes) {
   EXPECT_EQ(run_mk("generate --preset tiny").status, 2) << "no prompt: a usage error";
   std::string past_positions = "1";  // tiny's max_position_embeddings is 1024
   for (int i = 1; i < 1025; ++i) past_positions += ",1";
-  const Result too_long = run_mk("generate --preset tiny --prompt-ids " + past_positions);
-  EXPECT_EQ(too_long.status, 1) << too_long.output;
-  EXPECT_THAT(too_long.output, HasSubstr("a prompt of 1025 tokens is longer than the model's max_position_embeddings"));
-  EXPECT_THAT(too_long.output, testing::Not(HasSubstr("longest prompt"))) << "refused before the header";
+  for (const std::string context : {"", " --max-context 1024"}) {
+    const Result too_long = run_mk("generate --preset tiny --prompt-ids " + past_positions + context);
+    EXPECT_EQ(too_long.status, 1) << too_long.output;
+    EXPECT_THAT(too_long.output, HasSubstr("prompt 0 has 1025 tokens, more than the model's max_position_embeddings"))
+        << context;
+    EXPECT_THAT(too_long.output, testing::Not(HasSubstr("longest prompt"))) << "refused before the header";
+  }
+  // A cache past the model's positions is named as such, not as more memory than the budget.
+  const Result past_cache = run_mk("generate --preset tiny --prompt-ids 1,2 --max-context 1000000000 --engine cpu-vm");
+  EXPECT_EQ(past_cache.status, 1) << past_cache.output;
+  EXPECT_THAT(past_cache.output, HasSubstr("max context 1000000000 exceeds the model's max_position_embeddings 1024"));
   const Result full = run_mk("generate --preset tiny --prompt-ids 1,2,3 --max-context 8 --max-new-tokens 100");
   EXPECT_EQ(full.status, 0) << full.output;
   EXPECT_THAT(full.output, HasSubstr("sequence 0 at the KV cache's end (6 new)"));

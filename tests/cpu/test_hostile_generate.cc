@@ -190,10 +190,11 @@ TEST_F(HostileGenerate, RealFlagsBeyondADoubleAreOutOfRangeNotNaN) {
 
 TEST_F(HostileGenerate, ARepeatedPromptIsCheckedAgainstTheBudgetBeforeItIsCopied) {
   // One prompt was copied --batch times before the budget was checked: 5 GB and 5 s at 10^8, std::bad_alloc at 2^30.
-  expect_failure(run_mk(generate("--prompt-ids 1 --batch 100000000"), "ulimit -v 2000000;", 10), 1,
-                 "the KV cache of batch 100000000 x max context 128 needs");
-  expect_failure(run_mk(generate("--prompt-ids 1 --batch 1073741824"), "", 10), 1,
-                 "the KV cache of batch 1073741824 x max context 128 needs");
+  // (Batches whose cache rows a schedule cannot address are refused before the budget, and before the copy too.)
+  expect_failure(run_mk(generate("--prompt-ids 1 --batch 4000000"), "ulimit -v 2000000;", 10), 1,
+                 "the KV cache of batch 4000000 x max context 128 needs");
+  expect_failure(run_mk(generate("--prompt-ids 1 --batch 1073741824"), "ulimit -v 2000000;", 10), 1,
+                 "a KV cache of batch 1073741824 x max context 128 has more than the 2^30 rows one schedule addresses");
 }
 
 TEST_F(HostileGenerate, SamplingFlagsAreNotRoundedToADefault) {
@@ -235,11 +236,12 @@ TEST(HostileGenerateApi, SamplingAtATinyTemperatureDrawsTheLargest) {
 }
 
 TEST(HostileGenerateApi, APromptPastTheModelsPositionsIsNamedNotBlamedOnTheCache) {
-  // The default cache is capped at max_position_embeddings (1024 in tiny): a longer prompt was told to raise a max
-  // context that cannot be raised.
-  EXPECT_THAT(error_of([] { mk::default_max_context(mk::find_preset("tiny").config, 1025, 1); }),
-              HasSubstr("a prompt of 1025 tokens is longer than the model's max_position_embeddings 1024"));
-  EXPECT_EQ(mk::default_max_context(mk::find_preset("tiny").config, 1024, 1), 1024);
+  // The cache cannot grow past max_position_embeddings (1024 in tiny): a longer prompt was told to raise it.
+  const mk::ModelConfig config = mk::find_preset("tiny").config;
+  EXPECT_THAT(error_of([&] { mk::check_prompt_ids(config, {{1, 2}, std::vector<int32_t>(1025, 1)}); }),
+              HasSubstr("prompt 1 has 1025 tokens, more than the model's max_position_embeddings 1024"));
+  EXPECT_NO_THROW(mk::check_prompt_ids(config, {std::vector<int32_t>(1024, 1)}));
+  EXPECT_EQ(mk::default_max_context(config, 1024, 1), 1024);
 }
 
 TEST(HostileGenerateApi, NegativeNewTokensAreNamedNotBlamedOnTheCache) {

@@ -48,8 +48,8 @@ GenerationCase generation_case(const ModelConfig& config, const std::vector<int6
 
 // Generates on the GPU from ragged prompts, then checks every step's logits against forward passes over each
 // sequence's own tokens (the prompt and the tokens it was fed), and each new token against its step's argmax.
-void check_generation(const ModelConfig& config, const std::vector<int64_t>& prompt_lengths, int64_t new_tokens,
-                      int64_t max_context, uint64_t seed, int64_t prefill_batch = 0) {
+void check_gpu_generation(const ModelConfig& config, const std::vector<int64_t>& prompt_lengths, int64_t new_tokens,
+                          int64_t max_context, uint64_t seed, int64_t prefill_batch = 0) {
   SCOPED_TRACE(fmt::format("{} batch {} max context {} prefill batch {}", config.name, prompt_lengths.size(),
                            max_context, prefill_batch));
   const GenerationCase c = generation_case(config, prompt_lengths, max_context, seed);
@@ -63,6 +63,9 @@ void check_generation(const ModelConfig& config, const std::vector<int64_t>& pro
   const std::unique_ptr<DecodeEngine> gpu = make_gpu_decoder(weights, setup);
   const GenerationResult result = generate(*gpu, prompts, options);
   ASSERT_EQ(result.logits.size(), size_t(new_tokens));
+  const int64_t batch = int64_t(prompts.size()), per_pass = prefill_batch > 0 ? prefill_batch : batch;
+  const bool prefills = *std::max_element(prompt_lengths.begin(), prompt_lengths.end()) > 1;
+  EXPECT_EQ(result.prefill_passes, prefills ? (batch + per_pass - 1) / per_pass : 0);
 
   ref::Matrix engine, fp32, bf16;
   for (size_t b = 0; b < prompts.size(); ++b) {
@@ -91,23 +94,23 @@ void check_generation(const ModelConfig& config, const std::vector<int64_t>& pro
 
 TEST_F(Gpu, GenerationReproducesTheForwardPassOnRaggedBatches) {
   // GQA 2:1, head_dim 64; steps cross the first KV block (128 keys), and the cache has empty blocks past them.
-  check_generation(small_config(256, 512, 4, 2, 64, true, true), {100, 37}, 40, 512, 21);
+  check_gpu_generation(small_config(256, 512, 4, 2, 64, true, true), {100, 37}, 40, 512, 21);
   // GQA 4:1, head_dim 128, batch 6: tensor-core passes of 6 of the mma's 16 rows, K split over 2-4 warps.
-  check_generation(small_config(512, 1024, 8, 2, 128, true, true), {20, 3, 17, 1, 9, 30}, 12, 256, 22);
+  check_gpu_generation(small_config(512, 1024, 8, 2, 128, true, true), {20, 3, 17, 1, 9, 30}, 12, 256, 22);
   // Batch 11: one tensor-core pass of 11 rows.
-  check_generation(small_config(256, 512, 4, 2, 64, true, true), {9, 2, 14, 5, 1, 7, 3, 12, 6, 4, 10}, 6, 128, 26);
+  check_gpu_generation(small_config(256, 512, 4, 2, 64, true, true), {9, 2, 14, 5, 1, 7, 3, 12, 6, 4, 10}, 6, 128, 26);
   // Batch 18: more rows than one mma's M: a wide pass of 18 rows (megakernel_decode_wide), its second M tile of 2.
-  check_generation(small_config(256, 512, 4, 2, 64, true, true),
-                   {9, 2, 14, 5, 1, 7, 3, 12, 6, 4, 10, 8, 11, 13, 2, 6, 15, 1}, 4, 128, 27);
+  check_gpu_generation(small_config(256, 512, 4, 2, 64, true, true),
+                       {9, 2, 14, 5, 1, 7, 3, 12, 6, 4, 10, 8, 11, 13, 2, 6, 15, 1}, 4, 128, 27);
   // Batch 6 of 8 kv heads at context 512: 48 (sequence, kv head) pairs take 2 splits of the 4 blocks, so a long
   // sequence's split computes blocks 0 and 2 in turn (and a short one's split meets an empty block).
-  check_generation(small_config(512, 1024, 8, 8, 64, true, true), {300, 9, 270, 130, 290, 7}, 4, 512, 31);
+  check_gpu_generation(small_config(512, 1024, 8, 8, 64, true, true), {300, 9, 270, 130, 290, 7}, 4, 512, 31);
   // GQA 8:1: all 8 query-head rows of decode attention's mmas; a partial second block and a short first one.
-  check_generation(small_config(512, 1024, 8, 1, 64, true, true), {140, 20}, 8, 256, 32);
+  check_gpu_generation(small_config(512, 1024, 8, 1, 64, true, true), {140, 20}, 8, 256, 32);
   // The prefill in parts of 2, 2 and 1 sequences, each through a cache of its own copied into the batch's.
-  check_generation(small_config(256, 512, 4, 2, 64, true, true), {100, 37, 5, 64, 1}, 6, 256, 28, 2);
+  check_gpu_generation(small_config(256, 512, 4, 2, 64, true, true), {100, 37, 5, 64, 1}, 6, 256, 28, 2);
   // Multi-head without RoPE, one layer.
-  check_generation(small_config(256, 768, 2, 2, 128, false, true, 1), {5}, 20, 128, 23);
+  check_gpu_generation(small_config(256, 768, 2, 2, 128, false, true, 1), {5}, 20, 128, 23);
 }
 
 // Prompt lengths of `count` sequences, each `short_length` but the (index, length) pairs in `long_ones`: long prompts
@@ -124,27 +127,27 @@ std::vector<int64_t> mostly_short_prompts(size_t count, int64_t short_length,
 TEST_F(Gpu, DecodeAttentionStagesBlocksAhead) {
   // 9 sequences x 8 kv heads = 72 pairs: one split of all 4 blocks; positions past 384 put the newest key in block 3,
   // the one a 4-buffer task stages in its loop.
-  check_generation(small_config(512, 1024, 8, 8, 64, true, true), {450, 400, 60, 390, 200, 440, 10, 420, 300}, 4,
-                   512, 34);
+  check_gpu_generation(small_config(512, 1024, 8, 8, 64, true, true), {450, 400, 60, 390, 200, 440, 10, 420, 300}, 4,
+                       512, 34);
   // head_dim 128, 34 sequences x 4 kv heads = 136 pairs: one split of both blocks, the second staged in the loop.
   std::vector<int64_t> prompts;
   for (int64_t b = 0; b < 34; ++b) prompts.push_back(100 + (b * 37) % 150);
-  check_generation(small_config(512, 1024, 4, 4, 128, true, true), prompts, 4, 256, 35);
+  check_gpu_generation(small_config(512, 1024, 4, 4, 128, true, true), prompts, 4, 256, 35);
   // More blocks than buffers, so that a buffer is reused for block j + buffers - 1 once block j - 1 is done: head_dim
   // 64, 72 pairs: one split of 6 blocks (max context 768), up to 6 of them holding keys; head_dim 128, 68 pairs: one
   // split of 4 blocks (max context 512), up to 4 holding keys. Most prompts are short: the CPU reference is the cost.
-  check_generation(small_config(512, 1024, 8, 8, 64, true, true), {700, 50, 650, 300, 10, 690, 200, 120, 520}, 3,
-                   768, 36);
-  check_generation(small_config(512, 1024, 4, 4, 128, true, true),
-                   mostly_short_prompts(17, 20, {{0, 460}, {7, 300}, {16, 410}}), 3, 512, 37);
+  check_gpu_generation(small_config(512, 1024, 8, 8, 64, true, true), {700, 50, 650, 300, 10, 690, 200, 120, 520}, 3,
+                       768, 36);
+  check_gpu_generation(small_config(512, 1024, 4, 4, 128, true, true),
+                       mostly_short_prompts(17, 20, {{0, 460}, {7, 300}, {16, 410}}), 3, 512, 37);
   // Tiles of several blocks by halves of the warps (run_blocks_in_halves; decode and wide kernels, head_dim 64), at
   // GQA 4:1 and 8:1. 33 sequences x 2 kv heads = 66 pairs: 2 splits of 4 blocks, so that half 1 stages block 3 in its
   // loop; 17 sequences x 1 kv head: 7 splits of 2 blocks (blocks s and s + 7), split 0's both holding keys for the
   // 950-token prompt, every other split's second block past the cache (empty).
-  check_generation(small_config(512, 1024, 8, 2, 64, true, true),
-                   mostly_short_prompts(33, 20, {{0, 900}, {5, 520}, {11, 400}, {32, 700}}), 3, 1024, 38);
-  check_generation(small_config(512, 1024, 8, 1, 64, true, true), mostly_short_prompts(17, 12, {{3, 950}, {16, 300}}),
-                   3, 1024, 39);
+  check_gpu_generation(small_config(512, 1024, 8, 2, 64, true, true),
+                       mostly_short_prompts(33, 20, {{0, 900}, {5, 520}, {11, 400}, {32, 700}}), 3, 1024, 38);
+  check_gpu_generation(small_config(512, 1024, 8, 1, 64, true, true),
+                       mostly_short_prompts(17, 12, {{3, 950}, {16, 300}}), 3, 1024, 39);
 }
 
 TEST_F(Gpu, TensorCoreDecodeTilesAtTheirEdges) {
@@ -152,7 +155,7 @@ TEST_F(Gpu, TensorCoreDecodeTilesAtTheirEdges) {
   // tiles of 64 columns, the last one 56 (7 groups: one warp idle); a batch of 3: the smallest tensor-core pass.
   ModelConfig config = small_config(256, 8704, 4, 2, 64, true, true, 1);
   config.vocab_size = 8440;
-  check_generation(config, {12, 5, 30}, 6, 128, 29);
+  check_gpu_generation(config, {12, 5, 30}, 6, 128, 29);
 }
 
 TEST_F(Gpu, DecodeLmHeadTilesOfUnequalWidths) {
@@ -161,8 +164,8 @@ TEST_F(Gpu, DecodeLmHeadTilesOfUnequalWidths) {
   // (one warp idle), and at 104 a last unit of one real group.
   ModelConfig config = small_config(256, 512, 4, 2, 64, true, true, 1);
   config.vocab_size = 15992;
-  check_generation(config, {9}, 6, 128, 38);
-  check_generation(config, {12, 5, 30}, 6, 128, 39);
+  check_gpu_generation(config, {9}, 6, 128, 38);
+  check_gpu_generation(config, {12, 5, 30}, 6, 128, 39);
 }
 
 TEST_F(Gpu, GreedySampleOverSeveralPasses) {
@@ -170,14 +173,14 @@ TEST_F(Gpu, GreedySampleOverSeveralPasses) {
   // 8), each new token checked against the argmax of its step's downloaded logits; batch 1 (CUDA-core GEMMs) and 3.
   ModelConfig config = small_config(256, 512, 4, 2, 64, true, true, 1);
   config.vocab_size = 98312;
-  check_generation(config, {9}, 6, 128, 40);
-  check_generation(config, {12, 5, 30}, 6, 128, 41);
+  check_gpu_generation(config, {9}, 6, 128, 40);
+  check_gpu_generation(config, {12, 5, 30}, 6, 128, 41);
 }
 
 TEST_F(Gpu, TensorCoreDecodePassesOverKRanges) {
   // d_model 4352: down tiles of 64 columns, 8 groups, one a warp over the whole K (one slice); d_ff 8256 at batch 4:
   // 3 K ranges of 2752 (not a multiple of a weight step) for down, the rest in one range.
-  check_generation(small_config(4352, 8256, 68, 17, 64, true, true, 1), {5, 9, 3, 7}, 4, 128, 30);
+  check_gpu_generation(small_config(4352, 8256, 68, 17, 64, true, true, 1), {5, 9, 3, 7}, 4, 128, 30);
 }
 
 TEST_F(Gpu, DecodeKRangesHoldForTheLastShorterPass) {
@@ -186,7 +189,7 @@ TEST_F(Gpu, DecodeKRangesHoldForTheLastShorterPass) {
   // the staging space before the ranges were the full pass's.)
   std::vector<int64_t> prompt_lengths;
   for (int64_t b = 0; b < 31; ++b) prompt_lengths.push_back(1 + b % 7);
-  check_generation(small_config(256, 4160, 4, 2, 64, true, true, 1), prompt_lengths, 3, 64, 31);
+  check_gpu_generation(small_config(256, 4160, 4, 2, 64, true, true, 1), prompt_lengths, 3, 64, 31);
 }
 
 // Greedy steps in groups (DecodeEngine::steps: the engine feeds each step the previous one's ids at the next
@@ -238,20 +241,20 @@ TEST_F(Gpu, GreedyStepsFedOnTheDeviceMatchStepsFedByTheHost) {
 }
 
 TEST_F(Gpu, GenerationOnTheTinyPresetMatchesTheForwardPass) {
-  check_generation(find_preset("tiny").config, {8, 5}, 16, 64, 24);
+  check_gpu_generation(find_preset("tiny").config, {8, 5}, 16, 64, 24);
 }
 
 TEST_F(Gpu, GenerationOfALlama1bShapedModel) {
   ModelConfig config = find_preset("llama-3.2-1b").config;
   config.n_layers = 2;
   config.vocab_size = 4096;  // keeps the CPU forward passes of the check short
-  check_generation(config, {64}, 8, 1024, 25);
+  check_gpu_generation(config, {64}, 8, 1024, 25);
   // Batch 5: tensor-core passes at the real widths (two groups a warp for gate_up, K split 4 ways for o_proj and
   // down), and down's k = 8192 holds only 4 rows in the staging space: one pass of 5 rows over 2 K ranges.
-  check_generation(config, {64, 9, 30, 17, 41}, 4, 1024, 28);
+  check_gpu_generation(config, {64, 9, 30, 17, 41}, 4, 1024, 28);
   // Batch 20: one wide pass of 20 rows at the real widths: the norm-fused q, kv, gate_up (two groups a warp) and LM
   // head tiles take K in 2 ranges after their rows' 1 / rms, o_proj in 2, down in 8 of 1024.
-  check_generation(config, {9, 3, 7, 5, 12, 1, 8, 6, 4, 11, 6, 10, 2, 7, 3, 10, 5, 3, 8, 4}, 3, 1024, 33);
+  check_gpu_generation(config, {9, 3, 7, 5, 12, 1, 8, 6, 4, 11, 6, 10, 2, 7, 3, 10, 5, 3, 8, 4}, 3, 1024, 33);
 }
 
 // Batches above one mma's M (16 rows) run megakernel_decode_wide: passes of up to 32 rows, two M tiles against each
@@ -262,18 +265,18 @@ TEST_F(Gpu, WideDecodePasses) {
   // o_proj (k 2560) and down (d_ff 3072: 120 KB) in 2 ranges too.
   std::vector<int64_t> forty;
   for (int64_t b = 0; b < 40; ++b) forty.push_back(1 + (b * 5) % 9);
-  check_generation(small_config(2560, 3072, 20, 4, 128, true, true, 1), forty, 3, 64, 45);
+  check_gpu_generation(small_config(2560, 3072, 20, 4, 128, true, true, 1), forty, 3, 64, 45);
   // LM head tiles of more than 16 groups: their warps take several jobs, one a round, each round restaging the rows.
   // Batch 20, vocabulary 20000 (~152 columns a tile: 2 rounds) at full K (d_model 256); batch 32, vocabulary 40000
   // (~303 columns: 3 rounds) at d_model 3072, 32 rows in 3 K ranges with the norm's scale on the accumulators.
   ModelConfig config = small_config(256, 512, 4, 2, 64, true, true, 1);
   config.vocab_size = 20000;
-  check_generation(config, std::vector<int64_t>(forty.begin(), forty.begin() + 20), 3, 64, 46);
+  check_gpu_generation(config, std::vector<int64_t>(forty.begin(), forty.begin() + 20), 3, 64, 46);
   config = small_config(3072, 3072, 24, 4, 128, true, true, 1);
   config.vocab_size = 40000;
   std::vector<int64_t> thirty_two;
   for (int64_t b = 0; b < 32; ++b) thirty_two.push_back(1 + b % 4);
-  check_generation(config, thirty_two, 2, 64, 47);
+  check_gpu_generation(config, thirty_two, 2, 64, 47);
 }
 
 // What `run` throws from a tiny decode engine of batch 2 on `sm_count` SMs whose sample task waits for a signal that
