@@ -45,14 +45,14 @@ class GpuDecoder final : public DecodeEngine {
     GpuOptions prefill_options = options();
     prefill_options.weights_of = &decode_;  // its RoPE table covers the whole cache
     gpu::DeviceArena part_arena;  // a part of the batch: its own cache, freed once copied
-    const bool whole_batch = input.shape.batch == setup_.batch;
-    if (!whole_batch) prefill_options.kv_cache = allocate_cache(part_arena, graph);
+    const bool part = !whole_batch(setup_, input.shape);
+    if (part) prefill_options.kv_cache = allocate_cache(part_arena, graph);
     {
       GpuEngine engine(graph, schedule, weights_, prefill_options);
       engine.set_input(input);
       engine.run();
     }
-    if (!whole_batch) copy_part_cache(prefill_options.kv_cache, input.shape, first_sequence);
+    if (part) copy_part_cache(prefill_options.kv_cache, input.shape, first_sequence);
   }
 
   std::vector<int32_t> step(const std::vector<int32_t>& tokens, const std::vector<int32_t>& positions) override {
@@ -115,7 +115,7 @@ class GpuDecoder final : public DecodeEngine {
   }
 
  private:
-  // A prefill part's cache (layers of (n seq_len, 2 kv_dim), part.shape) into rows [0, seq_len) of sequences
+  // A prefill part's cache (layers of (n seq_len, 2 kv_dim), of `shape`) into rows [0, seq_len) of sequences
   // [first_sequence, first_sequence + n) of the batch's (layers of (batch max_context, 2 kv_dim)).
   void copy_part_cache(const void* part, const RunShape& shape, int64_t first_sequence) const {
     const size_t row_bytes = size_t(2 * weights_.config.kv_dim()) * sizeof(bf16);

@@ -36,10 +36,13 @@ inline ref::ModelInput prefill_input(const DecodeSetup& setup, const std::vector
   return input;
 }
 
-// The cpu engines' cache of a prefill pass of part of the batch (prefill_input's shape), empty for the whole batch,
-// which writes the batch's cache itself.
+// Whether a prefill pass (prefill_input's shape) is of the whole batch, which writes the batch's cache itself; a part
+// writes a cache of its own, then copied.
+inline bool whole_batch(const DecodeSetup& setup, const RunShape& pass) { return pass.batch == setup.batch; }
+
+// The cpu engines' cache of a prefill pass of part of the batch, empty for the whole batch.
 inline std::vector<ref::Matrix> part_cache(const ModelConfig& config, const DecodeSetup& setup, const RunShape& pass) {
-  return pass.batch == setup.batch ? std::vector<ref::Matrix>{} : ref::make_kv_cache(config, pass);
+  return whole_batch(setup, pass) ? std::vector<ref::Matrix>{} : ref::make_kv_cache(config, pass);
 }
 
 // A part's own cache (layers of (n seq_len, 2 kv_dim)) into the rows [0, seq_len) of sequences [first, first + n)

@@ -103,16 +103,18 @@ __device__ __forceinline__ float exp2_ftz(float x) {
   return y;
 }
 
-// tanh on the SFU (MUFU.TANH): relative error up to ~1.1e-5 (about 16.5 correct bits).
+// tanh on the SFU (MUFU.TANH). PTX promises only an approximation; one public measurement (N. Juffa, NVIDIA's
+// forums, 2021) finds relative error up to ~1.1e-5, and figures of 2^-11 (~5e-4) are also quoted: not measured here.
 __device__ __forceinline__ float tanh_approx(float x) {
   float y;
   asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
 
-// x sigmoid(x) = h + h tanh(h), h = x / 2: one SFU operation. Its error is absolute, up to ~|x| 1e-5: for x below
-// about -4, where 1 + tanh(h) cancels, that is a large share of the tiny result, but it stays far below the bf16
-// rounding of the activations around it (the exp and reciprocal form was relative, ~1e-7). The gate_up epilogue's
+// x sigmoid(x) = h + h tanh(h), h = x / 2: one SFU operation. Its error is absolute, tanh's error times |x| / 2 (up
+// to ~|x| 2.5e-4 at the looser figure): for x below about -4, where 1 + tanh(h) cancels, a large share of the tiny
+// result (the exp and reciprocal form was relative, ~1e-7). End to end the GPU's error against fp32 did not move
+// (compare_hf, twenty-third session, run 3: 5.34e-3 / 5.60e-3 against 5.35e-3 / 5.58e-3 before). The gate_up epilogue's
 // SwiGLU was bound by the SFU with two (exp and reciprocal: ncu at S=4096, the epilogue's largest line waiting on the
 // SFU's queue), and the SFU runs at an eighth of the FMA pipes' rate. Used by the decode gate_up too. NOTE:
 // __fdividef and __expf keep denormal range fix-ups, which doubled the epilogue's code (thirteenth session: 30% of

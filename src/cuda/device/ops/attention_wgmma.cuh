@@ -174,6 +174,10 @@ __device__ __forceinline__ void rescale_output(float (&o)[kHeadDim / 2], float2 
 // block, and the softmax, on the path between a warpgroup's MMA issues, stalled on that chain (ncu at S=4096).
 constexpr int kSoftmaxChains = 4;
 
+// The chain of score i (score[4 j + e]: key group j, row half e / 2): each row half's scores spread over all chains.
+__host__ __device__ constexpr int softmax_chain(int i) { return (i / 4 * 2 + i % 2) % kSoftmaxChains; }
+static_assert(kSoftmaxChains == 4, "the chains are combined as two pairs");
+
 // Per row half, the largest score of the block; on the diagonal block keys past the row's query are set to -inf
 // first. The mask is compiled into its own loop: as a run-time condition of every score it cost every block as
 // many instructions as the maxima themselves (ncu at S=4096), though only the last block of a tile needs it.
@@ -193,7 +197,7 @@ __device__ __forceinline__ void block_row_max(float (&score)[kScoreValues], int3
         const int32_t key = first_key + 8 * j + 2 * (thread_in_wg % 4) + (e % 2);
         if (key > query0 + 8 * half) value = -INFINITY;
       }
-      float& chain = partial[(2 * j + e % 2) % kSoftmaxChains][half];
+      float& chain = partial[softmax_chain(4 * j + e)][half];
       chain = fmaxf(chain, value);
     }
   }
@@ -231,7 +235,7 @@ __device__ __forceinline__ float2 online_softmax(float (&score)[kScoreValues], f
   for (int i = 0; i < kScoreValues; ++i) {
     const int half = (i / 2) % 2;
     score[i] = ptx::exp2_ftz(fmaf(score[i], scale_log2, -max_scaled[half]));
-    partial_sum[(i / 4 * 2 + i % 2) % kSoftmaxChains][half] += score[i];
+    partial_sum[softmax_chain(i)][half] += score[i];
   }
 #pragma unroll
   for (int half = 0; half < 2; ++half) {

@@ -322,6 +322,13 @@ __device__ __forceinline__ void stage_query_heads(const ModelDims& d, const __nv
         __ldcg(reinterpret_cast<const uint4*>(q_heads) + i);
 }
 
+// A block past the sequence's position: every query head's record is an output of 0 and a max of -inf, which the
+// combine leaves out. `threads` threads from `thread`.
+__device__ __forceinline__ void write_empty_record(float* record, int32_t G, int32_t hd, int thread, int threads) {
+  const int32_t stride = hd + kPartialStats;
+  for (int32_t i = thread; i < G * stride; i += threads) record[i] = i % stride == hd ? -INFINITY : 0.0f;
+}
+
 // The tile's blocks, all consumer warps on one block at a time. The barrier that shows every consumer's copies of
 // block j also ends block j - 1 for all of them: its buffer then takes block j + buffers - 1, and block j's math
 // rewrites the weights and the warps' shares (a barrier closing each block as well, 4 a block, was the layout before
@@ -331,7 +338,7 @@ __device__ __forceinline__ void run_blocks(const MegakernelParams& p, const Inst
                                            int64_t record_row, int consumer_thread) {
   const ModelDims& d = p.dims;
   const int warp = consumer_thread / 32, lane = consumer_thread % 32;
-  const int32_t G = d.group_size, hd = d.head_dim, stride = hd + kPartialStats;
+  const int32_t G = d.group_size, hd = d.head_dim;
   const bool ahead = smem.buffers > 1;
   for (int32_t j = 0; j < in.row_end - in.row_begin; ++j, record += record_row) {
     // Block j's copies: those of the blocks requested after it may stay in flight (block j + buffers - 1 is
@@ -349,8 +356,7 @@ __device__ __forceinline__ void run_blocks(const MegakernelParams& p, const Inst
     if (ahead) stage_tile_block(p, in, smem, tile, j + smem.buffers - 1, consumer_thread);
     const KvBlockKeys block = tile.keys_of(j);
     if (block.keys <= 0) {
-      for (int32_t i = consumer_thread; i < G * stride; i += KernelConfig::kConsumerThreads)
-        record[i] = i % stride == hd ? -INFINITY : 0.0f;
+      write_empty_record(record, G, hd, consumer_thread, KernelConfig::kConsumerThreads);
       continue;
     }
     decode_block_partial(d, smem, j, block.keys, record, warp, lane, consumer_thread);
@@ -378,7 +384,7 @@ __device__ __forceinline__ void run_blocks_in_halves(const MegakernelParams& p, 
   const HalfWarps set{warp % (KernelConfig::kConsumerWarps / 2), half * (KernelConfig::kConsumerWarps / 2),
                       2u + uint32_t(half), consumer_thread % HalfWarps::kThreads};
   const int32_t blocks = in.row_end - in.row_begin, prestaged = prestaged_blocks(smem, in);
-  const int32_t G = d.group_size, hd = d.head_dim, stride = hd + kPartialStats;
+  const int32_t G = d.group_size, hd = d.head_dim;
   ptx::cp_async_wait<0>();
   ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);  // every consumer's prestaged copies and q
   record += half * record_row;
@@ -388,8 +394,7 @@ __device__ __forceinline__ void run_blocks_in_halves(const MegakernelParams& p, 
     if (j + 2 >= prestaged) stage_tile_block(p, in, smem, tile, j + 2, set.thread, HalfWarps::kThreads);
     const KvBlockKeys block = tile.keys_of(j);
     if (block.keys <= 0) {
-      for (int32_t i = set.thread; i < G * stride; i += HalfWarps::kThreads)
-        record[i] = i % stride == hd ? -INFINITY : 0.0f;
+      write_empty_record(record, G, hd, set.thread, HalfWarps::kThreads);
       continue;
     }
     decode_block_partial_mma(d, smem, j, block.keys, record, set, consumer_thread % 32);

@@ -35,13 +35,13 @@ struct BlockWarps {
   static constexpr int kKeys = tiles::kDecodeKvBlock / kWarps;  // a warp's keys: 16 or 32
   static constexpr int kKeyTiles = kKeys / 8;                    // its n-tiles of scores: 2 or 4
   static constexpr int kValueTilesAtOnce = KernelConfig::kConsumerWarps / kWarps;  // of P V a trip: 1 or 2
+  static_assert(kKeys % 16 == 0, "each warp's keys are whole n-tile pairs: one x4 ldmatrix of K a k16 step");
   int warp;          // in the set
   int first_warp;    // the set's first consumer warp: its slots in warp_maxima and warp_sums
   uint32_t barrier;  // the set's named barrier
   int thread;        // in the set
   __device__ __forceinline__ void sync() const { ptx::named_barrier_sync(barrier, kThreads); }
 };
-static_assert(BlockWarps<8>::kKeys == 16, "each warp's keys are whole n-tile pairs: one x4 ldmatrix of K a k16 step");
 
 // Row `head`'s scores against this warp's keys: score[j][i] = q_head . k_key / sqrt(head_dim) for key
 // kKeys warp + 8 j + 2 t + i, -inf for keys >= `keys`. head = g; heads >= G repeat head G - 1. q: (G, stride) bf16,

@@ -29,8 +29,8 @@ enum class DecodeRows { kNarrow, kMma, kWide };
 constexpr int kMinMmaRows = 3;
 constexpr int kGroupPairs = 4;   // output pairs of one mma's N = 8 weight rows
 static_assert(kDecodeMaxRows == kMmaRows, "a pass is at most one mma's M");
-static_assert(KernelConfig::kDecodeInvRmsBytes +
-                      KernelConfig::kConsumerWarps * (kWideRows / kMmaRows) * 2 * 4 * 32 * 4 <= KernelConfig::kOutputBytes,
+constexpr int kSliceFragmentBytes = KernelConfig::kConsumerWarps * (kWideRows / kMmaRows) * 2 * 4 * 32 * 4;
+static_assert(KernelConfig::kDecodeInvRmsBytes + kSliceFragmentBytes <= KernelConfig::kOutputBytes,
               "the K-slices' C fragments (reduce_slices: M tiles x two groups x 4 values a lane) fit the output tile");
 
 // NOTE: how a tile's groups and its K spread over the 8 consumer warps. Every warp must stream, or the SM's bytes in
@@ -212,6 +212,15 @@ __device__ __forceinline__ void mma_step(const MmaLane<kTiles>& m, const uint4* 
   for (int q = 0; first + 4 * q < chunks; ++q) mma_slice<kGroups, kTiles>(m, b_base, first, q, acc);
 }
 
+// The C fragments back to 0, for the tile's next output columns.
+template <int kGroups, int kTiles>
+__device__ __forceinline__ void zero_accumulators(float (&acc)[kTiles][kGroups][4]) {
+#pragma unroll
+  for (int tile = 0; tile < kTiles; ++tile)
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) acc[tile][g][0] = acc[tile][g][1] = acc[tile][g][2] = acc[tile][g][3] = 0.0f;
+}
+
 // The epilogues of one unit: lane (g = lane / 4, t = lane % 4) holds C[g][2t, 2t + 1] and C[g + 8][2t, 2t + 1] of
 // each M tile and group, the two dot products of the group's pair t for the tile's batch rows g and g + 8.
 // `row_scale` (the pass's rows, in shared memory), if any: each row's 1 / rms (NormRange).
@@ -292,10 +301,7 @@ __device__ __forceinline__ void mma_steps(const MegakernelParams& p, const Instr
     slice_step = 0;
     if (finish && stream.slices == 1) {
       mma_epilogue<kGroups, kTiles>(p, in, t, unit, b0, rows, acc, stream.lane);
-#pragma unroll
-      for (int tile = 0; tile < kTiles; ++tile)
-#pragma unroll
-        for (int g = 0; g < kGroups; ++g) acc[tile][g][0] = acc[tile][g][1] = acc[tile][g][2] = acc[tile][g][3] = 0.0f;
+      zero_accumulators(acc);
     }
     unit += KernelConfig::kConsumerWarps;
   }

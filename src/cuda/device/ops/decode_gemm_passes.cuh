@@ -139,10 +139,7 @@ __device__ __forceinline__ void decode_gemm_mma_ranges(const MegakernelParams& p
     } else if (stream.warp + round * kWarps < stream.units) {
       mma_epilogue<kGroups, kTiles>(p, in, first, stream.first_unit + round * kWarps, b0, rows, acc, stream.lane,
                                     row_scale);
-#pragma unroll
-      for (int tile = 0; tile < kTiles; ++tile)
-#pragma unroll
-        for (int g = 0; g < kGroups; ++g) acc[tile][g][0] = acc[tile][g][1] = acc[tile][g][2] = acc[tile][g][3] = 0.0f;
+      zero_accumulators(acc);
     }
   }
 }

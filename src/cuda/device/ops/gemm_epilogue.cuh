@@ -55,8 +55,8 @@ __device__ __forceinline__ void epilogue_rope(const MegakernelParams& p, const I
 
 // silu(gate) * up of output value i: gate in column groups j < 16 of the 256-wide accumulator, up in j + 16.
 __device__ __forceinline__ float swiglu_value(const float (&acc)[2 * kOutputValues], int i) {
-  // NOTE: an approximate SFU operation (ptx::silu_fast: absolute error up to ~|x| 1e-5, against a bf16 output's
-  // relative 4e-3); the IEEE division's slow path made this epilogue cost as much as a third of the tile's main loop.
+  // NOTE: an approximate SFU operation (ptx::silu_fast: absolute error, see there); the IEEE division's slow path
+  // made this epilogue cost as much as a third of the tile's main loop.
   return ptx::silu_fast(acc[i]) * acc[i + kOutputValues];
 }
 
