@@ -40,27 +40,52 @@ __device__ __forceinline__ AttentionOperands attention_operands(const Megakernel
           d.q_dim + kv_head * d.head_dim, d.q_dim + d.kv_dim + kv_head * d.head_dim};
 }
 
+// K_j sits at ring position 2j of the instruction and V_j at 2j + 1, so a cursor that follows only the K (or only
+// the V) blocks steps over the other kind's stage.
+__device__ __forceinline__ void next_block(PipelineState& cursor) {
+  cursor.advance();
+  cursor.advance();
+}
+
+// TMA-loads block kb of one kind (K or V, at column col) into the stage at `cursor`, once the consumers freed it, and
+// moves the cursor to that kind's next block.
+__device__ __forceinline__ bool load_kv_block(const MegakernelParams& p, const SharedState& s, PipelineState& cursor,
+                                              const AttentionOperands& a, int32_t col, int32_t kb, Site site) {
+  if (!wait_barrier(p, &s.empty[cursor.stage], cursor.phase ^ 1, site)) return false;
+  uint8_t* stage = s.stage(cursor.stage);
+  ptx::mbarrier_arrive_expect_tx(&s.full[cursor.stage], uint32_t(KernelConfig::kBlockKv * p.dims.head_dim * 2));
+  for (int32_t box = 0; box < a.boxes; ++box)
+    ptx::tma_load_3d(stage + box * KernelConfig::kBlockKv * 128, &p.maps[kMapKeyValue], &s.full[cursor.stage],
+                     col + KernelConfig::kBoxCols * box, kb * KernelConfig::kBlockKv, a.plane);
+  next_block(cursor);
+  return true;
+}
+
+// Q into the output tile, then the key blocks in the order K0 V0 K1, K_{j+1} V_j for j = 1 .. n - 2, V_{n-1}.
+// NOTE: K_{j+1} goes out before V_j although it sits after it in the ring: its stage (K_{j-1}'s) is freed once
+// Q K_{j-1}^T retires, early in the consumers' block j - 1, and V_j's (V_{j-2}'s) only once P V_{j-2} does, at that
+// block's end. In ring order K_{j+1} waited behind V_j and landed after it, when the consumers wanted both at once
+// (ncu at S=4096: their wait for K_{j+1} drew 20 times the samples of their wait for V_j).
 __device__ __forceinline__ bool produce_attention(const MegakernelParams& p, const SharedState& s,
                                                   const Instruction& in, PipelineState& state, OutputState& output,
                                                   Site site) {
-  const ModelDims& d = p.dims;
-  const auto [boxes, plane, query_begin, k_col, v_col] = attention_operands(p, in);
-  if (!load_output_tile(p, s, output, &p.maps[kMapQuery], boxes, in.col_begin, query_begin, plane, site)) return false;
+  const AttentionOperands a = attention_operands(p, in);
+  if (!load_output_tile(p, s, output, &p.maps[kMapQuery], a.boxes, in.col_begin, a.query_begin, a.plane, site))
+    return false;
   ++output.loads;
   ++output.uses;
-  const uint32_t block_bytes = uint32_t(KernelConfig::kBlockKv * d.head_dim * 2);
   const int32_t kv_blocks = attention_kv_blocks(p, in);
-  for (int32_t kb = 0; kb < kv_blocks; ++kb) {
-    for (int32_t col : {k_col, v_col}) {
-      if (!wait_barrier(p, &s.empty[state.stage], state.phase ^ 1, site)) return false;
-      uint8_t* stage = s.stage(state.stage);
-      ptx::mbarrier_arrive_expect_tx(&s.full[state.stage], block_bytes);
-      for (int32_t box = 0; box < boxes; ++box)
-        ptx::tma_load_3d(stage + box * KernelConfig::kBlockKv * 128, &p.maps[kMapKeyValue], &s.full[state.stage],
-                         col + KernelConfig::kBoxCols * box, kb * KernelConfig::kBlockKv, plane);
-      state.advance();
-    }
+  PipelineState key = state;
+  PipelineState value = state;
+  value.advance();
+  if (!load_kv_block(p, s, key, a, a.k_col, 0, site) || !load_kv_block(p, s, value, a, a.v_col, 0, site))
+    return false;
+  for (int32_t kb = 1; kb < kv_blocks; ++kb) {
+    if (!load_kv_block(p, s, key, a, a.k_col, kb, site)) return false;
+    if (kb >= 2 && !load_kv_block(p, s, value, a, a.v_col, kb - 1, site)) return false;
   }
+  if (kv_blocks >= 2 && !load_kv_block(p, s, value, a, a.v_col, kv_blocks - 1, site)) return false;
+  state = key;  // position 2 kv_blocks: the next instruction's first stage
   return true;
 }
 
@@ -75,13 +100,6 @@ using ProbabilityFragments = uint32_t[kKeySteps][4];
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&pair);
-}
-
-// The producer loads K_j into ring position 2j of the instruction and V_j into 2j + 1, so a cursor that follows only
-// the K (or only the V) blocks steps over the other kind's stage.
-__device__ __forceinline__ void next_block(PipelineState& cursor) {
-  cursor.advance();
-  cursor.advance();
 }
 
 // Issues S (64 queries of this warpgroup x 128 keys) = Q K^T as one commit group, Q from the output tile and K from
