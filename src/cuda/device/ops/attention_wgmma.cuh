@@ -78,13 +78,15 @@ __device__ __forceinline__ bool produce_attention(const MegakernelParams& p, con
   PipelineState key = state;
   PipelineState value = state;
   value.advance();
-  if (!load_kv_block(p, s, key, a, a.k_col, 0, site) || !load_kv_block(p, s, value, a, a.v_col, 0, site))
-    return false;
-  for (int32_t kb = 1; kb < kv_blocks; ++kb) {
-    if (!load_kv_block(p, s, key, a, a.k_col, kb, site)) return false;
-    if (kb >= 2 && !load_kv_block(p, s, value, a, a.v_col, kb - 1, site)) return false;
+  int32_t keys_sent = 0, values_sent = 0;
+  while (values_sent < kv_blocks) {
+    // K leads V by up to two blocks, but by one until V0 is out (the stages after V0 may still be the previous
+    // instruction's)
+    const bool send_key = keys_sent < kv_blocks && keys_sent - values_sent < (values_sent == 0 ? 1 : 2);
+    if (!load_kv_block(p, s, send_key ? key : value, a, send_key ? a.k_col : a.v_col,
+                       send_key ? keys_sent++ : values_sent++, site))
+      return false;
   }
-  if (kv_blocks >= 2 && !load_kv_block(p, s, value, a, a.v_col, kv_blocks - 1, site)) return false;
   state = key;  // position 2 kv_blocks: the next instruction's first stage
   return true;
 }
