@@ -47,18 +47,23 @@ __device__ __forceinline__ void next_block(PipelineState& cursor) {
   cursor.advance();
 }
 
-// TMA-loads block kb of one kind (K or V, at column col) into the stage at `cursor`, once the consumers freed it, and
-// moves the cursor to that kind's next block.
-__device__ __forceinline__ bool load_kv_block(const MegakernelParams& p, const SharedState& s, PipelineState& cursor,
+// TMA-loads block kb of one kind (K or V, at column col) into the stage at ring position `at`, once the consumers
+// freed it.
+__device__ __forceinline__ bool load_kv_block(const MegakernelParams& p, const SharedState& s, PipelineState at,
                                               const AttentionOperands& a, int32_t col, int32_t kb, Site site) {
-  if (!wait_barrier(p, &s.empty[cursor.stage], cursor.phase ^ 1, site)) return false;
-  uint8_t* stage = s.stage(cursor.stage);
-  ptx::mbarrier_arrive_expect_tx(&s.full[cursor.stage], uint32_t(KernelConfig::kBlockKv * p.dims.head_dim * 2));
+  if (!wait_barrier(p, &s.empty[at.stage], at.phase ^ 1, site)) return false;
+  uint8_t* stage = s.stage(at.stage);
+  ptx::mbarrier_arrive_expect_tx(&s.full[at.stage], uint32_t(KernelConfig::kBlockKv * p.dims.head_dim * 2));
   for (int32_t box = 0; box < a.boxes; ++box)
-    ptx::tma_load_3d(stage + box * KernelConfig::kBlockKv * 128, &p.maps[kMapKeyValue], &s.full[cursor.stage],
+    ptx::tma_load_3d(stage + box * KernelConfig::kBlockKv * 128, &p.maps[kMapKeyValue], &s.full[at.stage],
                      col + KernelConfig::kBoxCols * box, kb * KernelConfig::kBlockKv, a.plane);
-  next_block(cursor);
   return true;
+}
+
+// The ring position `steps` stages after `from`.
+__device__ __forceinline__ PipelineState ring_position(PipelineState from, int32_t steps) {
+  const uint32_t stage = from.stage + uint32_t(steps);
+  return {stage % KernelConfig::kNumStages, from.phase ^ ((stage / KernelConfig::kNumStages) & 1)};
 }
 
 // Q into the output tile, then the key blocks in the order K0 V0 K1, K_{j+1} V_j for j = 1 .. n - 2, V_{n-1}.
@@ -75,19 +80,17 @@ __device__ __forceinline__ bool produce_attention(const MegakernelParams& p, con
   ++output.loads;
   ++output.uses;
   const int32_t kv_blocks = attention_kv_blocks(p, in);
-  PipelineState key = state;
-  PipelineState value = state;
-  value.advance();
   int32_t keys_sent = 0, values_sent = 0;
   while (values_sent < kv_blocks) {
     // K leads V by up to two blocks, but by one until V0 is out (the stages after V0 may still be the previous
     // instruction's)
     const bool send_key = keys_sent < kv_blocks && keys_sent - values_sent < (values_sent == 0 ? 1 : 2);
-    if (!load_kv_block(p, s, send_key ? key : value, a, send_key ? a.k_col : a.v_col,
-                       send_key ? keys_sent++ : values_sent++, site))
+    const int32_t block = send_key ? keys_sent++ : values_sent++;
+    if (!load_kv_block(p, s, ring_position(state, 2 * block + (send_key ? 0 : 1)), a, send_key ? a.k_col : a.v_col,
+                       block, site))
       return false;
   }
-  state = key;  // position 2 kv_blocks: the next instruction's first stage
+  state = ring_position(state, 2 * kv_blocks);  // the next instruction's first stage
   return true;
 }
 
