@@ -262,8 +262,7 @@ class Model:
                 self.check_freed(sm, uses, i, "the producer loads Q")
                 sm.loaded.expect_and_arrive(1)
                 sm.loaded.land(1)
-                for _ in range(2 * self.kv_blocks(x)):
-                    yield from self.fill(sm, ring, i, 1)
+                yield from self.produce_key_blocks(sm, ring, x, i)
             else:
                 blocks = self.k[x["op"]] // self.block_k
                 prefetched, first, pending, met = min(blocks, self.stages), ring.copy(), 0, False
@@ -293,6 +292,21 @@ class Model:
             sm.full[first.stage].land(1)
             first.advance()
         return 0
+
+    def produce_key_blocks(self, sm, ring, x, i):
+        """produce_attention's order: K0 V0 K1, then K(j+1) before V(j), though K(j) sits at ring position 2j and
+        V(j) at 2j + 1 (K leads by up to two blocks, by one until V0 is out)."""
+        blocks, keys, values = self.kv_blocks(x), 0, 0
+        while values < blocks:
+            send_key = keys < blocks and keys - values < (1 if values == 0 else 2)
+            block = keys if send_key else values
+            at = ring.copy()
+            for _ in range(2 * block + (0 if send_key else 1)):
+                at.advance()
+            yield from self.fill(sm, at, i, 1)
+            keys, values = (keys + 1, values) if send_key else (keys, values + 1)
+        for _ in range(2 * blocks):
+            ring.advance()
 
     def fill(self, sm, ring, i, tx):  # tx transactions expected, one landed now (a prefetch's A lands later)
         stage, parity = ring.stage, ring.phase ^ 1

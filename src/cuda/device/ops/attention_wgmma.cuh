@@ -40,13 +40,6 @@ __device__ __forceinline__ AttentionOperands attention_operands(const Megakernel
           d.q_dim + kv_head * d.head_dim, d.q_dim + d.kv_dim + kv_head * d.head_dim};
 }
 
-// K_j sits at ring position 2j of the instruction and V_j at 2j + 1, so a cursor that follows only the K (or only
-// the V) blocks steps over the other kind's stage.
-__device__ __forceinline__ void next_block(PipelineState& cursor) {
-  cursor.advance();
-  cursor.advance();
-}
-
 // TMA-loads block kb of one kind (K or V, at column col) into the stage at ring position `at`, once the consumers
 // freed it.
 __device__ __forceinline__ bool load_kv_block(const MegakernelParams& p, const SharedState& s, PipelineState at,
@@ -66,7 +59,8 @@ __device__ __forceinline__ PipelineState ring_position(PipelineState from, int32
   return {stage % KernelConfig::kNumStages, from.phase ^ ((stage / KernelConfig::kNumStages) & 1)};
 }
 
-// Q into the output tile, then the key blocks in the order K0 V0 K1, K_{j+1} V_j for j = 1 .. n - 2, V_{n-1}.
+// Q into the output tile, then the key blocks in the order K0 V0 K1, K_{j+1} V_j for j = 1 .. n - 2, V_{n-1}; K_j
+// at ring position 2j of the instruction, V_j at 2j + 1.
 // NOTE: K_{j+1} goes out before V_j although it sits after it in the ring: its stage (K_{j-1}'s) is freed once
 // Q K_{j-1}^T retires, early in the consumers' block j - 1, and V_j's (V_{j-2}'s) only once P V_{j-2} does, at that
 // block's end. In ring order K_{j+1} waited behind V_j and landed after it, when the consumers wanted both at once
@@ -105,6 +99,13 @@ using ProbabilityFragments = uint32_t[kKeySteps][4];
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&pair);
+}
+
+// K_j sits at ring position 2j of the instruction and V_j at 2j + 1, so a cursor that follows only the K (or only
+// the V) blocks steps over the other kind's stage.
+__device__ __forceinline__ void next_block(PipelineState& cursor) {
+  cursor.advance();
+  cursor.advance();
 }
 
 // Issues S (64 queries of this warpgroup x 128 keys) = Q K^T as one commit group, Q from the output tile and K from
