@@ -76,8 +76,8 @@ __device__ __forceinline__ bool produce_attention(const MegakernelParams& p, con
   const int32_t kv_blocks = attention_kv_blocks(p, in);
   int32_t keys_sent = 0, values_sent = 0;
   while (values_sent < kv_blocks) {
-    // K leads V by up to two blocks, but by one until V0 is out (the stages after V0 may still be the previous
-    // instruction's)
+    // K leads V by up to two blocks (four would deadlock: K_{j+3} waits for K_{j-1}'s release, which waits for V_j),
+    // by one until V0 is out: an order preference (V0 is wanted first), not a condition of correctness
     const bool send_key = keys_sent < kv_blocks && keys_sent - values_sent < (values_sent == 0 ? 1 : 2);
     const int32_t block = send_key ? keys_sent++ : values_sent++;
     if (!load_kv_block(p, s, ring_position(state, 2 * block + (send_key ? 0 : 1)), a, send_key ? a.k_col : a.v_col,
