@@ -69,6 +69,7 @@ struct SettingNames {
   std::string batch = "--batch";
   std::string memory_budget = "--memory-budget";
   std::string prefill_batch = "--prefill-batch";
+  ref::SamplingNames sampling{.temperature = "--temperature", .top_k = "--top-k", .top_p = "--top-p"};
 };
 
 std::unique_ptr<DecodeEngine> make_reference_decoder(const ModelWeights& weights, const DecodeSetup& setup);
@@ -146,8 +147,9 @@ GenerationResult generate(DecodeEngine& engine, const std::vector<std::vector<in
                           const GenerationOptions& options, const StepCallback& on_step = {});
 // What a decode engine's construction checks of its setup against the model (shape, cache, sampling), without
 // building one: for callers that reckon the memory of a setup first (a cache past the model's positions is named as
-// such, not as too large).
-void check_decode_setup(const ModelConfig& config, const DecodeSetup& setup);
+// such, not as too large). The sampling's messages name its settings by `names`; an engine's own check, for callers
+// that skip this one, names SamplingParams' fields.
+void check_decode_setup(const ModelConfig& config, const DecodeSetup& setup, const SettingNames& names = {});
 // What generate() and a decode engine's construction check of a generation, without building an engine: the setup
 // against the model (shape, cache, sampling), the prompts against the setup, the options. Throws mk::Error naming the
 // problem (and the setting to change by `names`). For callers that take a generation now and run it later (Python's

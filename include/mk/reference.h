@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "mk/bf16.h"
@@ -129,7 +130,16 @@ struct SamplingParams {
   float top_p = 1.0f;
   uint64_t seed = 0;
 };
-void validate_sampling(const SamplingParams& params);  // throws mk::Error naming the bad parameter
+// What validate_sampling's messages call each parameter. The defaults name the fields, for a library caller; a front
+// end that checks its user's values passes its own names (SettingNames::sampling: mk generate's flags, Python's
+// arguments), so that the message names the setting the user gave.
+struct SamplingNames {
+  std::string temperature = "SamplingParams::temperature";
+  std::string top_k = "SamplingParams::top_k";
+  std::string top_p = "SamplingParams::top_p";
+};
+// Throws mk::Error naming the bad parameter by `names`.
+void validate_sampling(const SamplingParams& params, const SamplingNames& names = {});
 // The uniform number in [0, 1) that draws the token after `position` of sequence `sequence`: a counter-based hash
 // of (seed, sequence, position) (splitmix64's finalizer, 24 bits), the same on every engine and every run.
 float sampling_uniform(uint64_t seed, int64_t sequence, int64_t position);

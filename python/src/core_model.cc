@@ -20,8 +20,11 @@ constexpr int32_t kCpuVmSms = 132;  // `mk run`'s default: the H100/H200 SM coun
 // The settings a generation's messages say to change, as Model.generate names them, not by mk generate's flags. It
 // has no batch (its prompts are the batch), memory budget (the machine's memory is) or prefill batch (the budget
 // chooses it).
-const SettingNames kPythonNames{
-    .max_context = "max_context", .batch = "the number of prompts", .memory_budget = "", .prefill_batch = ""};
+const SettingNames kPythonNames{.max_context = "max_context",
+                                .batch = "the number of prompts",
+                                .memory_budget = "",
+                                .prefill_batch = "",
+                                .sampling = {.temperature = "temperature", .top_k = "top_k", .top_p = "top_p"}};
 
 }  // namespace
 

@@ -84,7 +84,7 @@ def test_errors(tiny):
         tiny.generate([1, 999], 2)
     with pytest.raises(MkError, match=r"prompt 0 is empty"):
         tiny.generate([], 2)
-    with pytest.raises(MkError, match=r"top-p must be in \(0, 1\], got 2"):
+    with pytest.raises(MkError, match=r"top_p must be in \(0, 1\], got 2"):
         tiny.generate([1], 2, temperature=1.0, top_p=2.0)
     with pytest.raises(MkError, match=r"cannot generate: it has no embedding"):
         megakernel.Model.preset("seed", layers=1, d_model=256).generate([1], 2)
@@ -201,6 +201,35 @@ def test_messages_name_the_arguments_not_mk_generates_flags(tiny, run_mk, tmp_pa
         with pytest.raises(MkError, match=r"the KV cache of batch 1 x max context 536870912 needs 8192.00 GiB .* more "
                                           r"than the memory budget of .*: lower max_context or the number of prompts$"):
             model.stream([1, 2], 2, engine=engine, max_context=2**29)  # checked, not run
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (dict(temperature=1.0, top_p=2.0), r"^top_p must be in \(0, 1\], got 2$"),
+        (dict(temperature=1.0, top_p=0.0), r"^top_p must be in \(0, 1\], got 0$"),
+        (dict(temperature=-1.0), r"^temperature must be 0 \(greedy\) or positive, got -1$"),
+        (dict(temperature=float("nan")), r"^temperature must be 0 \(greedy\) or positive, got nan$"),
+    ],
+)
+def test_sampling_messages_name_the_arguments_not_mk_generates_flags(tiny, arguments, message):
+    # top_p's said "top-p": mk generate's flag, without its dashes.
+    arguments = {"prompt": [1, 2], "max_new_tokens": 2, "engine": "reference", **arguments}
+    for generation in (tiny.generate, tiny.stream):
+        with pytest.raises(MkError, match=message):
+            generation(**arguments)
+
+
+def test_the_cores_top_k_check_names_the_argument(tiny):
+    # Model.generate refuses a negative top_k before the core (its range as a C++ int32); the core's own check, which a
+    # caller of the binding reaches, said "top-k".
+    sampling = megakernel._core.SamplingParams()
+    sampling.temperature = 1.0
+    sampling.top_k = -1
+    with pytest.raises(MkError, match=r"^top_k must be 0 \(no limit\) or positive, got -1$"):
+        tiny._core.check_generate("reference", [[1, 2]], 2, sampling, None, 0)
+    with pytest.raises(MkError, match=r"^top_k must be in \[0, 2\^31\), got -1$"):
+        tiny.generate([1, 2], 2, engine="reference", temperature=1.0, top_k=-1)
 
 
 def test_negative_new_tokens_are_named_not_blamed_on_the_cache(tiny):

@@ -76,10 +76,12 @@ inline std::vector<int32_t> token_ids(const ref::Matrix& sampled) {
   return ids;
 }
 
-// The setup, once its shape and sampling are checked against the model.
-inline const DecodeSetup& checked(const ModelConfig& config, const DecodeSetup& setup) {
+// The setup, once its shape and sampling are checked against the model. An engine checks with the default names
+// (SamplingParams' fields): a front end checked its user's values first (check_decode_setup), naming its settings.
+inline const DecodeSetup& checked(const ModelConfig& config, const DecodeSetup& setup,
+                                  const ref::SamplingNames& names = {}) {
   check_pass_shape(config, decode_shape(setup));
-  ref::validate_sampling(setup.sampling);
+  ref::validate_sampling(setup.sampling, names);
   return setup;
 }
 

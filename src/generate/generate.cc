@@ -191,11 +191,13 @@ GenerationResult generate(DecodeEngine& engine, const std::vector<std::vector<in
   return result;
 }
 
-void check_decode_setup(const ModelConfig& config, const DecodeSetup& setup) { decode_inputs::checked(config, setup); }
+void check_decode_setup(const ModelConfig& config, const DecodeSetup& setup, const SettingNames& names) {
+  decode_inputs::checked(config, setup, names.sampling);
+}
 
 void check_generation(const ModelConfig& config, const std::vector<std::vector<int32_t>>& prompts,
                       const GenerationOptions& options, const DecodeSetup& setup, const SettingNames& names) {
-  check_decode_setup(config, setup);
+  check_decode_setup(config, setup, names);
   check_run(prompts, options, setup, names);
 }
 

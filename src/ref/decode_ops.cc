@@ -104,11 +104,11 @@ void decode_attention_combine(const ModelConfig& config, const KvSplit& split, c
   arith::combine_blocks(num_blocks, head_dim, block, acc.data(), out.row(sequence) + head * head_dim);
 }
 
-void validate_sampling(const SamplingParams& p) {
-  MK_CHECK(std::isfinite(p.temperature) && p.temperature >= 0.0f, "temperature must be 0 (greedy) or positive, got {}",
-           p.temperature);
-  MK_CHECK(p.top_k >= 0, "top-k must be 0 (no limit) or positive, got {}", p.top_k);
-  MK_CHECK(p.top_p > 0.0f && p.top_p <= 1.0f, "top-p must be in (0, 1], got {}", p.top_p);
+void validate_sampling(const SamplingParams& p, const SamplingNames& names) {
+  MK_CHECK(std::isfinite(p.temperature) && p.temperature >= 0.0f, "{} must be 0 (greedy) or positive, got {}",
+           names.temperature, p.temperature);
+  MK_CHECK(p.top_k >= 0, "{} must be 0 (no limit) or positive, got {}", names.top_k, p.top_k);
+  MK_CHECK(p.top_p > 0.0f && p.top_p <= 1.0f, "{} must be in (0, 1], got {}", names.top_p, p.top_p);
 }
 
 float sampling_uniform(uint64_t seed, int64_t sequence, int64_t position) {

@@ -170,8 +170,10 @@ TEST(CliGenerate, ErrorsAreClearAndNeverCrashes) {
       {"--prompt-ids 1,2 --memory-budget 0.0001", ": lower --max-context or --batch, or raise --memory-budget\n"},
       {"--prompt hello", "--prompt needs --model DIR with a tokenizer.json"},
       {"--prompt-ids 1,x", "--prompt-ids: \"x\" is not a token id"},
-      {"--prompt-ids 1,2 --temperature -1", "temperature must be 0 (greedy) or positive"},
-      {"--prompt-ids 1,2 --temperature 1 --top-p 1.5", "top-p must be in (0, 1]"},
+      // The sampling's checks named the flags without their dashes, and Python's arguments as these flags.
+      {"--prompt-ids 1,2 --temperature -1", "error: --temperature must be 0 (greedy) or positive, got -1\n"},
+      {"--prompt-ids 1,2 --temperature 1 --top-k -1", "error: --top-k must be 0 (no limit) or positive, got -1\n"},
+      {"--prompt-ids 1,2 --temperature 1 --top-p 1.5", "error: --top-p must be in (0, 1], got 1.5\n"},
       {"--prompt-ids 1,999", "outside the vocabulary"},
       {"--prompt-ids '1;2' --batch 3", "--batch 3 but 2 prompts"},
       {"--prompt-ids 1,2 --stream text", "--stream text needs --model DIR with a tokenizer.json"},

@@ -361,7 +361,8 @@ TEST(Generate, BadArgumentsAreClearErrors) {
               HasSubstr("prefill batch must not be negative, got -1"));
   DecodeSetup bad = setup_for(1, 8);
   bad.sampling.top_p = 0;
-  EXPECT_THAT(error_of([&] { make_cpu_vm_decoder(weights, bad); }), HasSubstr("top-p must be in (0, 1]"));
+  EXPECT_THAT(error_of([&] { make_cpu_vm_decoder(weights, bad); }),
+              HasSubstr("SamplingParams::top_p must be in (0, 1], got 0"));
   bad = setup_for(1, 2048);
   EXPECT_THAT(error_of([&] { make_reference_decoder(weights, bad); }),
               HasSubstr("max context 2048 exceeds the model's max_position_embeddings 1024"));
@@ -399,10 +400,13 @@ TEST(Generate, CheckGenerationRefusesWhatGenerateRefuses) {
                {{{1}}, negative, setup_for(1, 8)},
                {{{1}}, {}, no_top_p},
                {{{1}}, {}, setup_for(1, 2048)}};
+  // The sampling's parameters named as an engine names them, so that the messages are the same.
+  SettingNames names;
+  names.sampling = {};
   for (const auto& [prompts, options, setup] : cases) {
     const std::string refused =
         error_of([&] { generate(*make_reference_decoder(weights, setup), prompts, options); });
-    EXPECT_EQ(error_of([&] { check_generation(weights.config, prompts, options, setup); }), refused);
+    EXPECT_EQ(error_of([&] { check_generation(weights.config, prompts, options, setup, names); }), refused);
   }
   EXPECT_NO_THROW(check_generation(weights.config, {{1, 2}}, {}, setup_for(1, 8)));
 }
@@ -420,18 +424,29 @@ TEST(Generate, MemoryBudgetIsCheckedBeforeAllocating) {
 }
 
 // The settings the messages say to change are named as the caller's interface names them: mk generate's flags by
-// default, Python's arguments where it passes them (it was told of --max-context, --batch and --memory-budget), and
-// none it lacks.
+// default, Python's arguments where it passes them (it was told of --max-context, --batch and --memory-budget, and
+// of top-p and top-k: the flags without their dashes), and none it lacks.
 TEST(Generate, MessagesNameTheSettingsAsTheCallerNamesThem) {
   using testing_util::error_of;
-  const SettingNames python{
-      .max_context = "max_context", .batch = "the number of prompts", .memory_budget = "", .prefill_batch = ""};
+  const SettingNames python{.max_context = "max_context",
+                            .batch = "the number of prompts",
+                            .memory_budget = "",
+                            .prefill_batch = "",
+                            .sampling = {.temperature = "temperature", .top_k = "top_k", .top_p = "top_p"}};
   const ModelConfig tiny = find_preset("tiny").config;
   const std::vector<std::vector<int32_t>> long_prompt = {{1, 2, 3}};
   EXPECT_THAT(error_of([&] { check_generation(tiny, long_prompt, {}, setup_for(1, 2)); }),
               testing::EndsWith("more than the KV cache's 2 positions (--max-context)"));
   EXPECT_THAT(error_of([&] { check_generation(tiny, long_prompt, {}, setup_for(1, 2), python); }),
               testing::EndsWith("more than the KV cache's 2 positions (max_context)"));
+  DecodeSetup sampled = setup_for(1, 8);
+  sampled.sampling = {.temperature = 1.0f, .top_k = -1, .top_p = 0.5f};
+  EXPECT_EQ(error_of([&] { check_decode_setup(tiny, sampled); }), "--top-k must be 0 (no limit) or positive, got -1");
+  EXPECT_EQ(error_of([&] { check_generation(tiny, {{1}}, {}, sampled, python); }),
+            "top_k must be 0 (no limit) or positive, got -1");
+  sampled.sampling = {.temperature = 1.0f, .top_k = 0, .top_p = 0.0f};
+  EXPECT_EQ(error_of([&] { check_decode_setup(tiny, sampled); }), "--top-p must be in (0, 1], got 0");
+  EXPECT_EQ(error_of([&] { check_generation(tiny, {{1}}, {}, sampled, python); }), "top_p must be in (0, 1], got 0");
   const GenerationMemory memory = generation_memory(tiny, 4, 100, 1024, true);
   EXPECT_THAT(
       error_of([&] { check_memory_budget(memory, 1.0, 4, 1024, true); }),
