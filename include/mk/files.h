@@ -56,6 +56,21 @@ std::string json_excerpt(const nlohmann::json& value);
 // [0, 2^31) (bounded before the cast: 2^32 would become id 0); empty for null. `what` names the field in the error.
 std::vector<int32_t> json_token_ids(const nlohmann::json& value, const std::string& what);
 
+// ---- a model directory's JSON config files ----
+
+// The largest config file read (config.json, generation_config.json, tokenizer_config.json, mk_config.json): real
+// ones are a few KB, and a DOM of a hostile one costs many times its size.
+constexpr uint64_t kMaxConfigJsonBytes = uint64_t(4) << 20;
+
+// A model directory's JSON config file, read by the same rules for every reader (the model config, the EOS ids, the
+// tokenizer's BOS and EOS) so that one file gets one verdict and one message: an input file as above of at most
+// kMaxConfigJsonBytes, parsed by parse_json, and a JSON object; anything else would be read as a file naming nothing
+// (no BOS, no EOS) and silently change what the model does.
+nlohmann::json read_config_json(const std::filesystem::path& path);
+// read_config_json, or nothing where the directory has no entry of that name. A dangling symbolic link or a loop is
+// an entry: it is read, and refused by name, rather than taken for "no file".
+std::optional<nlohmann::json> read_config_json_if_present(const std::filesystem::path& path);
+
 // ---- outputs ----
 
 // A file a command reads or writes, with what it is for messages: {"--input", "in.safetensors"}.

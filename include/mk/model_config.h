@@ -60,9 +60,6 @@ struct ModelConfig {
 constexpr double kMaxRmsNormEps = 1e-2;
 constexpr double kMinRopeTheta = 1.0;  // exclusive
 
-// The largest config.json read: real ones are a few KB, and a DOM of a hostile one costs many times its size.
-constexpr uint64_t kMaxConfigJsonBytes = uint64_t(4) << 20;
-
 // "" when the two describe the same model (names aside), else the first differing field, e.g. "d_ff 512 vs 1024".
 std::string first_difference(const ModelConfig& a, const ModelConfig& b);
 

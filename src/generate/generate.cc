@@ -204,13 +204,10 @@ void check_generation(const ModelConfig& config, const std::vector<std::vector<i
 std::vector<int32_t> model_eos_ids(const ModelConfig& config, const std::filesystem::path& model_dir) {
   for (const char* name : {"generation_config.json", "config.json"}) {
     const std::filesystem::path path = model_dir / name;
-    std::error_code error;
-    // symlink_status: a dangling link or a loop is read, and refused by name, rather than taken for "no file".
-    if (!std::filesystem::exists(std::filesystem::symlink_status(path, error))) continue;
-    const nlohmann::json json = read_json_file(path, kMaxConfigJsonBytes);
-    MK_CHECK(json.is_object(), "{}: expected a JSON object, got {}", path.string(), json_excerpt(json));
-    const auto eos = json.find("eos_token_id");
-    if (eos == json.end() || eos->is_null()) continue;
+    const std::optional<nlohmann::json> json = read_config_json_if_present(path);
+    if (!json) continue;
+    const auto eos = json->find("eos_token_id");
+    if (eos == json->end() || eos->is_null()) continue;
     const std::string source = path.string() + ": eos_token_id";
     const std::vector<int32_t> ids = json_token_ids(*eos, source);
     check_eos_reaches_vocabulary(config, ids, source);

@@ -1,4 +1,5 @@
-// Input files (regular, bounded), JSON without duplicate keys or deep nesting, and outputs written atomically.
+// Input files (regular, bounded), JSON without duplicate keys or deep nesting, a model directory's config files, and
+// outputs written atomically.
 #include "mk/files.h"
 
 #include <fcntl.h>
@@ -143,6 +144,20 @@ std::vector<int32_t> json_token_ids(const nlohmann::json& value, const std::stri
     ids.push_back(int32_t(*number));
   }
   return ids;
+}
+
+// ---- a model directory's JSON config files ----
+
+nlohmann::json read_config_json(const fs::path& path) {
+  nlohmann::json json = read_json_file(path, kMaxConfigJsonBytes);
+  MK_CHECK(json.is_object(), "{}: expected a JSON object, got {}", path.string(), json_excerpt(json));
+  return json;
+}
+
+std::optional<nlohmann::json> read_config_json_if_present(const fs::path& path) {
+  std::error_code error;
+  if (!fs::exists(fs::symlink_status(path, error))) return std::nullopt;
+  return read_config_json(path);
 }
 
 // ---- outputs ----

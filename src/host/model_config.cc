@@ -343,13 +343,13 @@ ModelConfig model_config_from_hf_json(const nlohmann::json& json, const std::str
 }
 
 ModelConfig load_model_config(const std::filesystem::path& config_json_path) {
-  return model_config_from_hf_json(read_json_file(config_json_path, kMaxConfigJsonBytes), config_json_path.string());
+  return model_config_from_hf_json(read_config_json(config_json_path), config_json_path.string());
 }
 
 ModelConfig load_model_dir_config(const std::filesystem::path& dir) {
   const std::filesystem::path mk_config = dir / "mk_config.json";
   if (std::filesystem::exists(mk_config))
-    return model_config_from_json(read_json_file(mk_config, kMaxConfigJsonBytes), mk_config.string());
+    return model_config_from_json(read_config_json(mk_config), mk_config.string());
   return load_model_config(dir / "config.json");
 }
 

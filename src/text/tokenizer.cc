@@ -173,11 +173,8 @@ Tokenizer Tokenizer::load(const std::filesystem::path& path) {
   for (const auto& [name, slot] :
        {std::pair{"tokenizer_config.json", &files.tokenizer_config},
         std::pair{"generation_config.json", &files.generation_config}, std::pair{"config.json", &files.model_config}}) {
-    const std::filesystem::path config = dir / name;
-    if (!std::filesystem::is_regular_file(config)) continue;
-    *slot = text::parse_json(text::read_file(config), config.string());
-    // Anything else was read as a file naming no BOS or EOS, and text was encoded without them.
-    MK_CHECK(slot->is_object(), "{}: expected a JSON object, got {}", config.string(), text::brief(*slot));
+    // By the rules of model_eos_ids' reading of the same files (mk/files.h), so that one file gets one verdict.
+    if (std::optional<nlohmann::json> config = read_config_json_if_present(dir / name)) *slot = std::move(*config);
   }
   return Tokenizer(text::build_named(text::parse_json(text::read_file(file), file.string()), files, file.string()));
 }

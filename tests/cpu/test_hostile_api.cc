@@ -11,11 +11,13 @@
 #include <functional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hostile_fixture.h"
 #include "mk/cpu_vm.h"
 #include "mk/files.h"
+#include "mk/generate.h"
 #include "mk/graph.h"
 #include "mk/limits.h"
 #include "mk/parallel.h"
@@ -117,6 +119,53 @@ TEST(HostileApi, TokenizerConfigFilesThatAreNotObjectsAreRefused) {
     EXPECT_THAT(error_of([&] { mk::Tokenizer::load(dir.path()); }),
                 HasSubstr(fmt::format("{}: expected a JSON object, got [", name)));
   }
+}
+
+// Every reader of a model directory's config files (the tokenizer's BOS and EOS, model_eos_ids, the model config)
+// reads them by one set of rules: each of these was accepted by one reader and refused by another, or refused by both
+// in different words.
+TEST(HostileApi, ConfigFilesGetOneVerdictAndOneMessageFromEveryReader) {
+  const std::string past_the_limit = R"({"pad": ")" + std::string(mk::kMaxConfigJsonBytes, 'x') + R"("})";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"([{"eos_token_id": 2}])", "expected a JSON object, got [{"},
+      {"{oops", ": not valid JSON: "},
+      {R"({"eos_token_id": 1, "eos_token_id": 2})", "key 'eos_token_id' appears twice in one object"},
+      {past_the_limit, "more than the 4194304 allowed for this file"},
+      {"", "cannot open: No such file or directory"},  // a dangling symbolic link
+  };
+  const mk::ModelConfig& config = mk::find_preset("tiny").config;
+  for (const char* name : {"tokenizer_config.json", "generation_config.json", "config.json"}) {
+    for (const auto& [text, message] : cases) {
+      const TempDir dir;
+      fs::copy_file(fs::path(MK_TOKENIZER_FIXTURES) / "llama2" / "tokenizer.json", dir.path() / "tokenizer.json");
+      const fs::path file = dir.path() / name;
+      if (text.empty()) {
+        fs::create_symlink(dir.path() / "nowhere.json", file);
+      } else {
+        write_bytes(file, text);
+      }
+      const std::string shown = fmt::format("{} with {}", name, message);
+      const std::string expected = error_of([&] { mk::read_config_json(file); });
+      EXPECT_THAT(expected, HasSubstr(file.string() + ": ")) << shown;
+      EXPECT_THAT(expected, HasSubstr(message)) << shown;
+      EXPECT_EQ(error_of([&] { mk::Tokenizer::load(dir.path()); }), expected) << shown;
+      if (std::string(name) == "tokenizer_config.json") continue;  // read by the tokenizer alone
+      EXPECT_EQ(error_of([&] { mk::model_eos_ids(config, dir.path()); }), expected) << shown;
+      if (std::string(name) == "config.json") {
+        EXPECT_EQ(error_of([&] { mk::load_model_config(file); }), expected) << shown;
+      }
+    }
+  }
+}
+
+// A symbolic link to a good file is followed by every reader alike.
+TEST(HostileApi, ConfigFilesMayBeSymbolicLinks) {
+  const TempDir dir;
+  fs::copy_file(fs::path(MK_TOKENIZER_FIXTURES) / "llama2" / "tokenizer.json", dir.path() / "tokenizer.json");
+  write_bytes(dir.path() / "real.json", R"({"eos_token_id": 7})");
+  fs::create_symlink(dir.path() / "real.json", dir.path() / "generation_config.json");
+  EXPECT_EQ(mk::model_eos_ids(mk::find_preset("tiny").config, dir.path()), std::vector<int32_t>{7});
+  EXPECT_EQ(mk::Tokenizer::load(dir.path()).eos_ids(), std::vector<int32_t>{7});
 }
 
 TEST(HostileApi, SafetensorsHeadersHideNoDuplicatesAndCannotNest) {

@@ -86,7 +86,7 @@ TEST(TokenizerFiles, MissingOrNotATokenizer) {
   write(dir.path() / "tokenizer.json", tiny().dump());
   write(dir.path() / "generation_config.json", "{oops");
   EXPECT_THAT(error_of([&] { mk::Tokenizer::load(dir.path()); }),
-              HasSubstr("generation_config.json is not valid JSON"));
+              HasSubstr("generation_config.json: not valid JSON"));
 }
 
 // Each malformed or unsupported part is named in the error, never a crash.
