@@ -347,9 +347,10 @@ ModelConfig load_model_config(const std::filesystem::path& config_json_path) {
 }
 
 ModelConfig load_model_dir_config(const std::filesystem::path& dir) {
+  // A dangling mk_config.json link is refused by name (read_config_json_if_present), not passed over for config.json.
   const std::filesystem::path mk_config = dir / "mk_config.json";
-  if (std::filesystem::exists(mk_config))
-    return model_config_from_json(read_config_json(mk_config), mk_config.string());
+  if (std::optional<nlohmann::json> json = read_config_json_if_present(mk_config))
+    return model_config_from_json(*json, mk_config.string());
   return load_model_config(dir / "config.json");
 }
 

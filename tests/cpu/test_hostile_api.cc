@@ -168,6 +168,16 @@ TEST(HostileApi, ConfigFilesMayBeSymbolicLinks) {
   EXPECT_EQ(mk::Tokenizer::load(dir.path()).eos_ids(), std::vector<int32_t>{7});
 }
 
+// A dangling mk_config.json link is refused by name: passed over, the model would silently load by config.json.
+TEST(HostileApi, ADanglingMkConfigIsRefusedNotPassedOver) {
+  const TempDir dir;
+  write_bytes(dir.path() / "config.json",
+              mk::model_config_to_hf_json(mk::find_preset("llama-3.2-1b").config).dump());
+  ASSERT_NO_THROW(mk::load_model_dir_config(dir.path()));
+  fs::create_symlink(dir.path() / "missing.json", dir.path() / "mk_config.json");
+  EXPECT_THAT(error_of([&] { mk::load_model_dir_config(dir.path()); }), HasSubstr("mk_config.json"));
+}
+
 TEST(HostileApi, SafetensorsHeadersHideNoDuplicatesAndCannotNest) {
   EXPECT_THAT(parse_error(R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},)"
                           R"("a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}})"),
