@@ -9,14 +9,14 @@ namespace mk::tiles {
 constexpr int32_t kBlockM = 128;  // token rows per GEMM tile
 constexpr int32_t kBlockN = 128;  // output columns per GEMM tile (gate_up: 128 gate and 128 up weight rows)
 // NOTE: per FLOP, a warpgroup's m64n128 wgmma reads more shared memory than an m64n256 one (the A slice is read once
-// per 128 columns instead of per 256), and 128 x 128 tiles ran at 5.7 TFLOP/s per SM against gate_up's 128 x 256 at
-// 6.6 (d_model 3072, docs/perf.md, eighth session). Plain GEMMs (gate_up's tiles are 256 weight rows already) take
+// per 128 columns instead of per 256), and 128 x 128 tiles ran at 5.7 TFLOP/s per SM against gate_up's 128 x 256 at 6.6
+// (d_model 3072, docs/perf.md, eighth session). Plain GEMMs (gate_up's tiles are 256 weight rows already) take
 // kWideBlockN-column tiles when there are enough of them: two rounds of kWideGemmRoundTiles (the H200's SM count, a
-// tiling hint), or, at K >= kWideGemmLongK, kWideGemmLongKTiles (a round but for 4 SMs: one layer of d_model 2048
-// makes 128 o_proj and down tiles, which as 256 narrow ones take two rounds). A wide tile's epilogue is longer (its two output halves leave
-// one after the other), which the main loop repays only at long K or when rounds are many: measured, the seed's qkv
-// (192 tiles, K 1024) +0.9% slower wide, the one-layer d_model 3072's o_proj and down (192 tiles, K 3072 and 12288)
-// 12-15% faster per column.
+// tiling hint), or, at K >= kWideGemmLongK, kWideGemmLongKTiles (a round but for 4 SMs: one layer of d_model 2048 makes
+// 128 o_proj and down tiles, which as 256 narrow ones take two rounds). A wide tile's epilogue is longer (its two
+// output halves leave one after the other), which the main loop repays only at long K or when rounds are many:
+// measured, the seed's qkv (192 tiles, K 1024) +0.9% slower wide, the one-layer d_model 3072's o_proj and down (192
+// tiles, K 3072 and 12288) 12-15% faster per column.
 constexpr int32_t kWideBlockN = 256;
 constexpr int32_t kWideGemmRoundTiles = 132;
 constexpr int32_t kWideGemmLongK = 2048;
