@@ -58,18 +58,23 @@ std::vector<int32_t> json_token_ids(const nlohmann::json& value, const std::stri
 
 // ---- a model directory's JSON config files ----
 
-// The largest config file read (config.json, generation_config.json, tokenizer_config.json, mk_config.json): real
-// ones are a few KB, and a DOM of a hostile one costs many times its size.
+// The largest config file read (config.json, generation_config.json, mk_config.json): real ones are a few KB, and a
+// DOM of a hostile one costs many times its size.
 constexpr uint64_t kMaxConfigJsonBytes = uint64_t(4) << 20;
+// tokenizer_config.json lists every added token (~180 bytes each as transformers writes it), and Llama-shaped speech
+// models add tens of thousands (audio codes): past 4 MiB. Capped as tokenizer.json is, whose DOM the tokenizer builds
+// anyway.
+constexpr uint64_t kMaxTokenizerConfigJsonBytes = uint64_t(256) << 20;
 
 // A model directory's JSON config file, read by the same rules for every reader (the model config, the EOS ids, the
 // tokenizer's BOS and EOS) so that one file gets one verdict and one message: an input file as above of at most
-// kMaxConfigJsonBytes, parsed by parse_json, and a JSON object; anything else would be read as a file naming nothing
-// (no BOS, no EOS) and silently change what the model does.
-nlohmann::json read_config_json(const std::filesystem::path& path);
+// max_bytes (the file's cap above), parsed by parse_json, and a JSON object; anything else would be read as a file
+// naming nothing (no BOS, no EOS) and silently change what the model does.
+nlohmann::json read_config_json(const std::filesystem::path& path, uint64_t max_bytes = kMaxConfigJsonBytes);
 // read_config_json, or nothing where the directory has no entry of that name. A dangling symbolic link or a loop is
 // an entry: it is read, and refused by name, rather than taken for "no file".
-std::optional<nlohmann::json> read_config_json_if_present(const std::filesystem::path& path);
+std::optional<nlohmann::json> read_config_json_if_present(const std::filesystem::path& path,
+                                                          uint64_t max_bytes = kMaxConfigJsonBytes);
 
 // ---- outputs ----
 

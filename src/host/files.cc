@@ -32,6 +32,16 @@ const char* kind_of(mode_t mode) {
   return "not a plain file";
 }
 
+// What an open's errno hides: a loop of links, or a link whose target is gone (as a Hugging Face cache snapshot's
+// link is once its blob was pruned), which "No such file" alone would misname as a missing file.
+std::string open_error_hint(const fs::path& path, int error) {
+  if (error == ELOOP) return " (a loop of symbolic links?)";
+  std::error_code ignored;
+  if (error != ENOENT || !fs::is_symlink(fs::symlink_status(path, ignored))) return "";
+  const fs::path target = fs::read_symlink(path, ignored);
+  return fmt::format(" (a symbolic link to '{}', which does not exist)", target.string());
+}
+
 }  // namespace
 
 InputFile::InputFile(const fs::path& path) : path_(path.string()) {
@@ -39,8 +49,7 @@ InputFile::InputFile(const fs::path& path) : path_(path.string()) {
   fd_ = ::open(path_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd_ < 0) {
     const int error = errno;
-    throw Error(fmt::format("{}: cannot open: {}{}", path_, std::strerror(error),
-                            error == ELOOP ? " (a loop of symbolic links?)" : ""));
+    throw Error(fmt::format("{}: cannot open: {}{}", path_, std::strerror(error), open_error_hint(path, error)));
   }
   struct stat status {};
   const bool stat_ok = ::fstat(fd_, &status) == 0;
@@ -148,16 +157,17 @@ std::vector<int32_t> json_token_ids(const nlohmann::json& value, const std::stri
 
 // ---- a model directory's JSON config files ----
 
-nlohmann::json read_config_json(const fs::path& path) {
-  nlohmann::json json = read_json_file(path, kMaxConfigJsonBytes);
+nlohmann::json read_config_json(const fs::path& path, uint64_t max_bytes) {
+  nlohmann::json json = read_json_file(path, max_bytes);
   MK_CHECK(json.is_object(), "{}: expected a JSON object, got {}", path.string(), json_excerpt(json));
   return json;
 }
 
-std::optional<nlohmann::json> read_config_json_if_present(const fs::path& path) {
+std::optional<nlohmann::json> read_config_json_if_present(const fs::path& path, uint64_t max_bytes) {
   std::error_code error;
-  if (!fs::exists(fs::symlink_status(path, error))) return std::nullopt;
-  return read_config_json(path);
+  // Only "no such entry" is no file: any other trouble (a parent's permissions, a loop) is read, and named by the read.
+  if (fs::symlink_status(path, error).type() == fs::file_type::not_found) return std::nullopt;
+  return read_config_json(path, max_bytes);
 }
 
 // ---- outputs ----

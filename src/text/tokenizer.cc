@@ -154,7 +154,10 @@ Tokenizer Tokenizer::from_json(std::string_view json_text, const std::string& or
 }
 
 bool Tokenizer::in_model_dir(const std::filesystem::path& dir) {
-  return std::filesystem::is_regular_file(dir / "tokenizer.json");
+  // Any entry of that name, a dangling link among them: the load then names what is wrong with it, where "no
+  // tokenizer" would quietly run without its EOS.
+  std::error_code error;
+  return std::filesystem::symlink_status(dir / "tokenizer.json", error).type() != std::filesystem::file_type::not_found;
 }
 
 Tokenizer Tokenizer::load(const std::filesystem::path& path) {
@@ -166,7 +169,10 @@ Tokenizer Tokenizer::load(const std::filesystem::path& path) {
              "AutoTokenizer.from_pretrained(dir).save_pretrained(dir)",
              path.string());
   }
-  MK_CHECK(std::filesystem::is_regular_file(file), "no tokenizer.json at {}", file.string());
+  // Only a missing entry is "no tokenizer.json": a dangling link or a directory is read, and named by the read.
+  std::error_code error;
+  MK_CHECK(std::filesystem::symlink_status(file, error).type() != std::filesystem::file_type::not_found,
+           "no tokenizer.json at {}", file.string());
   text::ConfigFiles files;
   const std::filesystem::path dir = file.parent_path();
   files.dir = dir;
@@ -174,7 +180,8 @@ Tokenizer Tokenizer::load(const std::filesystem::path& path) {
        {std::pair{"tokenizer_config.json", &files.tokenizer_config},
         std::pair{"generation_config.json", &files.generation_config}, std::pair{"config.json", &files.model_config}}) {
     // By the rules of model_eos_ids' reading of the same files (mk/files.h), so that one file gets one verdict.
-    if (std::optional<nlohmann::json> config = read_config_json_if_present(dir / name)) *slot = std::move(*config);
+    const uint64_t cap = slot == &files.tokenizer_config ? kMaxTokenizerConfigJsonBytes : kMaxConfigJsonBytes;
+    if (std::optional<nlohmann::json> config = read_config_json_if_present(dir / name, cap)) *slot = std::move(*config);
   }
   return Tokenizer(text::build_named(text::parse_json(text::read_file(file), file.string()), files, file.string()));
 }

@@ -144,6 +144,8 @@ TEST(HostileApi, ConfigFilesGetOneVerdictAndOneMessageFromEveryReader) {
       } else {
         write_bytes(file, text);
       }
+      // tokenizer_config.json has a cap of its own (ATokenizerConfigPastTheConfigCapLoads)
+      if (std::string(name) == "tokenizer_config.json" && text == past_the_limit) continue;
       const std::string shown = fmt::format("{} with {}", name, message);
       const std::string expected = error_of([&] { mk::read_config_json(file); });
       EXPECT_THAT(expected, HasSubstr(file.string() + ": ")) << shown;
@@ -156,6 +158,26 @@ TEST(HostileApi, ConfigFilesGetOneVerdictAndOneMessageFromEveryReader) {
       }
     }
   }
+}
+
+// tokenizer_config.json lists every added token, and models with tens of thousands of them (audio codes) write one
+// past the 4 MiB that caps the other config files: it loads, up to the cap tokenizer.json has.
+TEST(HostileApi, ATokenizerConfigPastTheConfigCapLoads) {
+  const TempDir dir;
+  fs::copy_file(fs::path(MK_TOKENIZER_FIXTURES) / "llama2" / "tokenizer.json", dir.path() / "tokenizer.json");
+  const std::string template_text(mk::kMaxConfigJsonBytes + 1024, 'x');
+  write_bytes(dir.path() / "tokenizer_config.json", R"({"chat_template": ")" + template_text + R"("})");
+  EXPECT_NO_THROW(mk::Tokenizer::load(dir.path()));
+}
+
+// A dangling tokenizer.json in a model directory is named, not taken for a model without a tokenizer (whose EOS
+// would then be passed over).
+TEST(HostileApi, ADanglingTokenizerIsNamedNotPassedOver) {
+  const TempDir dir;
+  fs::create_symlink(dir.path() / "blob", dir.path() / "tokenizer.json");
+  EXPECT_TRUE(mk::Tokenizer::in_model_dir(dir.path()));
+  EXPECT_THAT(error_of([&] { mk::Tokenizer::load(dir.path()); }),
+              HasSubstr("tokenizer.json: cannot open: No such file or directory (a symbolic link to '"));
 }
 
 // A symbolic link to a good file is followed by every reader alike.
