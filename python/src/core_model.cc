@@ -95,8 +95,11 @@ CoreModel::CoreModel(ModelWeights weights, RunShape default_shape, std::string s
 std::unique_ptr<CoreModel> CoreModel::from_dir(const std::filesystem::path& dir) {
   MK_CHECK(std::filesystem::is_directory(dir), "{}: no such model directory", dir.string());
   const ModelConfig config = load_model_dir_config(dir);
+  // The tokenizer first: a bad tokenizer file is named in a moment, not after the weights' load.
+  std::optional<Tokenizer> tokenizer;
+  if (Tokenizer::in_model_dir(dir)) tokenizer.emplace(Tokenizer::load(dir));
   std::unique_ptr<CoreModel> model(new CoreModel(load_weights(dir, config), {1, 128}, dir.string()));
-  if (Tokenizer::in_model_dir(dir)) model->tokenizer_.emplace(Tokenizer::load(dir));
+  model->tokenizer_ = std::move(tokenizer);
   model->eos_ids_ = default_eos_ids(config, dir, model->tokenizer_ ? &*model->tokenizer_ : nullptr);
   model->load_warning_ = unused_tensors_warning(dir, model->weights_);
   for (const std::filesystem::path& file : model_dir_files(dir))
