@@ -77,7 +77,7 @@ TEST_F(Hostile, FilesThatAreNotRegularAreRefusedWithoutBlocking) {
       run_mk(fmt::format("run --model {} --input {} --engine reference", quoted(model()), quoted(path("fifo"))), "", 5),
       1, "is a FIFO");
   expect_failure(run_mk(fmt::format("tokenize --tokenizer {} --text hi", quoted(path("fifo"))), "", 5), 1,
-                 "no tokenizer.json at");
+                 "fifo: is a FIFO (named pipe), not a regular file");
   fs::create_directories(path("dir"));
   expect_failure(run_mk(vm + quoted(path("dir"))), 1, "is a directory, not a regular file");
   fs::create_directories(path("dirmodel") / "config.json");
