@@ -2,7 +2,7 @@
 # One call on the GPU machine: configure, build with all cores, then run the requested steps, logging into a folder.
 # Usage: scripts/gpu_check.sh OUT_DIR [steps...]
 #        steps: smoke tests decode bench_decode hf_generate text sanitize_decode trace traces ab hf bench bench_ops
-#               sanitize ablation ab_decode ncu sass
+#               sanitize sanitize_forward ablation ab_decode ncu sass
 # (run scripts/prepare_gpu_deps.sh here first and carry .gpu-deps: the GPU machine cannot install PCRE2)
 #        (default: smoke tests trace hf bench sass)
 # NOTE: a GPU machine keeps at most 8 files of OUT_DIR: pack it (tar) before the call ends.
@@ -191,7 +191,7 @@ for s in $steps; do
       step_with_clocks bench-ops timeout 600 python3 "$root/bench/bench_ops.py" --mk "$build/mk" --out "$out" \
         ${BENCH_OPS_CONFIGS:+--configs "$BENCH_OPS_CONFIGS"}
       ;;
-    sanitize)
+    sanitize | sanitize_forward)
       # NOTE: racecheck slows a decode step to seconds (6.5 s at batch 3), and the default 5 s stall timeout cut a
       # batch-1 step's sample wait short with no hazard found (twentieth session, run 2).
       sanitized_stall_s=300
@@ -206,6 +206,9 @@ for s in $steps; do
           "$build/mk" run --preset seed --layers 1 --d-model 2048 --batch 1 --seq 2176 --engine gpu --iterations 1 \
           --stall-timeout "$sanitized_stall_s"
       done
+      # sanitize_forward: the forward kernel's pipeline alone, for a change that leaves the decode kernels as they were
+      # (the decode runs below take most of the step's time).
+      [ "$s" = sanitize_forward ] && continue
       # Decode: a prefill, then greedy steps in groups (the on-device feed between launches) on a 100k vocabulary,
       # whose sample goes through several double-buffered passes (fifteenth session): one sequence (the CUDA-core
       # GEMM path), then three ragged ones (the tensor-core path).
