@@ -5,34 +5,44 @@ Each SM has five actors, as in src/cuda/megakernel.cu: the counter poller (waits
 instructions in order and reports each through a ring of ready / ready_free mbarriers), the producer (stage-ring and
 output-tile loads, activations only once the poller reported their counters met), two consumer warpgroups (stage
 waits and releases, output-tile waits, row-wise counter waits behind a named barrier) and the storer (stores staged
-output tiles, frees the tile, publishes). A wide GEMM tile (256 plain columns) keeps the stage of its last k-step
-for its second output half: the consumers do not release it (they load its second residual half into it themselves,
-behind their named barrier), and the storer releases it for every consumer warp once it has stored the tile. Their
-mbarriers are modelled with
-phases and parity waits, exactly as mbarrier.try_wait.parity behaves: a waiter two phases behind sees the wrong
-phase. Actors advance in random interleavings (seeded, so a result repeats); a round in which no actor can move is a
-deadlock, reported with what the blocked actors wait on, and a load or write into the output tile before the store
-of its previous use has read it is a failure too (silent corruption on the GPU).
+output tiles, frees the tile, publishes). The stage ring is kNumStages stages (src/cuda/device/config.cuh), each with
+a full and an empty mbarrier: a GEMM tile's k-step kb takes one stage (its A and B slices), and an attention tile's
+K(j) sits at its ring position 2j and V(j) at 2j + 1. A wide GEMM tile (256 plain columns) keeps the stage of its
+last k-step for its second output half: the consumers do not release it; once both warpgroups' last MMAs have read it
+(a named barrier, take_held_stage) they write that half into it (onto the second residual half, which they load there
+themselves; that load is not modelled), and the storer stores it from there and releases it for every consumer warp.
+Their mbarriers are modelled with phases and parity waits, exactly as mbarrier.try_wait.parity behaves: a waiter two
+phases behind sees the wrong phase. Actors advance in random interleavings (seeded, so a result repeats); a round in
+which no actor can move is a deadlock, reported with what the blocked actors wait on. Silent corruption on the GPU
+fails too: a load or write into the output tile before the store of its previous use has read it; a load into a stage
+the producer has not claimed (waited empty for) in that lap; and a stage read for another operand than it holds. The
+producer records what it claimed each stage for (instruction, and k-step kb or K(j) / V(j)), the consumers check it
+when their full wait passes, and the storer checks a wide tile's held stage holds its second half: the full and empty
+barriers complete once a lap whatever went into the stage, so a producer and consumers that disagree on an operand's
+place pass every phase check.
 
 Decode passes (--decode) have no GEMM or attention tiles, so producer and storer idle; the poller walks every
-instruction of the SM and reports it to the consumers through the same ring: consumer thread 0 waits on the slot, both
-warpgroups pass the named barrier, then thread 0 frees the slot. A reader that takes another instruction's report, or
-a report of counters not met (its inputs not yet published), fails. Linked decode combines are skipped by both: the
-attention task that takes its group's last ticket runs the combine and publishes its counter (run_combine_if_last).
+instruction of the SM and reports it to the consumers through the same ring: consumer thread 0 waits on the slot,
+both warpgroups pass the named barrier, then thread 0 frees the slot. A reader that takes another instruction's
+report, or a report of counters not met (its inputs not yet published), fails. Linked decode combines are skipped by
+both: the attention task that takes its group's last ticket runs the combine and publishes its counter
+(run_combine_if_last).
 
 The model mirrors the kernel's waits by hand (produce_gemm, produce_attention, gemm_mainloop, attention_mainloop,
-stage_output, store_output_tile, run_counter_poller, poll_and_report, take_ready, and run_consumers' row-wise path
-through consumers_wait in src/cuda/device/sync.cuh, and run_combine_if_last): change it with them. It found the
-fifth session's stall, where the producer waited for the output tile by parity (`--producer-waits parity` brings that
-rule back);
-`--poller laps` lets the poller report without waiting for a free slot of its ring and `--poller early` report
-before the counters are met, which must fail too, in forward and decode passes; `--held-stage unreleased` has the
-storer keep a wide tile's held stage, which must deadlock. Attention's consumers take turns
-issuing their MMAs (IssueTurns, named barriers 2 and 3) among their stage waits and releases, as the kernel does.
+take_held_stage, stage_output, store_output_tile, run_counter_poller, poll_and_report, take_ready, and run_consumers'
+row-wise path through consumers_wait in src/cuda/device/sync.cuh, and run_combine_if_last): change it with them. It
+found the fifth session's stall, where the producer waited for the output tile by parity (`--producer-waits parity`
+brings that rule back); `--poller laps` lets the poller report without waiting for a free slot of its ring and
+`--poller early` report before the counters are met, which must fail too, in forward and decode passes; `--held-stage
+unreleased` has the storer keep a wide tile's held stage, which must deadlock; `--ring early-fill` has the producer
+wait for a stage's release with the parity of the lap before; `--attention-positions swapped` has the producer put
+V(j) at position 2j and K(j) at 2j + 1 (same positions, same order), which only the content check finds. Attention's
+consumers take turns issuing their MMAs (IssueTurns, named barriers 2 and 3) among their stage waits and releases, as
+the kernel does.
 
 Usage: pipeline_model.py --mk build/mk --preset tiny --batch 18 --seq 384 [--sms 132] [--interleavings 16]
            [--producer-waits count|parity] [--poller kernel|laps|early] [--held-stage kernel|unreleased]
-           [--expect clean|failure]
+           [--ring kernel|early-fill] [--attention-positions kernel|swapped] [--expect clean|failure]
        pipeline_model.py --decode --preset llama-3.2-1b --batch 1 --max-context 1024 [...]
 """
 import argparse
@@ -169,18 +179,29 @@ def exact_wait(barrier, parity, completed, what):
     return ready
 
 
+def describe(content):  # what a stage holds, for a report: ("k-step", 3) -> "k-step 3", ("K", 2) -> "K2"
+    if isinstance(content, str):
+        return content
+    return f"{content[0]} {content[1]}" if content[0] == "k-step" else f"{content[0]}{content[1]}"
+
+
+def describe_entry(entry):  # a stage's (instruction, content), or None before its first claim
+    return "nothing yet" if entry is None else f"{describe(entry[1])} of schedule instruction {entry[0]}"
+
+
 class ProtocolViolation(Exception):
     """Silent corruption on the GPU: a load or write into the output tile before the store of its previous use has
-    read it, or a parity wait that passed on another phase than the one it meant."""
+    read it, a load into a ring stage the producer has not claimed in that lap, a stage read for another operand than
+    it holds, or a parity wait that passed on another phase than the one it meant."""
 
 
 class Model:
     def __init__(self, header, sm_begin, instructions, waits, producer_parity, poller="kernel", held_stage="kernel",
-                 ring="kernel"):
+                 ring="kernel", attention_positions="kernel"):
         self.header, self.sm_begin, self.ins, self.waits = header, sm_begin, instructions, waits
         self.stages = stage_count()
         self.producer_parity, self.poller_mode, self.held_mode = producer_parity, poller, held_stage
-        self.ring_mode = ring
+        self.ring_mode, self.positions_mode = ring, attention_positions
         c = header["config"]
         q_dim = c["n_heads"] * c["head_dim"]
         self.k = {"kQkv": c["d_model"], "kOProj": q_dim, "kGateUp": c["d_model"], "kDown": c["d_ff"],
@@ -264,19 +285,7 @@ class Model:
                 sm.loaded.land(1)
                 yield from self.produce_key_blocks(sm, ring, x, i)
             else:
-                blocks = self.k[x["op"]] // self.block_k
-                prefetched, first, pending, met = min(blocks, self.stages), ring.copy(), 0, False
-                for _ in range(prefetched):  # weights first; A of each claimed stage once the counters are met
-                    yield from self.fill(sm, ring, i, 2)
-                    pending += 1
-                    met = met or self.take_ready(sm, ready, x, i)  # a look, not a wait
-                    if met:
-                        pending = self.land_a(sm, first, pending, x, i)
-                if not met:
-                    yield from self.wait_ready(sm, ready, x, i)
-                    pending = self.land_a(sm, first, pending, x, i)
-                for _ in range(blocks - prefetched):
-                    yield from self.fill(sm, ring, i, 1)
+                yield from self.produce_gemm(sm, ring, ready, x, i)
                 if x["op"] in RESIDUAL:
                     yield ("producer: output tile free (residual)", i), self.tile_free(sm, uses)
                     self.check_freed(sm, uses, i, "the producer loads a residual")
@@ -284,18 +293,39 @@ class Model:
                     sm.loaded.land(1)
             uses += 1
 
-    def land_a(self, sm, first, pending, x, i):  # the A slices of the claimed stages whose A is still outstanding
+    def produce_gemm(self, sm, ring, ready, x, i):
+        """produce_gemm: k-step kb of the tile in one stage (its A and B slices). The first stages (as many k-steps as
+        the ring holds) are claimed and their weights requested before the activation counters are met; the poller's
+        report is looked for after each claim, and the claimed stages' A slices go out once it came (load_a_slices);
+        the later k-steps' A and B at once."""
+        blocks = self.k[x["op"]] // self.block_k
+        prefetched, first, issued, met = min(blocks, self.stages), ring.copy(), 0, False
+        for kb in range(prefetched):
+            yield from self.fill(sm, ring, i, ("k-step", kb), 2)
+            met = met or self.take_ready(sm, ready, x, i)  # a look, not a wait
+            if met:
+                issued = self.land_a(sm, first, issued, kb + 1, x, i)
+        if not met:
+            yield from self.wait_ready(sm, ready, x, i)
+            self.land_a(sm, first, issued, prefetched, x, i)
+        for kb in range(prefetched, blocks):
+            yield from self.fill(sm, ring, i, ("k-step", kb), 1)
+
+    def land_a(self, sm, first, issued, upto, x, i):
+        """load_a_slices: the A slices of k-steps [issued, upto), into the claimed stages from `first` on."""
         if not self.met(x):
             raise ProtocolViolation(f"schedule instruction {i}: the producer loads activations before their counters "
                                     f"are met")
-        for _ in range(pending):
-            sm.full[first.stage].land(1)
+        for kb in range(issued, upto):
+            self.land(sm, first, i, ("k-step", kb))
             first.advance()
-        return 0
+        return upto
 
     def produce_key_blocks(self, sm, ring, x, i):
         """produce_attention's order: K0 V0 K1, then K(j+1) before V(j), though K(j) sits at ring position 2j and
-        V(j) at 2j + 1 (K leads by up to two blocks, by one until V0 is out)."""
+        V(j) at 2j + 1 (K leads by up to two blocks, by one until V0 is out). `--attention-positions swapped` (a
+        mutation) fills the same positions in the same order but puts V(j) at 2j and K(j) at 2j + 1: every barrier
+        completes as before, so only the consumers' content check sees it."""
         blocks, keys, values = self.kv_blocks(x), 0, 0
         while values < blocks:
             send_key = keys < blocks and keys - values < (1 if values == 0 else 2)
@@ -303,20 +333,40 @@ class Model:
             at = ring.copy()
             for _ in range(2 * block + (0 if send_key else 1)):
                 at.advance()
-            yield from self.fill(sm, at, i, 1)
+            if self.positions_mode == "swapped":  # the mutation: the other kind's block at this position
+                kind = "V" if send_key else "K"
+            else:
+                kind = "K" if send_key else "V"
+            yield from self.fill(sm, at, i, (kind, block), 1)
             keys, values = (keys + 1, values) if send_key else (keys, values + 1)
         for _ in range(2 * blocks):
             ring.advance()
 
-    def fill(self, sm, ring, i, tx):  # tx transactions expected, one landed now (a prefetch's A lands later)
+    def fill(self, sm, ring, i, content, tx):
+        """Claims the stage at the ring's position (waits for its release by every consumer warp, exactly its lap's)
+        for `content` of instruction i, expects tx transactions and lands one now (a prefetch's A lands later)."""
         stage, parity = ring.stage, ring.phase ^ 1
         if self.ring_mode == "early-fill" and ring.lap > 0:
             parity = ring.phase  # a mutation: the parity of the lap before, which passes a lap early
         what = f"schedule instruction {i}: the producer's wait for stage {stage} empty"
         yield ("producer: stage empty", i), exact_wait(sm.empty[stage], parity, ring.lap, what)
+        sm.claimed[stage], sm.content[stage] = ring.lap, (i, content)
         sm.full[stage].expect_and_arrive(tx)
-        sm.full[stage].land(1)
+        self.land(sm, ring, i, content)
         ring.advance()
+
+    def land(self, sm, ring, i, content):
+        """A load of `content` landing in the stage at the ring's position: the producer must have claimed that stage
+        in this lap, and for this content (an A slice goes beside its own k-step's B), or it overwrites a stage the
+        consumers may still read, which no barrier shows."""
+        stage = ring.stage
+        if sm.claimed[stage] != ring.lap:
+            raise ProtocolViolation(f"schedule instruction {i}: a load of {describe(content)} into stage {stage} "
+                                    f"(lap {ring.lap}) before the producer claimed it")
+        if sm.content[stage] != (i, content):
+            raise ProtocolViolation(f"schedule instruction {i}: a load of {describe(content)} into stage {stage}, "
+                                    f"claimed for {describe_entry(sm.content[stage])}")
+        sm.full[stage].land(1)
 
     def check_freed(self, sm, uses, i, what):
         if sm.free.phase < uses:
@@ -331,15 +381,6 @@ class Model:
 
     def consumer(self, sm, order, warpgroup):
         ring, uses, loads, reported = Ring(self.stages), 0, 0, Ring(self.stages)
-
-        def release(stage):
-            sm.empty[stage].arrive(4)  # one arrival per warp
-
-        def full(r, i, what):
-            stage, parity = r.stage, r.phase
-            return (f"consumers {warpgroup}: {what}", i), exact_wait(
-                sm.full[stage], parity, r.lap + 1, f"schedule instruction {i}: consumers {warpgroup}' wait for {what}")
-
         for i in order:
             x = self.ins[i]
             if self.skipped(x):
@@ -348,44 +389,11 @@ class Model:
                 yield from self.rowwise(sm, warpgroup, x, i, reported)
                 continue
             if x["op"] == "kAttention":
-                blocks = self.kv_blocks(x)
-                key, value = ring.copy(), ring.copy()
-                value.advance()
                 yield (f"consumers {warpgroup}: Q loaded", i), (lambda p=loads & 1: sm.loaded.passed(p))
-                yield full(key, i, "K0")
-                if warpgroup == 1:
-                    sm.turns[0].arrive()  # IssueTurns: warpgroup 1 hands warpgroup 0 the first turn
-                yield from self.issue_turn(sm, warpgroup, i, last=False)  # S = Q K0^T
-                release(key.stage)
-                key.next_block()
-                yield full(value, i, "V0")
-                if blocks > 1:
-                    yield full(key, i, "K1")
-                for j in range(1, blocks):
-                    yield from self.issue_turn(sm, warpgroup, i, last=False)  # S = Q Kj^T, O += P V(j-1)
-                    pending = value.stage
-                    value.next_block()
-                    release(key.stage)
-                    key.next_block()
-                    yield full(value, i, f"V{j}")
-                    if j + 1 < blocks:
-                        yield full(key, i, f"K{j + 1}")
-                    release(pending)
-                yield from self.issue_turn(sm, warpgroup, i, last=True)  # O += P V(n-1)
-                release(value.stage)
-                ring = key
+                yield from self.consume_attention(sm, warpgroup, ring, x, i)
                 loads += 1
             else:
-                previous = None
-                for _ in range(self.k[x["op"]] // self.block_k):
-                    yield full(ring, i, "GEMM stage")
-                    if previous is not None:
-                        release(previous)
-                    previous = ring.stage
-                    ring.advance()
-                held = previous if self.wide(x) else None  # kept for the second half; the storer releases it
-                if held is None:
-                    release(previous)
+                held = yield from self.consume_gemm(sm, warpgroup, ring, x, i)
                 yield (f"consumers {warpgroup}: output tile free", i), \
                     (lambda p=(uses & 1) ^ 1: sm.free.passed(p))
                 if x["op"] in RESIDUAL:
@@ -393,9 +401,82 @@ class Model:
                     loads += 1
                 self.check_freed(sm, uses, i, f"consumers {warpgroup} write")
                 if held is not None:
-                    sm.held[warpgroup] = held  # the held_stage word, published by the staged arrive
+                    self.write_held_stage(sm, warpgroup, held, x, i)
             sm.staged.arrive(4)
             uses += 1
+
+    def wait_full(self, sm, warpgroup, r, i, content):
+        """The consumers' wait for the stage at r's position, exactly its lap's fill; then what they read there must be
+        what they expect: the barriers complete once a lap whatever the producer put in the stage, so only this shows
+        a producer and consumers that disagree on an operand's place."""
+        stage, what = r.stage, describe(content)
+        yield (f"consumers {warpgroup}: {what}", i), exact_wait(
+            sm.full[stage], r.phase, r.lap + 1, f"schedule instruction {i}: consumers {warpgroup}' wait for {what}")
+        if sm.content[stage] != (i, content):
+            raise ProtocolViolation(f"schedule instruction {i}: consumers {warpgroup} read {what} from stage {stage}, "
+                                    f"which holds {describe_entry(sm.content[stage])}")
+
+    def consume_attention(self, sm, warpgroup, ring, x, i):
+        """attention_mainloop: K(j) at ring position 2j of the tile and V(j) at 2j + 1, so a cursor over one kind
+        steps over the other's stage; the issue turns come between, as in the kernel. Leaves `ring` after the tile."""
+        def release(stage):
+            sm.empty[stage].arrive(4)  # one arrival per warp
+
+        blocks = self.kv_blocks(x)
+        key, value = ring.copy(), ring.copy()
+        value.advance()
+        yield from self.wait_full(sm, warpgroup, key, i, ("K", 0))
+        if warpgroup == 1:
+            sm.turns[0].arrive()  # IssueTurns: warpgroup 1 hands warpgroup 0 the first turn
+        yield from self.issue_turn(sm, warpgroup, i, last=False)  # S = Q K0^T
+        release(key.stage)
+        key.next_block()
+        yield from self.wait_full(sm, warpgroup, value, i, ("V", 0))
+        if blocks > 1:
+            yield from self.wait_full(sm, warpgroup, key, i, ("K", 1))
+        for j in range(1, blocks):
+            yield from self.issue_turn(sm, warpgroup, i, last=False)  # S = Q Kj^T, O += P V(j-1)
+            pending = value.stage
+            value.next_block()
+            release(key.stage)
+            key.next_block()
+            yield from self.wait_full(sm, warpgroup, value, i, ("V", j))
+            if j + 1 < blocks:
+                yield from self.wait_full(sm, warpgroup, key, i, ("K", j + 1))
+            release(pending)
+        yield from self.issue_turn(sm, warpgroup, i, last=True)  # O += P V(n-1)
+        release(value.stage)
+        for _ in range(2 * blocks):
+            ring.advance()
+
+    def consume_gemm(self, sm, warpgroup, ring, x, i):
+        """gemm_mainloop: k-step kb in the stage at the tile's ring position kb, each released after the next step's
+        MMA, the last after the loop; but a wide tile keeps its last stage for its second output half, once both
+        warpgroups' last MMAs have read it (take_held_stage's named barrier). Returns that stage, or None."""
+        previous = None
+        for kb in range(self.k[x["op"]] // self.block_k):
+            yield from self.wait_full(sm, warpgroup, ring, i, ("k-step", kb))
+            if previous is not None:
+                sm.empty[previous].arrive(4)  # one arrival per warp
+            previous = ring.stage
+            ring.advance()
+        if not self.wide(x):
+            sm.empty[previous].arrive(4)
+            return None
+        sm.arrived[warpgroup] += 1
+        yield (f"consumers {warpgroup}: named barrier (held stage)", i), \
+            (lambda n=sm.arrived[warpgroup]: min(sm.arrived) >= n)
+        return previous
+
+    def write_held_stage(self, sm, warpgroup, held, x, i):
+        """A wide tile's second output half, written into its held stage, which must still hold the tile's last k-step
+        (or the half the other warpgroup wrote); the storer reads it from there (store_output_tile)."""
+        last = ("k-step", self.k[x["op"]] // self.block_k - 1)
+        if sm.content[held] not in ((i, last), (i, "second output half")):
+            raise ProtocolViolation(f"schedule instruction {i}: consumers {warpgroup} write the second output half "
+                                    f"into stage {held}, which holds {describe_entry(sm.content[held])}")
+        sm.content[held] = (i, "second output half")
+        sm.held[warpgroup] = held  # the held_stage word, published by the staged arrive
 
     def rowwise(self, sm, warpgroup, x, i, reported):
         """consumers_wait, the op, publish. Consumer thread 0 (in warpgroup 0) waits: on the counters in a forward
@@ -454,11 +535,15 @@ class Model:
                 continue
             yield ("storer: staged", i), (lambda p=uses & 1: sm.staged.passed(p))
             sm.free.arrive()
-            if self.wide(x) and self.held_mode == "kernel":
+            if self.wide(x):
                 if sm.held[0] != sm.held[1]:
                     raise ProtocolViolation(f"schedule instruction {i}: the warpgroups held different stages "
                                             f"{sm.held}")
-                sm.empty[sm.held[0]].arrive(8)  # on behalf of every consumer warp
+                if sm.content[sm.held[0]] != (i, "second output half"):
+                    raise ProtocolViolation(f"schedule instruction {i}: the storer stores the second output half from "
+                                            f"stage {sm.held[0]}, which holds {describe_entry(sm.content[sm.held[0]])}")
+                if self.held_mode == "kernel":
+                    sm.empty[sm.held[0]].arrive(8)  # on behalf of every consumer warp
             uses += 1
             self.publish(x)
 
@@ -467,6 +552,8 @@ class SmState:
     def __init__(self, stages):
         self.full = [MBarrier(1) for _ in range(stages)]
         self.empty = [MBarrier(8) for _ in range(stages)]  # every consumer warp
+        self.claimed = [None] * stages  # the lap of each stage's last claim by the producer
+        self.content = [None] * stages  # and what it holds: (instruction, ("k-step", kb) | ("K"|"V", j) | "second ...")
         self.staged, self.free, self.loaded = MBarrier(8), MBarrier(1), MBarrier(1)
         self.ready = [MBarrier(32) for _ in range(stages)]  # every poller lane
         self.ready_free = [MBarrier(1) for _ in range(stages)]
@@ -477,11 +564,12 @@ class SmState:
         self.last_of_group = False  # decode: did the SM's linked attention task take its group's last ticket
 
 
-def interleave(schedule, producer_parity, seed, poller="kernel", held_stage="kernel", ring="kernel"):
+def interleave(schedule, producer_parity, seed, poller="kernel", held_stage="kernel", ring="kernel",
+               attention_positions="kernel"):
     """One random interleaving: None if every actor finishes, else what went wrong: the blocked actors' waits (a
-    deadlock), or the output tile overwritten before its store read it."""
+    deadlock), or the protocol violation met (ProtocolViolation)."""
     header, sm_begin, instructions, _ = schedule
-    model = Model(*schedule, producer_parity, poller, held_stage, ring)
+    model = Model(*schedule, producer_parity, poller, held_stage, ring, attention_positions)
     rng = random.Random(seed)
     actors = []
     for sm_index in range(header["num_sms"]):
@@ -544,6 +632,9 @@ def main():
     parser.add_argument("--ring", choices=("kernel", "early-fill"), default="kernel",
                         help="the producer waits for a stage's release as the kernel does, or (a mutation) with the "
                              "parity of the lap before, which a parity wait passes a lap early")
+    parser.add_argument("--attention-positions", choices=("kernel", "swapped"), default="kernel",
+                        help="the producer puts attention's K(j) at ring position 2j and V(j) at 2j + 1 as the kernel "
+                             "does, or (a mutation) V(j) at 2j and K(j) at 2j + 1, in the same order of positions")
     parser.add_argument("--expect", choices=("clean", "failure"),
                         help="exit 1 unless every interleaving is clean, or unless one fails")
     args = parser.parse_args()
@@ -555,7 +646,8 @@ def main():
         schedule = load_schedule(path)
     failures = 0
     for seed in range(args.interleavings):
-        blocked = interleave(schedule, args.producer_waits == "parity", seed, args.poller, args.held_stage, args.ring)
+        blocked = interleave(schedule, args.producer_waits == "parity", seed, args.poller, args.held_stage, args.ring,
+                             args.attention_positions)
         if blocked is not None:
             failures += 1
             if failures == 1:
@@ -565,6 +657,7 @@ def main():
     poller = "" if args.poller == "kernel" else f", poller mutation '{args.poller}'"
     poller += "" if args.held_stage == "kernel" else f", held stage '{args.held_stage}'"
     poller += "" if args.ring == "kernel" else f", ring '{args.ring}'"
+    poller += "" if args.attention_positions == "kernel" else f", attention positions '{args.attention_positions}'"
     shape = f"decode batch {args.batch} max context {args.max_context}" if args.decode else \
         f"batch {args.batch} seq {args.seq}, producer waits by {args.producer_waits}"  # decode: the producer idles
     print(f"{args.preset} {shape} on {args.sms} SMs{poller}: {args.interleavings - failures} of "
