@@ -40,6 +40,10 @@ class InputFile {
 // The whole file, refused before reading when it is larger than `max_bytes`.
 std::string read_file(const std::filesystem::path& path, uint64_t max_bytes);
 
+// Whether the directory has an entry of that name. A dangling symbolic link, a loop or a path whose parent cannot be
+// read counts as one: reading it then names what is wrong, where "no such file" would pass it over.
+bool has_entry(const std::filesystem::path& path);
+
 // Parses JSON text; errors name `source`. Refuses what a DOM would let a small file make large or ambiguous: nesting
 // deeper than kMaxJsonDepth and an object key given twice (which nlohmann would silently resolve to the last).
 constexpr int kMaxJsonDepth = 64;

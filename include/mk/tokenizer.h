@@ -69,8 +69,9 @@ class Tokenizer {
   static Tokenizer load(const std::filesystem::path& path);
   // The same from the text of a tokenizer.json alone (no config files); origin names it in error messages.
   static Tokenizer from_json(std::string_view json_text, const std::string& origin = "tokenizer.json");
-  // Whether a model directory has a tokenizer.json to load (a regular file, or a link to one): the one rule by which
-  // the Python Model loads a tokenizer and `mk generate` reads one for the default EOS ids.
+  // Whether a model directory has a tokenizer.json to load (any entry of that name, mk/files.h's has_entry: a dangling
+  // link is loaded and refused by name): the one rule by which the Python Model loads a tokenizer and `mk generate`
+  // reads one for the default EOS ids.
   static bool in_model_dir(const std::filesystem::path& dir);
 
   Tokenizer(Tokenizer&&) noexcept;

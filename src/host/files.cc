@@ -155,6 +155,11 @@ std::vector<int32_t> json_token_ids(const nlohmann::json& value, const std::stri
   return ids;
 }
 
+bool has_entry(const fs::path& path) {
+  std::error_code error;
+  return fs::symlink_status(path, error).type() != fs::file_type::not_found;
+}
+
 // ---- a model directory's JSON config files ----
 
 nlohmann::json read_config_json(const fs::path& path, uint64_t max_bytes) {
@@ -164,9 +169,7 @@ nlohmann::json read_config_json(const fs::path& path, uint64_t max_bytes) {
 }
 
 std::optional<nlohmann::json> read_config_json_if_present(const fs::path& path, uint64_t max_bytes) {
-  std::error_code error;
-  // Only "no such entry" is no file: any other trouble (a parent's permissions, a loop) is read, and named by the read.
-  if (fs::symlink_status(path, error).type() == fs::file_type::not_found) return std::nullopt;
+  if (!has_entry(path)) return std::nullopt;
   return read_config_json(path, max_bytes);
 }
 

@@ -2,6 +2,7 @@
 // BPE, special ids) and decode, and the streaming decoder.
 #include "mk/tokenizer.h"
 
+#include <tuple>
 
 #include "added.h"
 #include "bpe.h"
@@ -154,35 +155,30 @@ Tokenizer Tokenizer::from_json(std::string_view json_text, const std::string& or
 }
 
 bool Tokenizer::in_model_dir(const std::filesystem::path& dir) {
-  // Any entry of that name, a dangling link among them: the load then names what is wrong with it, where "no
-  // tokenizer" would quietly run without its EOS.
-  std::error_code error;
-  return std::filesystem::symlink_status(dir / "tokenizer.json", error).type() != std::filesystem::file_type::not_found;
+  // Any entry (has_entry): a dangling link is loaded and named, where "no tokenizer" would run without its EOS.
+  return has_entry(dir / "tokenizer.json");
 }
 
 Tokenizer Tokenizer::load(const std::filesystem::path& path) {
   std::filesystem::path file = path;
   if (std::filesystem::is_directory(path)) {
     file = path / "tokenizer.json";
-    MK_CHECK(std::filesystem::exists(file) || !std::filesystem::exists(path / "tokenizer.model"),
+    MK_CHECK(has_entry(file) || !has_entry(path / "tokenizer.model"),
              "{} has tokenizer.model (SentencePiece's own format) but no tokenizer.json; write one with transformers: "
              "AutoTokenizer.from_pretrained(dir).save_pretrained(dir)",
              path.string());
   }
-  // Only a missing entry is "no tokenizer.json": a dangling link or a directory is read, and named by the read.
-  std::error_code error;
-  MK_CHECK(std::filesystem::symlink_status(file, error).type() != std::filesystem::file_type::not_found,
-           "no tokenizer.json at {}", file.string());
+  MK_CHECK(has_entry(file), "no tokenizer.json at {}", file.string());
   text::ConfigFiles files;
   const std::filesystem::path dir = file.parent_path();
   files.dir = dir;
-  for (const auto& [name, slot] :
-       {std::pair{"tokenizer_config.json", &files.tokenizer_config},
-        std::pair{"generation_config.json", &files.generation_config}, std::pair{"config.json", &files.model_config}}) {
-    // By the rules of model_eos_ids' reading of the same files (mk/files.h), so that one file gets one verdict.
-    const uint64_t cap = slot == &files.tokenizer_config ? kMaxTokenizerConfigJsonBytes : kMaxConfigJsonBytes;
+  // By the rules of model_eos_ids' reading of the same files (mk/files.h), so that one file gets one verdict.
+  const std::tuple<const char*, nlohmann::json*, uint64_t> configs[] = {
+      {"tokenizer_config.json", &files.tokenizer_config, kMaxTokenizerConfigJsonBytes},
+      {"generation_config.json", &files.generation_config, kMaxConfigJsonBytes},
+      {"config.json", &files.model_config, kMaxConfigJsonBytes}};
+  for (const auto& [name, slot, cap] : configs)
     if (std::optional<nlohmann::json> config = read_config_json_if_present(dir / name, cap)) *slot = std::move(*config);
-  }
   return Tokenizer(text::build_named(text::parse_json(text::read_file(file), file.string()), files, file.string()));
 }
 
