@@ -32,6 +32,7 @@ struct RunCommand {
   std::string engine = "auto", input_path, output_path, json_path;
   int iterations = 20;
   bool launch_per_op = false;
+  bool skip_dependency_waits = false;
   double stall_timeout_s = mk::kDefaultStallTimeoutS;
   CLI::App* command = nullptr;
   CLI::App* add(CLI::App& app) {
@@ -62,6 +63,7 @@ struct RunCommand {
     command->add_flag("--launch-per-op", launch_per_op,
                       "gpu: time the pass as one kernel launch per op and layer instead of one launch (an ablation: "
                       "what the single launch buys)");
+    add_skip_dependency_waits_flag(*command, skip_dependency_waits);
     return command;
   }
 };
@@ -106,6 +108,7 @@ struct TraceCommand {
   ScheduleOptions schedule;
   std::string engine = "auto", out = "trace.json", summary;
   int overhead_launches = 0;
+  bool skip_dependency_waits = false;
   CLI::App* command = nullptr;
   CLI::App* add(CLI::App& app) {
     command = app.add_subcommand("trace",
@@ -121,6 +124,7 @@ struct TraceCommand {
     command->add_option("--overhead", overhead_launches, "gpu: also measure tracing overhead over N launch pairs")
         ->capture_default_str()
         ->check(CLI::Range(0, 100000));
+    add_skip_dependency_waits_flag(*command, skip_dependency_waits);
     return command;
   }
 };

@@ -131,6 +131,7 @@ CLI::App* GenerateCommand::add(CLI::App& app) {
                    "KV cache positions per sequence (default: longest prompt + new tokens, rounded up to 128)")
       ->check(size_in_range(kMaxTokens));
   add_stall_timeout_option(*command, stall_timeout_s);
+  add_skip_dependency_waits_flag(*command, skip_dependency_waits);
   command
       ->add_option("--prefill-batch", prefill_batch,
                    "sequences a prefill pass (default: as many as the memory budget allows, in passes of equal size)")
@@ -238,6 +239,7 @@ int GenerateCommand::run() const {
   setup.policy = parse_schedule_policy(policy);
   setup.num_sms = num_sms;
   setup.stall_timeout_s = stall_timeout_s;
+  setup.skip_dependency_waits = skip_dependency_waits;
   check_decode_setup(config, setup);  // before the memory: a cache past the model's positions is named as such
   const double budget_bytes = memory_budget_gib > 0
                                   ? memory_budget_gib * double(int64_t(1) << 30)
@@ -270,7 +272,13 @@ int GenerateCommand::run() const {
 
 void GenerateCommand::check_flags_apply(const std::string& engine_name) const {
   check_engine_flags(*command, engine_name, engine == "auto",
-                     {{"--sms", {"cpu-vm"}}, {"--policy", {"cpu-vm"}}, {"--stall-timeout", {"gpu"}}});
+                     {{"--sms", {"cpu-vm"}},
+                      {"--policy", {"cpu-vm"}},
+                      {"--stall-timeout", {"gpu"}},
+                      {"--skip-dependency-waits", {"gpu"}}});
+  if (skip_dependency_waits && !output_path.empty())
+    throw UsageError("--output with --skip-dependency-waits: those tokens are not the model's; time the run without "
+                     "--output");
   if (command->count("--weights-seed") > 0 && !model_dir.empty())
     throw UsageError("--weights-seed has nothing to seed: --model gives the weights");
   if (sampling.temperature != 0) return;
@@ -297,6 +305,8 @@ void GenerateCommand::print_header(const ModelConfig& config, const DecodeEngine
                                        : fmt::format("temperature {} top-k {} top-p {} seed {}", sampling.temperature,
                                                      sampling.top_k, sampling.top_p, sampling.seed),
              eos_ids.empty() ? std::string("none") : ids_text(eos_ids));
+  if (skip_dependency_waits)
+    fmt::print("--skip-dependency-waits: every pass skips its waits on other SMs; the tokens are not the model's\n");
 }
 
 void GenerateCommand::print_sequences(const GenerationResult& result, const std::optional<Tokenizer>& tokenizer) const {

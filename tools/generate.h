@@ -28,6 +28,7 @@ struct GenerateCommand {
   double memory_budget_gib = 0;  // 0: the machine's memory
   double bandwidth_gbs = 4200;
   double stall_timeout_s = kDefaultStallTimeoutS;
+  bool skip_dependency_waits = false;
 
   CLI::App* command = nullptr;  // add()'s, for which flags were given
 

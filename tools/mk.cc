@@ -114,7 +114,11 @@ void check_run(const CLI::App& command, const ModelOptions& options, const Sched
                                {"--no-race-check", {"cpu-vm"}},
                                {"--iterations", {"gpu"}},
                                {"--launch-per-op", {"gpu"}},
-                               {"--stall-timeout", {"gpu"}}});
+                               {"--stall-timeout", {"gpu"}},
+                               {"--skip-dependency-waits", {"gpu"}}});
+  if (command.count("--skip-dependency-waits") > 0 && !paths.output.empty())
+    throw UsageError("--output with --skip-dependency-waits: that output is not the model's; time the run without "
+                     "--output");
   CommandFiles files;
   options.add_inputs(files);
   schedule_options.add_inputs(files);
@@ -165,7 +169,10 @@ int run_forward(const RunCommand& run) {
       timed([&] { output = mk::run_cpu_vm_unverified(graph, schedule, weights, input, run.vm).output(graph); });
     } else {
       // ScheduleOptions::make verified the schedule.
-      mk::GpuEngine gpu(graph, schedule, weights, {.stall_timeout_s = run.stall_timeout_s, .verify = false});
+      mk::GpuEngine gpu(graph, schedule, weights,
+                        {.stall_timeout_s = run.stall_timeout_s,
+                         .verify = false,
+                         .skip_dependency_waits = run.skip_dependency_waits});
       gpu.set_input(input);
       gpu.run();  // warm-up: module load and first-touch costs stay out of the time
       std::vector<float> times =
@@ -183,7 +190,11 @@ int run_forward(const RunCommand& run) {
   } else {
     fmt::print("time: {:.3f} s ({:.2f} GFLOP/s)\n", seconds, flops / seconds / 1e9);
   }
-  print_checksum(config, output);
+  if (run.skip_dependency_waits) {
+    fmt::print("output: not the model's (--skip-dependency-waits), no checksum\n");
+  } else {
+    print_checksum(config, output);
+  }
   if (!output_path.empty()) {
     mk::save_model_output(output_path, config.has_lm_head ? "logits" : "hidden", output, input.shape);
     fmt::print("wrote {}\n", output_path);
@@ -199,6 +210,7 @@ int run_forward(const RunCommand& run) {
                                    {"d_ff", config.d_ff},
                                    {"n_heads", config.n_heads},
                                    {"launch_per_op", launch_per_op},
+                                   {"skip_dependency_waits", run.skip_dependency_waits},
                                    {"ms", seconds * 1e3},
                                    {"flops", cost.flops},
                                    {"tflops", cost.flops / seconds / 1e12}};
@@ -239,9 +251,13 @@ int run_bisect(const ModelOptions& options, ScheduleOptions schedule_options, in
   return 0;
 }
 
-int run_trace(const CLI::App& command, const ModelOptions& options, ScheduleOptions schedule_options,
-              const std::string& requested_engine, const std::string& out_path, const std::string& summary_path,
-              int overhead_launches) {
+int run_trace(const TraceCommand& trace_command) {
+  const CLI::App& command = *trace_command.command;
+  const ModelOptions& options = trace_command.model;
+  ScheduleOptions schedule_options = trace_command.schedule;
+  const std::string &requested_engine = trace_command.engine, &out_path = trace_command.out,
+                    &summary_path = trace_command.summary;
+  const int overhead_launches = trace_command.overhead_launches;
   const mk::ModelConfig config = options.config();
   const mk::RunShape shape = options.shape();
   std::string engine = requested_engine;
@@ -250,7 +266,8 @@ int run_trace(const CLI::App& command, const ModelOptions& options, ScheduleOpti
     engine = gpu.usable ? "gpu" : "cpu-vm";
     if (!gpu.usable) fmt::print("gpu engine unavailable: {}; tracing the cpu-vm\n", gpu.reason);
   }
-  mk::cli::check_engine_flags(command, engine, requested_engine == "auto", {{"--overhead", {"gpu"}}});
+  mk::cli::check_engine_flags(command, engine, requested_engine == "auto",
+                              {{"--overhead", {"gpu"}}, {"--skip-dependency-waits", {"gpu"}}});
   CommandFiles files;
   options.add_inputs(files);
   schedule_options.add_inputs(files);
@@ -267,7 +284,9 @@ int run_trace(const CLI::App& command, const ModelOptions& options, ScheduleOpti
              shape.seq_len, engine, schedule.instructions.size(), schedule.num_sms);
   mk::Trace trace;
   if (engine == "gpu") {
-    mk::GpuEngine gpu(graph, schedule, weights, {.verify = false});  // ScheduleOptions::make verified it
+    // ScheduleOptions::make verified the schedule.
+    mk::GpuEngine gpu(graph, schedule, weights,
+                      {.verify = false, .skip_dependency_waits = trace_command.skip_dependency_waits});
     gpu.set_input(input);
     gpu.run();
     trace = gpu.run_traced();
@@ -456,8 +475,7 @@ int main(int argc, char** argv) {
       {bisect.add(app), [&] { return run_bisect(bisect.model, bisect.schedule, bisect.until_layer); }},
       {trace.add(app),
        [&] {
-         return run_trace(*trace.command, trace.model, trace.schedule, trace.engine, trace.out, trace.summary,
-                          trace.overhead_launches);
+         return run_trace(trace);
        }},
       {export_model.add(app),
        [&] {

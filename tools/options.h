@@ -93,6 +93,14 @@ inline void add_stall_timeout_option(CLI::App& command, double& seconds) {
           "SECONDS"));
 }
 
+// --skip-dependency-waits of the gpu engine's commands (GpuOptions::skip_dependency_waits): a diagnostic that times
+// the launches with every wait on another SM's counter passing at once; their output is not the model's.
+inline void add_skip_dependency_waits_flag(CLI::App& command, bool& skip) {
+  command.add_flag("--skip-dependency-waits", skip,
+                   "gpu, a diagnostic: every wait on another SM's counter passes at once, so that the time shows what "
+                   "the dependency waits cost; the output is not the model's (no checksum, no --output)");
+}
+
 // A seed: a whole number in [0, 2^64). CLI11 alone takes both -1 and 99999999999999999999 as 2^64 - 1, so that
 // different seeds given would silently be one.
 inline const CLI::Validator kSeed(

@@ -31,6 +31,8 @@ struct DecodeSetup {
   CpuVmOptions vm;
   // gpu: a counter wait longer than this aborts the step with a report naming it (GpuOptions::stall_timeout_s)
   double stall_timeout_s = kDefaultStallTimeoutS;
+  // gpu, a diagnostic: every pass with GpuOptions::skip_dependency_waits; the tokens are not the model's
+  bool skip_dependency_waits = false;
 };
 
 // One engine per (model, batch, max context): its cache is allocated at construction, its decode schedule (where

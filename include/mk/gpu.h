@@ -43,6 +43,11 @@ struct GpuOptions {
   // An engine of the same model whose device weights this one uses instead of uploading its own (a decoder's
   // prefill engines use its decode engine's); it must outlive this one, and its RoPE table cover this pass.
   const class GpuEngine* weights_of = nullptr;
+  // A diagnostic: every wait on another SM's counter passes at once, so that each SM runs its list back to back on
+  // whatever its inputs hold. What the launch then takes, against the real one, is what the dependency waits cost;
+  // its output is not the model's. Memory-safe: the indices the kernel reads (tokens, positions) are set before the
+  // launch, and the counters still count, so later launches wait as usual.
+  bool skip_dependency_waits = false;
 };
 
 class GpuEngine {

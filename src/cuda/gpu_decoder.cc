@@ -135,6 +135,7 @@ class GpuDecoder final : public DecodeEngine {
     GpuOptions options;
     options.kv_cache = cache_;
     options.stall_timeout_s = setup_.stall_timeout_s;
+    options.skip_dependency_waits = setup_.skip_dependency_waits;
     return options;
   }
 

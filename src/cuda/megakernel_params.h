@@ -127,6 +127,8 @@ struct MegakernelParams {
   // A shared-memory wait's: an eighth longer, so that when a signal is missing the counter wait that lacks it (the
   // cause) reports before the shared-memory waits stuck behind it (the symptoms).
   uint64_t pipeline_stall_timeout_ns;
+  // A diagnostic (GpuOptions::skip_dependency_waits): nonzero, every wait on another SM's counter passes at once.
+  uint32_t skip_dependency_waits;
   DeviceError* error;
 
   // Tracing, off when null: clock64 stamps per instruction (kTraceSlots each, see TraceSlot) and per SM

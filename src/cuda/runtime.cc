@@ -158,6 +158,7 @@ GpuEngine::GpuEngine(const Graph& graph, const Schedule& schedule, const ModelWe
   impl.upload_schedule(schedule);
   impl.params.stall_timeout_ns = uint64_t(options.stall_timeout_s * 1e9);
   impl.params.pipeline_stall_timeout_ns = impl.params.stall_timeout_ns + impl.params.stall_timeout_ns / 8;
+  impl.params.skip_dependency_waits = options.skip_dependency_waits ? 1u : 0u;
   impl.params.epoch = 0;
 }
 

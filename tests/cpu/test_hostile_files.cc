@@ -144,6 +144,11 @@ TEST_F(Hostile, FlagsThatCannotApplyAreUsageErrors) {
       {run_model("--seed 3"), "--seed has nothing to seed"},
       {fmt::format("run --model {} --layers 3", quoted(model())), "--model excludes --layers"},
       {"trace --preset tiny --engine cpu-vm --overhead 3", "--overhead applies to --engine gpu"},
+      {reference + "--skip-dependency-waits", "--skip-dependency-waits applies to --engine gpu only"},
+      {"trace --preset tiny --engine cpu-vm --skip-dependency-waits", "--skip-dependency-waits applies to --engine gpu"},
+      // refused before a GPU is looked for: that output is not the model's
+      {"run --preset tiny --engine gpu --skip-dependency-waits --output out.safetensors",
+       "--output with --skip-dependency-waits: that output is not the model's"},
       {reference + "--no-race-check", "--no-race-check applies to --engine cpu-vm only"},
       {"export --preset tiny --out x --batch 2", "--batch requires --input"},
       {"info --preset tiny --max-context 256", "--max-context describes the KV cache of a --decode step"},  // was 1

@@ -160,6 +160,8 @@ TEST_F(HostileGenerate, FlagsTheRunWouldIgnoreAreUsageErrors) {
       {"--prompt-ids 1 --policy round-robin", "--policy applies to --engine cpu-vm only"},
       {"--prompt-ids 1 --stall-timeout 60",
        "--stall-timeout applies to --engine gpu only, and the engine is reference"},
+      {"--prompt-ids 1 --skip-dependency-waits",
+       "--skip-dependency-waits applies to --engine gpu only, and the engine is reference"},
       {"--prompt-ids 1 --weights-seed 3", "--weights-seed has nothing to seed: --model gives the weights"},
       {"--prompt-ids 1 --top-k 40", "--top-k applies to sampling, and --temperature 0 is greedy"},
       {"--prompt-ids 1 --top-p 0.9", "--top-p applies to sampling"},

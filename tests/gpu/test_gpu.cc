@@ -163,6 +163,20 @@ TEST_F(Gpu, MissingSignalIsReportedNamingTheWait) {
   EXPECT_THAT([&] { gpu.run(); }, testing::ThrowsMessage<Error>(HasSubstr("unusable")));
 }
 
+// The diagnostic (GpuOptions::skip_dependency_waits) skips every wait on another SM's counter: the launch that would
+// stall on the missing signal ends, and so do the launches after it.
+TEST_F(Gpu, SkippedDependencyWaitsPassAMissingSignal) {
+  const ModelConfig config = find_preset("tiny").config;
+  const RunShape shape{2, 64};
+  const Graph graph(config, shape);
+  Schedule schedule = schedule_for(graph);
+  ASSERT_TRUE(plant_missing_signal(schedule, Opcode::kLmHead).planted);
+  GpuEngine gpu(graph, schedule, random_weights(config, 1),
+                {.stall_timeout_s = 0.5, .verify = false, .skip_dependency_waits = true});
+  gpu.set_input(ref::random_input(config, shape, 2));
+  for (int launch = 0; launch < 3; ++launch) EXPECT_NO_THROW(gpu.run()) << "launch " << launch;
+}
+
 TEST_F(Gpu, AFaultInTheKernelNamesTheErrorAndLeavesTheEngineUnusable) {
   const ModelConfig config = find_preset("tiny").config;
   const RunShape shape{1, 64};

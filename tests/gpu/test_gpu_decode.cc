@@ -280,24 +280,34 @@ TEST_F(Gpu, WideDecodePasses) {
   check_gpu_generation(config, thirty_two, 2, 64, 47);
 }
 
-// What `run` throws from a tiny decode engine of batch 2 on `sm_count` SMs whose sample task waits for a signal that
-// never comes (a test failure if nothing); `planted` says which wait. Nothing waits for the sample task, so its wait is the only
-// one that can stall.
-std::string planted_stall_message(int32_t sm_count, const std::function<void(GpuEngine&)>& run,
-                                  PlantedWait& planted) {
+// use(gpu) on a tiny decode engine of batch 2 on `sm_count` SMs whose sample task waits for a signal that never comes;
+// `planted` says which wait (use is not called when there is none). Nothing waits for the sample task, so its wait is
+// the only one that can stall.
+void with_planted_stall(int32_t sm_count, bool skip_dependency_waits, PlantedWait& planted,
+                        const std::function<void(GpuEngine&)>& use) {
   const ModelConfig config = find_preset("tiny").config;
   const RunShape shape{2, 1, PassKind::kDecode, 128};
   const Graph graph(config, shape);
   Schedule schedule = make_schedule(graph, derive_dependencies(graph), SchedulePolicy::kCostModel, sm_count);
   planted = plant_missing_signal(schedule, Opcode::kSample);
-  if (!planted.planted) return "the decode schedule has no sample task with a wait";
-  GpuEngine gpu(graph, schedule, random_weights(config, 1), {.stall_timeout_s = 0.5, .verify = false});
+  if (!planted.planted) return;
+  GpuEngine gpu(graph, schedule, random_weights(config, 1),
+                {.stall_timeout_s = 0.5, .verify = false, .skip_dependency_waits = skip_dependency_waits});
   ref::ModelInput input;
   input.shape = shape;
   input.tokens = {1, 2};
   input.positions = {3, 7};
   gpu.set_input(input);
-  return testing_util::error_of([&] { run(gpu); });
+  use(gpu);
+}
+
+// What `run` throws from the engine of with_planted_stall (a test failure if nothing).
+std::string planted_stall_message(int32_t sm_count, const std::function<void(GpuEngine&)>& run,
+                                  PlantedWait& planted) {
+  std::string message = "the decode schedule has no sample task with a wait";
+  with_planted_stall(sm_count, false, planted,
+                     [&](GpuEngine& gpu) { message = testing_util::error_of([&] { run(gpu); }); });
+  return message;
 }
 
 // In decode passes the counter poller warp checks the consumers' counters; a wait that is never met must still be
@@ -321,6 +331,20 @@ TEST_F(Gpu, DecodeStallInAGroupNamesTheStep) {
   ASSERT_TRUE(planted.planted) << message;
   EXPECT_THAT(message, HasSubstr(fmt::format("counter {},", planted.counter)));
   EXPECT_THAT(message, HasSubstr("(step 1 of the 4 launched together)"));
+}
+
+// The diagnostic skips every wait on another SM's counter: the missing signal is passed over, in every step of a group
+// fed on the device, and the sampled ids stay inside the vocabulary (the next step's embedding reads them).
+TEST_F(Gpu, DecodeSkippedDependencyWaitsPassAMissingSignal) {
+  PlantedWait planted;
+  with_planted_stall(info_.sm_count, true, planted, [](GpuEngine& gpu) {
+    const std::vector<int32_t> sampled = gpu.run_steps_and_read_sampled(4);
+    ASSERT_EQ(sampled.size(), 8u);
+    const int32_t vocab = find_preset("tiny").config.vocab_size;
+    for (int32_t id : sampled) EXPECT_TRUE(id >= 0 && id < vocab) << id;
+    gpu.run();
+  });
+  ASSERT_TRUE(planted.planted);
 }
 
 TEST_F(Gpu, DecodeRefusesWhatItCannotServe) {

@@ -69,6 +69,7 @@ __device__ __forceinline__ void report_error(const MegakernelParams& p, ErrorKin
 
 // Acquire-waits until counters[wait.counter] >= epoch * wait.target. False when the kernel is aborting.
 __device__ __forceinline__ bool wait_counter(const MegakernelParams& p, const Wait& wait, Site site) {
+  if (p.skip_dependency_waits) return true;
   const uint32_t target = p.epoch * wait.target;
   const uint32_t* counter = p.counters + wait.counter;
   uint32_t value = ptx::load_acquire(counter);
