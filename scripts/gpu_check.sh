@@ -2,7 +2,7 @@
 # One call on the GPU machine: configure, build with all cores, then run the requested steps, logging into a folder.
 # Usage: scripts/gpu_check.sh OUT_DIR [steps...]
 #        steps: smoke tests decode bench_decode hf_generate text sanitize_decode trace traces ab hf bench bench_ops
-#               sanitize sanitize_forward ablation ab_decode ncu sass
+#               sanitize sanitize_forward ablation waits ab_decode ncu sass
 # (run scripts/prepare_gpu_deps.sh here first and carry .gpu-deps: the GPU machine cannot install PCRE2)
 #        (default: smoke tests trace hf bench sass)
 # NOTE: a GPU machine keeps at most 8 files of OUT_DIR: pack it (tar) before the call ends.
@@ -280,6 +280,49 @@ for s in $steps; do
           echo "${mode:-single launch} ($shape): $time_line" | tee -a "$out/ablation.log"
         done
       done
+      ;;
+    waits)
+      # What the dependency waits cost, same build: each of WAITS_ARGS' ;-separated shapes of `mk run --preset seed`
+      # (default the seed and S=4096) timed with and without --skip-dependency-waits, alternating, twice; then
+      # `mk generate` on WAITS_DECODE_PRESET (default llama-3.2-1b; a 896-token prompt, context 1024) at each of
+      # WAITS_DECODE_BATCHES (default 1) the same way; then one traced launch of each with the waits skipped
+      # (waits.log: its per-op table is each op's time with nothing to wait for).
+      IFS=';' read -ra shapes <<<"${WAITS_ARGS:---seq 256 --iterations 200;--seq 4096 --iterations 30}"
+      prompt=$(seq -s, 1 896)
+      preset=${WAITS_DECODE_PRESET:-llama-3.2-1b}
+      for _ in 1 2; do
+        for shape in "${shapes[@]}"; do
+          for mode in "" "--skip-dependency-waits"; do
+            # shellcheck disable=SC2086  # the shape is flags, split on purpose
+            time_line=$(clocked timeout 300 "$build/mk" run --preset seed $shape $mode --engine gpu) || status=1
+            echo "${mode:-with waits} ($shape): $time_line" | tee -a "$out/waits.log"
+          done
+        done
+        for batch in ${WAITS_DECODE_BATCHES:-1}; do
+          for mode in "" "--skip-dependency-waits"; do
+            # shellcheck disable=SC2086  # an empty mode is no flag
+            p50_line=$(timeout 300 "$build/mk" generate --preset "$preset" --engine gpu --prompt-ids "$prompt" \
+              --batch "$batch" --max-new-tokens 128 --max-context 1024 --stream none $mode 2>&1 | grep -E 'p50') || {
+              p50_line=failed
+              status=1
+            }
+            echo "${mode:-with waits} ($preset batch $batch): $p50_line" | tee -a "$out/waits.log"
+          done
+        done
+      done
+      for shape in "${shapes[@]}"; do
+        echo "=== trace --skip-dependency-waits $shape" >>"$out/waits.log"
+        # shellcheck disable=SC2086  # the shape is flags, split on purpose
+        timeout 120 "$build/mk" trace --preset seed ${shape%--iterations*} --engine gpu --skip-dependency-waits \
+          --out "$out/trace-skip.json" >>"$out/waits.log" 2>&1 || status=1
+      done
+      for batch in ${WAITS_DECODE_BATCHES:-1}; do
+        echo "=== decode trace --skip-dependency-waits batch $batch" >>"$out/waits.log"
+        timeout 300 "$build/mk" generate --preset "$preset" --engine gpu --prompt-ids "$prompt" --batch "$batch" \
+          --max-new-tokens 16 --max-context 1024 --stream none --skip-dependency-waits \
+          --trace "$out/trace-decode-skip.json" >>"$out/waits.log" 2>&1 || status=1
+      done
+      rm -f "$out/trace-skip.json"
       ;;
     ab_decode)
       # Decode against old/'s tree (and old2/'s), alternating, twice: `mk generate`'s p50 per token on
