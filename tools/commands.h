@@ -129,6 +129,9 @@ struct TraceCommand {
   }
 };
 
+// One traced forward pass (tools/trace_command.cc).
+int run_trace(const TraceCommand& trace_command);
+
 struct ExportCommand {
   ModelOptions model;
   std::string dir, input_path;
