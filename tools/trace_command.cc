@@ -85,6 +85,9 @@ int run_trace(const TraceCommand& trace_command) {
   fmt::print("wrote {} (open it in ui.perfetto.dev)\n", out_path);
   const mk::TraceSummary summary = mk::summarize_trace(graph, schedule, trace);
   if (!summary_path.empty()) mk::write_file(summary_path, mk::trace_summary_json(summary).dump(1) + "\n");
+  if (trace_command.skip_dependency_waits)
+    fmt::print("--skip-dependency-waits: no wait held a tile back, so the waits table's inputs may be published after "
+               "the tiles that read them (negative hops)\n");
   fmt::print("{}", mk::format_trace_summary(graph, summary, trace));
   return 0;
 }
