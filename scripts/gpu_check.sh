@@ -78,6 +78,18 @@ clocked() {
   return "$code"
 }
 
+# decode_p50 BINARY PRESET PROMPT BATCH CONTEXT [FLAGS...]: `mk generate`'s p50 line for 128 new tokens on random
+# weights (ids streamed to nowhere), or "failed" and a failing return.
+decode_p50() {
+  local binary=$1 preset=$2 prompt=$3 batch=$4 context=$5
+  shift 5
+  timeout 300 "$binary" generate --preset "$preset" --engine gpu --prompt-ids "$prompt" --batch "$batch" \
+    --max-new-tokens 128 --max-context "$context" --stream none "$@" 2>&1 | grep -E 'p50' || {
+    echo failed
+    return 1
+  }
+}
+
 # build_old: builds mk from each tree under old/ and old2/ (scripts/gpu_snapshot.sh REF OLD_REF [OLD2_REF]) once,
 # into build-old/ and build-old2/; false if there is no old/. Sets ab_trees: new, old, and old2 when there is one.
 build_old() {
@@ -301,11 +313,7 @@ for s in $steps; do
         for batch in ${WAITS_DECODE_BATCHES:-1}; do
           for mode in "" "--skip-dependency-waits"; do
             # shellcheck disable=SC2086  # an empty mode is no flag
-            p50_line=$(timeout 300 "$build/mk" generate --preset "$preset" --engine gpu --prompt-ids "$prompt" \
-              --batch "$batch" --max-new-tokens 128 --max-context 1024 --stream none $mode 2>&1 | grep -E 'p50') || {
-              p50_line=failed
-              status=1
-            }
+            p50_line=$(decode_p50 "$build/mk" "$preset" "$prompt" "$batch" 1024 $mode) || status=1
             echo "${mode:-with waits} ($preset batch $batch): $p50_line" | tee -a "$out/waits.log"
           done
         done
@@ -337,12 +345,7 @@ for s in $steps; do
       for _ in 1 2; do
         for batch in ${AB_DECODE_BATCHES:-1 8}; do
           for tree in $ab_trees; do
-            binary=$(tree_binary "$tree")
-            p50_line=$(timeout 300 "$binary" generate --preset "$preset" --engine gpu --prompt-ids "$prompt" \
-              --batch "$batch" --max-new-tokens 128 --max-context "$context" --stream none 2>&1 | grep -E 'p50') || {
-              p50_line=failed
-              status=1
-            }
+            p50_line=$(decode_p50 "$(tree_binary "$tree")" "$preset" "$prompt" "$batch" "$context") || status=1
             echo "$tree (batch $batch): $p50_line" | tee -a "$out/ab-decode.log"
           done
         done

@@ -276,9 +276,7 @@ void GenerateCommand::check_flags_apply(const std::string& engine_name) const {
                       {"--policy", {"cpu-vm"}},
                       {"--stall-timeout", {"gpu"}},
                       {"--skip-dependency-waits", {"gpu"}}});
-  if (skip_dependency_waits && !output_path.empty())
-    throw UsageError("--output with --skip-dependency-waits: those tokens are not the model's; time the run without "
-                     "--output");
+  check_no_output_when_skipping_waits(skip_dependency_waits, output_path);
   if (command->count("--weights-seed") > 0 && !model_dir.empty())
     throw UsageError("--weights-seed has nothing to seed: --model gives the weights");
   if (sampling.temperature != 0) return;

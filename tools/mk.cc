@@ -116,9 +116,7 @@ void check_run(const CLI::App& command, const ModelOptions& options, const Sched
                                {"--launch-per-op", {"gpu"}},
                                {"--stall-timeout", {"gpu"}},
                                {"--skip-dependency-waits", {"gpu"}}});
-  if (command.count("--skip-dependency-waits") > 0 && !paths.output.empty())
-    throw UsageError("--output with --skip-dependency-waits: that output is not the model's; time the run without "
-                     "--output");
+  mk::cli::check_no_output_when_skipping_waits(command.count("--skip-dependency-waits") > 0, paths.output);
   CommandFiles files;
   options.add_inputs(files);
   schedule_options.add_inputs(files);

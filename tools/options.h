@@ -101,6 +101,13 @@ inline void add_skip_dependency_waits_flag(CLI::App& command, bool& skip) {
                    "the dependency waits cost; the output is not the model's (no checksum, no --output)");
 }
 
+// The output of a run with --skip-dependency-waits is not the model's: it is not written over a user's file.
+inline void check_no_output_when_skipping_waits(bool skip, const std::string& output_path) {
+  if (skip && !output_path.empty())
+    throw UsageError("--output with --skip-dependency-waits: that output is not the model's; time the run without "
+                     "--output");
+}
+
 // A seed: a whole number in [0, 2^64). CLI11 alone takes both -1 and 99999999999999999999 as 2^64 - 1, so that
 // different seeds given would silently be one.
 inline const CLI::Validator kSeed(
