@@ -64,12 +64,12 @@ struct KvAppendOp {
 
 // ---- decode GEMMs: out (B, n) <- a (B, k) @ w^T ----
 
-// Column tiles [begin(i), begin(i + 1)), i < count, of a decode GEMM output of n columns: whole kDecodeMinBlockN-column
-// units, `units` of them a tile, one more in each of the first `wide` tiles; the last tile ends at n (narrower when n
-// is not a multiple of kDecodeMinBlockN).
+// Column tiles [begin(i), begin(i + 1)), i < count, of a decode GEMM output of n columns: whole `unit`-column units,
+// `units` of them a tile, one more in each of the first `wide` tiles; the last tile ends at n (narrower when n is not
+// a multiple of the unit).
 struct DecodeColumns {
-  int64_t n = 0, count = 0, wide = 0, units = 0;
-  int64_t begin(int64_t i) const { return std::min(n, (i * units + std::min(i, wide)) * tiles::kDecodeMinBlockN); }
+  int64_t n = 0, count = 0, wide = 0, units = 0, unit = tiles::kDecodeMinBlockN;
+  int64_t begin(int64_t i) const { return std::min(n, (i * units + std::min(i, wide)) * unit); }
 };
 
 // decode_block_n(spread_n) columns a tile: narrow enough that every SM streams weights.
@@ -95,6 +95,23 @@ inline DecodeColumns balanced_decode_columns(int64_t n) {
   return {n, count, units % count, units / count};
 }
 
+// NOTE: q and kv are one phase of every layer's chain, and at batch 1 each of their tiles streams its weights at one
+// SM's rate, so the phase lasts as long as the widest tile: uniform tiles of 32 columns (Llama-3.2-1B) or 64
+// (Llama-3.1-8B) ran on 96 of the 132 SMs. At batch 1 (the CUDA-core path, which takes any count of pairs a warp) q
+// and kv share kDecodeSpreadTasks tiles in proportion to their columns instead, in units of kDecodeQkvUnit columns
+// (whole RoPE pairs): 24 columns at most on the 1B shape, 48 on the 8B.
+inline DecodeColumns spread_qkv_columns(int64_t n, int64_t qkv_n) {
+  const int64_t units = blocks(n, tiles::kDecodeQkvUnit);
+  const int64_t count = std::clamp<int64_t>(tiles::kDecodeSpreadTasks * n / qkv_n, 1, units);
+  return {n, count, units % count, units / count, tiles::kDecodeQkvUnit};
+}
+
+// q's or kv's tiles (n columns): spread at batch 1, else uniform over the projection's columns.
+inline DecodeColumns qkv_tile_columns(const OpContext& ctx, int64_t n) {
+  if (ctx.shape.batch == 1) return spread_qkv_columns(n, ctx.config.qkv_dim());
+  return uniform_decode_columns(n, ctx.config.qkv_dim());
+}
+
 // Tiles of every batch row block (kBlockM) x each column tile. Rows are scaled by row_scale (the cache's max context
 // for kDecodeKv, whose rows are cache rows).
 inline void decode_gemm_tiles(Opcode opcode, uint16_t layer, int64_t batch, const DecodeColumns& columns,
@@ -116,12 +133,14 @@ struct DecodeGemmOp : Base {
   static DecodeColumns columns(const ModelConfig& c) {
     return uniform_decode_columns(Op::gemm(c).n, Op::spread_columns(c));
   }
+  // The columns of this pass's tiles: q and kv's depend on the batch too.
+  static DecodeColumns tile_columns(const OpContext& ctx) { return Op::columns(ctx.config); }
   static void tile(const OpContext& ctx, uint16_t layer, std::vector<Task>& tasks) {
-    decode_gemm_tiles(Op::kOpcode, layer, ctx.shape.batch, Op::columns(ctx.config), 1, tasks);
+    decode_gemm_tiles(Op::kOpcode, layer, ctx.shape.batch, Op::tile_columns(ctx), 1, tasks);
   }
   // kDecodeKv tiles its own rows, but as many of them: only their scale differs.
   static int64_t num_tasks(const OpContext& ctx) {
-    return Op::columns(ctx.config).count * blocks(ctx.shape.batch, tiles::kBlockM);
+    return Op::tile_columns(ctx).count * blocks(ctx.shape.batch, tiles::kBlockM);
   }
   // Every weight row is read by this task alone: the weight bytes are streamed from HBM.
   static TaskWork work(const OpContext& ctx, const Task& t) {
@@ -139,6 +158,7 @@ struct DecodeQOp : DecodeGemmOp<DecodeQOp> {
   static BufferRef a(uint16_t layer) { return {BK::kHidden, layer}; }  // normalized by the task itself
   static GemmShape gemm(const ModelConfig& c) { return {c.q_dim(), c.d_model, 1, "hidden_size"}; }
   static int64_t spread_columns(const ModelConfig& c) { return c.qkv_dim(); }
+  static DecodeColumns tile_columns(const OpContext& ctx) { return qkv_tile_columns(ctx, gemm(ctx.config).n); }
   static void reads(const OpContext& ctx, const Task& t, TaskRegions& r) {
     GemmOp::reads(ctx, t, r);
     r.read(positions_of(ctx, t.row_begin, t.row_end));
@@ -161,11 +181,12 @@ struct DecodeKvOp : DecodeGemmOp<DecodeKvOp> {
   static BufferRef a(uint16_t layer) { return {BK::kHidden, layer}; }
   static GemmShape gemm(const ModelConfig& c) { return {2 * c.kv_dim(), c.d_model, 1, "hidden_size"}; }
   static int64_t spread_columns(const ModelConfig& c) { return c.qkv_dim(); }
+  static DecodeColumns tile_columns(const OpContext& ctx) { return qkv_tile_columns(ctx, gemm(ctx.config).n); }
   static ref::Range batch_rows(int64_t max_context, const Task& t) {
     return {t.row_begin / max_context, (t.row_end + max_context - 1) / max_context};
   }
   static void tile(const OpContext& ctx, uint16_t layer, std::vector<Task>& tasks) {
-    decode_gemm_tiles(kOpcode, layer, ctx.shape.batch, columns(ctx.config), ctx.shape.max_context, tasks);
+    decode_gemm_tiles(kOpcode, layer, ctx.shape.batch, tile_columns(ctx), ctx.shape.max_context, tasks);
   }
   static void reads(const OpContext& ctx, const Task& t, TaskRegions& r) {
     const ref::Range rows = batch_rows(ctx.shape.max_context, t);

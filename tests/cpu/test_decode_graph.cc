@@ -293,10 +293,19 @@ TEST(DecodeGraph, ALlama1BStepSpreadsOverEverySm) {
   const RunShape shape{1, 1, PassKind::kDecode, 1024};
   const Graph graph(config, shape);
   std::map<Opcode, int64_t> tasks_of_layer_0;
-  for (const Task& t : graph.tasks())
+  int32_t widest_qkv_tile = 0;
+  for (const Task& t : graph.tasks()) {
     if (t.layer == 0) ++tasks_of_layer_0[t.opcode];
-  // One round of tiles on 132 SMs per GEMM: the narrowest power-of-two width giving at most 132 tiles.
-  EXPECT_EQ(tasks_of_layer_0[Opcode::kDecodeQ] + tasks_of_layer_0[Opcode::kDecodeKv], 3072 / 32);
+    if (t.opcode == Opcode::kDecodeQ || t.opcode == Opcode::kDecodeKv) {
+      EXPECT_EQ((t.col_end - t.col_begin) % 8, 0) << "whole units of 8 columns (RoPE pairs)";
+      widest_qkv_tile = std::max(widest_qkv_tile, t.col_end - t.col_begin);
+    }
+  }
+  // q and kv share one round of 132 tiles in proportion to their columns (88 and 44), 16 or 24 columns each.
+  EXPECT_EQ(tasks_of_layer_0[Opcode::kDecodeQ], 88);
+  EXPECT_EQ(tasks_of_layer_0[Opcode::kDecodeKv], 44);
+  EXPECT_EQ(widest_qkv_tile, 24);
+  // The others: one round on 132 SMs per GEMM, the narrowest power-of-two width giving at most 132 tiles.
   EXPECT_EQ(tasks_of_layer_0[Opcode::kDecodeOProj], 2048 / 16);
   EXPECT_EQ(tasks_of_layer_0[Opcode::kDecodeGateUp], 8192 / 64);
   EXPECT_EQ(tasks_of_layer_0[Opcode::kDecodeDown], 2048 / 16);
@@ -316,6 +325,22 @@ TEST(DecodeGraph, ALlama1BStepSpreadsOverEverySm) {
   const double makespan_ns = estimate_schedule(graph, schedule).makespan_ns;
   EXPECT_GT(makespan_ns, floor_ns);
   EXPECT_LT(makespan_ns, 1.6 * floor_ns) << "estimated " << makespan_ns / 1e3 << " us, floor " << floor_ns / 1e3;
+}
+
+// Above batch 1 q and kv keep uniform power-of-two tiles: passes of 3 or more rows go to the tensor cores, whose
+// groups are whole kDecodeMinBlockN-column units.
+TEST(DecodeGraph, QAndKvSpreadOnlyAtBatch1) {
+  const ModelConfig config = find_preset("llama-3.2-1b").config;
+  for (int64_t batch : {2, 8}) {
+    const Graph graph(config, {batch, 1, PassKind::kDecode, 1024});
+    int64_t qkv_tiles = 0;
+    for (const Task& t : graph.tasks()) {
+      if (t.layer != 0 || (t.opcode != Opcode::kDecodeQ && t.opcode != Opcode::kDecodeKv)) continue;
+      ++qkv_tiles;
+      EXPECT_EQ(t.col_end - t.col_begin, 32) << "batch " << batch;
+    }
+    EXPECT_EQ(qkv_tiles, 3072 / 32) << "batch " << batch;
+  }
 }
 
 // Both tiling rules keep a decode phase to one round of kDecodeSpreadTasks (132) tasks where they can.
