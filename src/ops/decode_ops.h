@@ -70,6 +70,7 @@ struct KvAppendOp {
 struct DecodeColumns {
   int64_t n = 0, count = 0, wide = 0, units = 0, unit = tiles::kDecodeMinBlockN;
   int64_t begin(int64_t i) const { return std::min(n, (i * units + std::min(i, wide)) * unit); }
+  int64_t widest() const { return std::min(n, (units + (wide > 0 ? 1 : 0)) * unit); }
 };
 
 // decode_block_n(spread_n) columns a tile: narrow enough that every SM streams weights.
@@ -95,21 +96,32 @@ inline DecodeColumns balanced_decode_columns(int64_t n) {
   return {n, count, units % count, units / count};
 }
 
-// NOTE: q and kv are one phase of every layer's chain, and at batch 1 each of their tiles streams its weights at one
-// SM's rate, so the phase lasts as long as the widest tile: uniform tiles of 32 columns (Llama-3.2-1B) or 64
-// (Llama-3.1-8B) ran on 96 of the 132 SMs. At batch 1 (the CUDA-core path, which takes any count of pairs a warp) q
-// and kv share kDecodeSpreadTasks tiles in proportion to their columns instead, in units of kDecodeQkvUnit columns
-// (whole RoPE pairs): 24 columns at most on the 1B shape, 48 on the 8B.
-inline DecodeColumns spread_qkv_columns(int64_t n, int64_t qkv_n) {
-  const int64_t units = blocks(n, tiles::kDecodeQkvUnit);
-  const int64_t count = std::clamp<int64_t>(tiles::kDecodeSpreadTasks * n / qkv_n, 1, units);
-  return {n, count, units % count, units / count, tiles::kDecodeQkvUnit};
+// `count` tiles of n columns (at most one a unit) in whole kDecodeSpreadUnit-column units, spread evenly.
+inline DecodeColumns spread_decode_columns(int64_t n, int64_t count) {
+  const int64_t units = blocks(n, tiles::kDecodeSpreadUnit);
+  count = std::clamp<int64_t>(count, 1, units);
+  return {n, count, units % count, units / count, tiles::kDecodeSpreadUnit};
 }
 
-// q's or kv's tiles (n columns): spread at batch 1, else uniform over the projection's columns.
+// NOTE: at batch 1 each decode tile streams its weights at one SM's rate, and each op's phase lasts as long as its
+// widest tile, so tiles are cut for width, on the CUDA-core path, which takes any count of pairs a warp (passes of 3
+// or more rows go to the tensor cores, whose groups are whole kDecodeMinBlockN-column units). q and kv, one phase of
+// every layer's chain, share kDecodeSpreadTasks tiles in proportion to their columns: uniform tiles of 32 columns
+// (Llama-3.2-1B) or 64 (Llama-3.1-8B) ran on 96 of the 132 SMs, spread ones are 24 or 48 columns at most. q's or kv's
+// tiles of n columns:
 inline DecodeColumns qkv_tile_columns(const OpContext& ctx, int64_t n) {
-  if (ctx.shape.batch == 1) return spread_qkv_columns(n, ctx.config.qkv_dim());
-  return uniform_decode_columns(n, ctx.config.qkv_dim());
+  const int64_t qkv_n = ctx.config.qkv_dim();
+  if (ctx.shape.batch == 1) return spread_decode_columns(n, tiles::kDecodeSpreadTasks * n / qkv_n);
+  return uniform_decode_columns(n, qkv_n);
+}
+
+// The other decode GEMMs at batch 1 take one round of kDecodeSpreadTasks spread tiles where their usual tiles leave
+// SMs of the round without one and spreading narrows the widest: Llama-3.1-8B's gate_up (14336 columns) made 112
+// uniform tiles of 128 columns, 112 at most spread.
+inline DecodeColumns narrowest_at_batch_1(const OpContext& ctx, const DecodeColumns& usual) {
+  if (ctx.shape.batch != 1 || usual.count >= tiles::kDecodeSpreadTasks) return usual;
+  const DecodeColumns spread = spread_decode_columns(usual.n, tiles::kDecodeSpreadTasks);
+  return spread.widest() < usual.widest() ? spread : usual;
 }
 
 // Tiles of every batch row block (kBlockM) x each column tile. Rows are scaled by row_scale (the cache's max context
@@ -133,8 +145,8 @@ struct DecodeGemmOp : Base {
   static DecodeColumns columns(const ModelConfig& c) {
     return uniform_decode_columns(Op::gemm(c).n, Op::spread_columns(c));
   }
-  // The columns of this pass's tiles: q and kv's depend on the batch too.
-  static DecodeColumns tile_columns(const OpContext& ctx) { return Op::columns(ctx.config); }
+  // The columns of this pass's tiles, which depend on the batch too.
+  static DecodeColumns tile_columns(const OpContext& ctx) { return narrowest_at_batch_1(ctx, Op::columns(ctx.config)); }
   static void tile(const OpContext& ctx, uint16_t layer, std::vector<Task>& tasks) {
     decode_gemm_tiles(Op::kOpcode, layer, ctx.shape.batch, Op::tile_columns(ctx), 1, tasks);
   }

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <set>
 #include <tuple>
 #include <vector>
 
@@ -325,6 +326,29 @@ TEST(DecodeGraph, ALlama1BStepSpreadsOverEverySm) {
   const double makespan_ns = estimate_schedule(graph, schedule).makespan_ns;
   EXPECT_GT(makespan_ns, floor_ns);
   EXPECT_LT(makespan_ns, 1.6 * floor_ns) << "estimated " << makespan_ns / 1e3 << " us, floor " << floor_ns / 1e3;
+}
+
+// Llama-3.1-8B's gate_up (14336 columns) made 112 uniform tiles of 128 columns at batch 1, 20 SMs idle in its phase:
+// spread, one round of 132 tiles of 104 or 112 columns. Above batch 1 (the tensor cores) it keeps the uniform tiles.
+TEST(DecodeGraph, ALlama8BGateUpSpreadsOverEverySmAtBatch1) {
+  const ModelConfig config = find_preset("llama-3.1-8b").config;
+  for (int64_t batch : {1, 8}) {
+    const Graph graph(config, {batch, 1, PassKind::kDecode, 1024});
+    std::set<int32_t> widths;
+    int64_t tiles_of_layer_0 = 0;
+    for (const Task& t : graph.tasks()) {
+      if (t.layer != 0 || t.opcode != Opcode::kDecodeGateUp) continue;
+      tiles_of_layer_0 += t.row_begin == 0;
+      widths.insert(t.col_end - t.col_begin);
+    }
+    if (batch == 1) {
+      EXPECT_EQ(tiles_of_layer_0, 132);
+      EXPECT_EQ(widths, (std::set<int32_t>{104, 112}));
+    } else {
+      EXPECT_EQ(tiles_of_layer_0, 14336 / 128);
+      EXPECT_EQ(widths, std::set<int32_t>{128});
+    }
+  }
 }
 
 // Above batch 1 q and kv keep uniform power-of-two tiles: passes of 3 or more rows go to the tensor cores, whose
