@@ -96,32 +96,33 @@ inline DecodeColumns balanced_decode_columns(int64_t n) {
   return {n, count, units % count, units / count};
 }
 
-// `count` tiles of n columns (at most one a unit) in whole kDecodeSpreadUnit-column units, spread evenly.
-inline DecodeColumns spread_decode_columns(int64_t n, int64_t count) {
-  const int64_t units = blocks(n, tiles::kDecodeSpreadUnit);
+// `count` tiles of n columns (at most one a unit) in whole `unit`-column units, spread evenly.
+inline DecodeColumns spread_decode_columns(int64_t n, int64_t count, int64_t unit) {
+  const int64_t units = blocks(n, unit);
   count = std::clamp<int64_t>(count, 1, units);
-  return {n, count, units % count, units / count, tiles::kDecodeSpreadUnit};
+  return {n, count, units % count, units / count, unit};
 }
 
-// NOTE: at batch 1 each decode tile streams its weights at one SM's rate, and each op's phase lasts as long as its
-// widest tile, so tiles are cut for width, on the CUDA-core path, which takes any count of pairs a warp (passes of 3
-// or more rows go to the tensor cores, whose groups are whole kDecodeMinBlockN-column units). q and kv, one phase of
-// every layer's chain, share kDecodeSpreadTasks tiles in proportion to their columns: uniform tiles of 32 columns
-// (Llama-3.2-1B) or 64 (Llama-3.1-8B) ran on 96 of the 132 SMs, spread ones are 24 or 48 columns at most. q's or kv's
-// tiles of n columns:
+// NOTE: at small batches each decode tile streams its weights at about one SM's rate, and each op's phase lasts as
+// long as its widest tile, so where an op's usual tiles (power-of-two widths) leave SMs of the 132-tile round without
+// one, it takes one round of spread tiles instead if that narrows the widest: Llama-3.1-8B's gate_up (14336 columns)
+// made 112 tiles of 128 columns (112 at most spread), its q and kv 96 tiles of 64 (48). q and kv, one phase of every
+// layer's chain, share the round in proportion to their columns (`tasks`). A spread unit is 8 columns (whole RoPE
+// pairs) on the CUDA cores (batch 1, any count of pairs a warp), kDecodeMinBlockN on the tensor cores (passes of 3 to
+// 16 rows: units of two mma groups); above kDecodeSpreadMaxBatch rows (wide passes, several passes) the usual tiles,
+// unmeasured there.
+inline DecodeColumns narrowest_decode_columns(const OpContext& ctx, const DecodeColumns& usual, int64_t tasks) {
+  const int64_t batch = ctx.shape.batch;
+  if (batch > tiles::kDecodeSpreadMaxBatch || usual.count >= tasks) return usual;
+  const int64_t unit = batch == 1 ? tiles::kDecodeSpreadUnit : tiles::kDecodeMinBlockN;
+  const DecodeColumns spread = spread_decode_columns(usual.n, tasks, unit);
+  return spread.widest() < usual.widest() ? spread : usual;
+}
+
+// q's or kv's tiles of n columns.
 inline DecodeColumns qkv_tile_columns(const OpContext& ctx, int64_t n) {
   const int64_t qkv_n = ctx.config.qkv_dim();
-  if (ctx.shape.batch == 1) return spread_decode_columns(n, tiles::kDecodeSpreadTasks * n / qkv_n);
-  return uniform_decode_columns(n, qkv_n);
-}
-
-// The other decode GEMMs at batch 1 take one round of kDecodeSpreadTasks spread tiles where their usual tiles leave
-// SMs of the round without one and spreading narrows the widest: Llama-3.1-8B's gate_up (14336 columns) made 112
-// uniform tiles of 128 columns, 112 at most spread.
-inline DecodeColumns narrowest_at_batch_1(const OpContext& ctx, const DecodeColumns& usual) {
-  if (ctx.shape.batch != 1 || usual.count >= tiles::kDecodeSpreadTasks) return usual;
-  const DecodeColumns spread = spread_decode_columns(usual.n, tiles::kDecodeSpreadTasks);
-  return spread.widest() < usual.widest() ? spread : usual;
+  return narrowest_decode_columns(ctx, uniform_decode_columns(n, qkv_n), tiles::kDecodeSpreadTasks * n / qkv_n);
 }
 
 // Tiles of every batch row block (kBlockM) x each column tile. Rows are scaled by row_scale (the cache's max context
@@ -146,7 +147,9 @@ struct DecodeGemmOp : Base {
     return uniform_decode_columns(Op::gemm(c).n, Op::spread_columns(c));
   }
   // The columns of this pass's tiles, which depend on the batch too.
-  static DecodeColumns tile_columns(const OpContext& ctx) { return narrowest_at_batch_1(ctx, Op::columns(ctx.config)); }
+  static DecodeColumns tile_columns(const OpContext& ctx) {
+    return narrowest_decode_columns(ctx, Op::columns(ctx.config), tiles::kDecodeSpreadTasks);
+  }
   static void tile(const OpContext& ctx, uint16_t layer, std::vector<Task>& tasks) {
     decode_gemm_tiles(Op::kOpcode, layer, ctx.shape.batch, Op::tile_columns(ctx), 1, tasks);
   }

@@ -328,32 +328,31 @@ TEST(DecodeGraph, ALlama1BStepSpreadsOverEverySm) {
   EXPECT_LT(makespan_ns, 1.6 * floor_ns) << "estimated " << makespan_ns / 1e3 << " us, floor " << floor_ns / 1e3;
 }
 
-// Llama-3.1-8B's gate_up (14336 columns) made 112 uniform tiles of 128 columns at batch 1, 20 SMs idle in its phase:
-// spread, one round of 132 tiles of 104 or 112 columns. Above batch 1 (the tensor cores) it keeps the uniform tiles.
-TEST(DecodeGraph, ALlama8BGateUpSpreadsOverEverySmAtBatch1) {
+// Llama-3.1-8B's gate_up (14336 columns) made 112 uniform tiles of 128 columns, 20 SMs idle in its phase, and its q
+// and kv 96 of 64: up to batch 16 they take one round of 132 spread tiles, in units of 8 columns at batch 1 (the CUDA
+// cores) and 16 above (the tensor cores); above batch 16 the uniform tiles.
+TEST(DecodeGraph, ALlama8BSpreadsItsGateUpAndQkvOverEverySmUpToBatch16) {
   const ModelConfig config = find_preset("llama-3.1-8b").config;
-  for (int64_t batch : {1, 8}) {
+  using Widths = std::map<int32_t, int64_t>;  // tile width -> tiles of layer 0
+  const auto widths_of = [&](int64_t batch, Opcode opcode) {
+    Widths widths;
     const Graph graph(config, {batch, 1, PassKind::kDecode, 1024});
-    std::set<int32_t> widths;
-    int64_t tiles_of_layer_0 = 0;
-    for (const Task& t : graph.tasks()) {
-      if (t.layer != 0 || t.opcode != Opcode::kDecodeGateUp) continue;
-      tiles_of_layer_0 += t.row_begin == 0;
-      widths.insert(t.col_end - t.col_begin);
-    }
-    if (batch == 1) {
-      EXPECT_EQ(tiles_of_layer_0, 132);
-      EXPECT_EQ(widths, (std::set<int32_t>{104, 112}));
-    } else {
-      EXPECT_EQ(tiles_of_layer_0, 14336 / 128);
-      EXPECT_EQ(widths, std::set<int32_t>{128});
-    }
-  }
+    for (const Task& t : graph.tasks())
+      if (t.layer == 0 && t.opcode == opcode && t.row_begin == 0) ++widths[t.col_end - t.col_begin];
+    return widths;
+  };
+  EXPECT_EQ(widths_of(1, Opcode::kDecodeGateUp), (Widths{{104, 56}, {112, 76}}));
+  EXPECT_EQ(widths_of(8, Opcode::kDecodeGateUp), (Widths{{96, 28}, {112, 104}}));
+  EXPECT_EQ(widths_of(32, Opcode::kDecodeGateUp), (Widths{{128, 112}}));
+  EXPECT_EQ(widths_of(8, Opcode::kDecodeQ), (Widths{{32, 8}, {48, 80}}));
+  EXPECT_EQ(widths_of(8, Opcode::kDecodeKv), (Widths{{32, 4}, {48, 40}}));
+  EXPECT_EQ(widths_of(32, Opcode::kDecodeQ), (Widths{{64, 64}}));
+  EXPECT_EQ(widths_of(8, Opcode::kDecodeDown), (Widths{{32, 128}})) << "spreading would not narrow it";
 }
 
-// Above batch 1 q and kv keep uniform power-of-two tiles: passes of 3 or more rows go to the tensor cores, whose
-// groups are whole kDecodeMinBlockN-column units.
-TEST(DecodeGraph, QAndKvSpreadOnlyAtBatch1) {
+// Above batch 1 the 1B shape's q and kv keep uniform tiles of 32 columns: passes of 3 or more rows go to the tensor
+// cores, whose spread units of kDecodeMinBlockN columns would not narrow them.
+TEST(DecodeGraph, ALlama1BSpreadsQAndKvOnlyAtBatch1) {
   const ModelConfig config = find_preset("llama-3.2-1b").config;
   for (int64_t batch : {2, 8}) {
     const Graph graph(config, {batch, 1, PassKind::kDecode, 1024});
