@@ -15,6 +15,7 @@
 #include "mk/check.h"
 #include "mk/model_config.h"
 #include "mk/safetensors.h"
+#include "mk/random.h"
 #include "mk/weights.h"
 #include "test_util.h"
 
@@ -103,6 +104,31 @@ TEST(Weights, RandomIsDeterministicPerSeed) {
   EXPECT_FALSE(ta.at("model.layers.0.mlp.gate_proj.weight").bits == ta.at("model.layers.0.mlp.up_proj.weight").bits);
   EXPECT_FALSE(ta.at("model.layers.0.self_attn.k_proj.weight").bits ==
                ta.at("model.layers.1.self_attn.k_proj.weight").bits);
+}
+
+// The weights are filled in parallel ranges (Random::skip); each tensor must still hold its own generator's draws in
+// order, as one thread draws them: the values every earlier session's random-weight figures were taken on.
+TEST(Weights, RandomIsEachTensorsOwnSequenceInOrder) {
+  mk::ModelConfig config = mk::find_preset("tiny").config;
+  config.n_layers = 3;
+  mk::ModelWeights weights = mk::random_weights(config, 11);
+  uint64_t tensor_index = 0;
+  mk::for_each_weight(weights, [&](const std::string& name, const std::vector<int64_t>& shape,
+                                   std::vector<mk::bf16>& data) {
+    mk::Random random(11 * 1000003 + tensor_index++);
+    for (size_t i = 0; i < data.size(); ++i) {
+      const float expected = shape.size() == 1 ? random.uniform(0.5f, 1.5f) : random.symmetric(0.02f);
+      ASSERT_EQ(data[i].bits, mk::to_bf16(expected).bits) << name << " element " << i;
+    }
+  });
+  EXPECT_EQ(tensor_index, 3 + 9 * 3) << "the embedding, 9 tensors a layer, the final norm and the LM head";
+}
+
+TEST(Random, SkipDrawsAsIfTheNumbersHadBeenDrawn) {
+  mk::Random drawn(42), skipped(42);
+  for (int i = 0; i < 1000; ++i) drawn.next_u64();
+  skipped.skip(1000);
+  EXPECT_EQ(drawn.next_u64(), skipped.next_u64());
 }
 
 TEST(Weights, RandomHasTheDocumentedShapesAndRanges) {
