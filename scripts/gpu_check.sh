@@ -336,7 +336,7 @@ for s in $steps; do
       # Decode against old/'s tree (and old2/'s), alternating, twice: `mk generate`'s p50 per token on
       # AB_DECODE_PRESET's shape (default llama-3.2-1b; random weights, an AB_DECODE_PROMPT-token prompt (default 896),
       # 128 new tokens, context AB_DECODE_CONTEXT (default 1024)) at each of AB_DECODE_BATCHES (default 1 8); then
-      # traced steps (below). NOTE: each tree's default --steps-per-sync: 8 (a group's time over its steps) since
+      # traced steps and their tokens compared (below). NOTE: each tree's default --steps-per-sync: 8 (a group's time over its steps) since
       # 1639e7a, a wait every step before.
       build_old || continue
       prompt=$(seq -s, 1 "${AB_DECODE_PROMPT:-896}")
@@ -364,6 +364,13 @@ for s in $steps; do
             status=1
           fi
           grep -E "^trace \(gpu\)|p50" "$out/decode-trace-$tree$suffix.log" | sed "s/^/$tree (batch $batch): /"
+        done
+        # Same weights and prompt: whether a change moved any generated token (on the CUDA cores each output's sum
+        # has one order whatever its tile; on the tensor cores a tile's K slices, and so the order, depend on it).
+        for tree in $ab_trees; do
+          [ "$tree" = new ] && continue
+          echo "$tree (batch $batch): $(python3 "$root/scripts/compare_tokens.py" "$out/decode-trace-new$suffix.log" \
+            "$out/decode-trace-$tree$suffix.log")"
         done
       done
       ;;
