@@ -336,8 +336,8 @@ for s in $steps; do
       # Decode against old/'s tree (and old2/'s), alternating, twice: `mk generate`'s p50 per token on
       # AB_DECODE_PRESET's shape (default llama-3.2-1b; random weights, an AB_DECODE_PROMPT-token prompt (default 896),
       # 128 new tokens, context AB_DECODE_CONTEXT (default 1024)) at each of AB_DECODE_BATCHES (default 1 8); then
-      # traced steps and their tokens compared (below). NOTE: each tree's default --steps-per-sync: 8 (a group's time over its steps) since
-      # 1639e7a, a wait every step before.
+      # traced steps and their tokens compared (below). NOTE: each tree's default --steps-per-sync: 8 (a group's time
+      # over its steps) since 1639e7a, a wait every step before.
       build_old || continue
       prompt=$(seq -s, 1 "${AB_DECODE_PROMPT:-896}")
       context=${AB_DECODE_CONTEXT:-1024}
