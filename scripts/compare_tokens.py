@@ -1,6 +1,7 @@
-"""Compares the `tokens:` lines (prompt and generated ids, one line per sequence) of two `mk generate` logs of the same
-prompts and weights: says whether they agree, or the first sequence and position where they part. gpu_check.sh's
-ab_decode step uses it on each tree's traced run, so that an A/B also says whether a change moved the tokens.
+"""Compares the generated tokens of two `mk generate` logs of the same prompts and weights.
+Reads each log's `tokens:` lines (prompt and generated ids, one line per sequence) and says whether they agree, or the
+first sequence and position (counted from the prompt's start) where they part. gpu_check.sh's ab_decode step uses it
+on each tree's traced run, so that an A/B also says whether a change moved the tokens.
 Usage: compare_tokens.py NEW_LOG OLD_LOG (exit status 0 in every case: parting is a finding, not an error; 2 for
 unreadable input)."""
 import argparse
@@ -22,7 +23,7 @@ def verdict(new: list[list[str]], old: list[list[str]]) -> str:
     for index, (a, b) in enumerate(zip(new, old)):
         for position, (x, y) in enumerate(zip(a, b)):
             if x != y:
-                return f"tokens part at position {position} of sequence {index} ({x} against {y})"
+                return f"tokens part at position {position} (prompt included) of sequence {index} ({x} against {y})"
         if len(a) != len(b):
             return f"tokens part in sequence {index}: {len(a)} ids against {len(b)}"
     return f"tokens the same ({len(new)} sequences)"

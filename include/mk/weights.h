@@ -9,6 +9,7 @@
 
 #include "mk/bf16.h"
 #include "mk/model_config.h"
+#include "mk/parallel.h"
 
 namespace mk {
 
@@ -48,8 +49,8 @@ void for_each_weight(ModelWeights& weights, const WeightVisitor& visit);
 int64_t parameter_count(const ModelConfig& config);
 
 // Matrices ~ uniform with std 0.02 (as Hugging Face initializes Llama), norm weights ~ uniform [0.5, 1.5] so that a
-// forgotten norm weight shows. Deterministic for a given seed on every platform.
-ModelWeights random_weights(const ModelConfig& config, uint64_t seed);
+// forgotten norm weight shows. Deterministic for a given seed on every platform and any max_threads (tests vary it).
+ModelWeights random_weights(const ModelConfig& config, uint64_t seed, int max_threads = hardware_threads());
 
 // Loads `dir`/model.safetensors, or the shards listed in `dir`/model.safetensors.index.json.
 ModelWeights load_weights(const std::filesystem::path& dir, const ModelConfig& config);

@@ -73,7 +73,7 @@ int64_t parameter_count(const ModelConfig& config) {
 // ranges over the machine's cores (Random::skip), to the values one thread would draw. NOTE: one thread draws ~3.5 ns
 // a value (2-core build machine): ~30 s for the Llama-3.1-8B shape's 8 billion, each `mk generate` call on the GPU
 // machine spending them before it times anything.
-ModelWeights random_weights(const ModelConfig& config, uint64_t seed) {
+ModelWeights random_weights(const ModelConfig& config, uint64_t seed, int max_threads) {
   struct Tensor {
     bf16* data;
     int64_t first;  // the tensor's first element among all tensors'
@@ -100,7 +100,7 @@ ModelWeights random_weights(const ModelConfig& config, uint64_t seed) {
             to_bf16(tensor->is_norm ? random.uniform(0.5f, 1.5f) : random.symmetric(0.02f));
       }
     }
-  });
+  }, max_threads);
   return weights;
 }
 

@@ -87,9 +87,9 @@ inline DecodeColumns uniform_decode_columns(int64_t n, int64_t spread_n) {
 // tile's prologue goes out only when that tile begins (sixteenth session, run 1: ~10-12 us of the phase's 141).
 // Instead: one round of kDecodeSpreadTasks tiles as wide as it takes (fewer where n has fewer units), the units
 // spread evenly, so widths differ by one unit: 132 tiles of 960 or 976 columns, each SM's logits one stream. Whole
-// units keep the CUDA-core path's 8 warps at equal shares of output pairs. The wider tiles come first, so that
-// schedulers place them first (longest first): the list scheduler ranks them by cost anyway, round-robin by task
-// order.
+// 16-column units keep the CUDA-core path's 8 warps at equal shares of output pairs. The wider tiles come first, so
+// that schedulers place them first (longest first): the list scheduler ranks them by cost anyway, round-robin by
+// task order.
 inline DecodeColumns balanced_decode_columns(int64_t n) {
   const int64_t units = blocks(n, tiles::kDecodeMinBlockN);
   const int64_t count = std::min<int64_t>(units, tiles::kDecodeSpreadTasks);
@@ -108,9 +108,13 @@ inline DecodeColumns spread_decode_columns(int64_t n, int64_t count, int64_t uni
 // one, it takes one round of spread tiles instead if that narrows the widest: Llama-3.1-8B's gate_up (14336 columns)
 // made 112 tiles of 128 columns (112 at most spread), its q and kv 96 tiles of 64 (48). q and kv, one phase of every
 // layer's chain, share the round in proportion to their columns (`tasks`). A spread unit is 8 columns (whole RoPE
-// pairs) on the CUDA cores (batch 1, any count of pairs a warp), kDecodeMinBlockN on the tensor cores (passes of 3 to
-// 16 rows: units of two mma groups); above kDecodeSpreadMaxBatch rows (wide passes, several passes) the usual tiles,
-// unmeasured there.
+// pairs) at batch 1 (the CUDA cores, any count of pairs a warp) and kDecodeMinBlockN above (units of two mma groups
+// on the tensor cores, which take passes of 3 to 16 rows; batch 2, still on the CUDA cores, keeps the wider unit, as
+// measured); above kDecodeSpreadMaxBatch rows (wide passes, several passes) the usual tiles, unmeasured there.
+// NOTE: a tile's time follows its busiest warp more than its width: 24 columns are 12 pairs, 2 for some of the 8
+// warps as at 32, and 48 columns on the tensor cores are 6 groups on 6 warps. So the 1B shape's q and kv gained 0.2%
+// at batch 1 and the 8B shape's batch 8 2.2%, where the cost model, which counts columns, said 2.4% and 8.9%
+// (docs/perf.md, twenty-sixth session).
 inline DecodeColumns narrowest_decode_columns(const OpContext& ctx, const DecodeColumns& usual, int64_t tasks) {
   const int64_t batch = ctx.shape.batch;
   if (batch > tiles::kDecodeSpreadMaxBatch || usual.count >= tasks) return usual;

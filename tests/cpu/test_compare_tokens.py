@@ -29,7 +29,8 @@ LOG = "prefill: 3 ms\ntokens: 1 2 3 40 41\ntokens: 1 2 3 50 51\n"
 same = run(LOG, "noise\n" + LOG)
 check(same.returncode == 0 and same.stdout.strip() == "tokens the same (2 sequences)", f"agreement: {same.stdout!r}")
 parted = run(LOG, LOG.replace("50 51", "50 52"))
-check(parted.stdout.strip() == "tokens part at position 4 of sequence 1 (51 against 52)", f"parting: {parted.stdout!r}")
+check(parted.stdout.strip() == "tokens part at position 4 (prompt included) of sequence 1 (51 against 52)",
+      f"parting: {parted.stdout!r}")
 check(compare_tokens.verdict([["1", "2"]], [["1", "2", "3"]]) == "tokens part in sequence 0: 2 ids against 3",
       "a shorter sequence")
 check(compare_tokens.verdict([], [["1"]]).startswith("tokens not compared"), "a log without tokens")

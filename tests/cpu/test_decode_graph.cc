@@ -7,7 +7,6 @@
 #include <filesystem>
 #include <functional>
 #include <map>
-#include <set>
 #include <tuple>
 #include <vector>
 
@@ -343,6 +342,8 @@ TEST(DecodeGraph, ALlama8BSpreadsItsGateUpAndQkvOverEverySmUpToBatch16) {
   };
   EXPECT_EQ(widths_of(1, Opcode::kDecodeGateUp), (Widths{{104, 56}, {112, 76}}));
   EXPECT_EQ(widths_of(8, Opcode::kDecodeGateUp), (Widths{{96, 28}, {112, 104}}));
+  EXPECT_EQ(widths_of(16, Opcode::kDecodeGateUp), (Widths{{96, 28}, {112, 104}}));
+  EXPECT_EQ(widths_of(17, Opcode::kDecodeGateUp), (Widths{{128, 112}}));
   EXPECT_EQ(widths_of(32, Opcode::kDecodeGateUp), (Widths{{128, 112}}));
   EXPECT_EQ(widths_of(8, Opcode::kDecodeQ), (Widths{{32, 8}, {48, 80}}));
   EXPECT_EQ(widths_of(8, Opcode::kDecodeKv), (Widths{{32, 4}, {48, 40}}));
@@ -350,8 +351,8 @@ TEST(DecodeGraph, ALlama8BSpreadsItsGateUpAndQkvOverEverySmUpToBatch16) {
   EXPECT_EQ(widths_of(8, Opcode::kDecodeDown), (Widths{{32, 128}})) << "spreading would not narrow it";
 }
 
-// Above batch 1 the 1B shape's q and kv keep uniform tiles of 32 columns: passes of 3 or more rows go to the tensor
-// cores, whose spread units of kDecodeMinBlockN columns would not narrow them.
+// Above batch 1 the 1B shape's q and kv keep uniform tiles of 32 columns: spread units of kDecodeMinBlockN columns
+// (the tensor cores' two groups; batch 2 too, measured so) would not narrow them.
 TEST(DecodeGraph, ALlama1BSpreadsQAndKvOnlyAtBatch1) {
   const ModelConfig config = find_preset("llama-3.2-1b").config;
   for (int64_t batch : {2, 8}) {

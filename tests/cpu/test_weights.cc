@@ -14,8 +14,8 @@
 
 #include "mk/check.h"
 #include "mk/model_config.h"
-#include "mk/safetensors.h"
 #include "mk/random.h"
+#include "mk/safetensors.h"
 #include "mk/weights.h"
 #include "test_util.h"
 
@@ -111,17 +111,20 @@ TEST(Weights, RandomIsDeterministicPerSeed) {
 TEST(Weights, RandomIsEachTensorsOwnSequenceInOrder) {
   mk::ModelConfig config = mk::find_preset("tiny").config;
   config.n_layers = 3;
-  mk::ModelWeights weights = mk::random_weights(config, 11);
-  uint64_t tensor_index = 0;
-  mk::for_each_weight(weights, [&](const std::string& name, const std::vector<int64_t>& shape,
-                                   std::vector<mk::bf16>& data) {
-    mk::Random random(11 * 1000003 + tensor_index++);
-    for (size_t i = 0; i < data.size(); ++i) {
-      const float expected = shape.size() == 1 ? random.uniform(0.5f, 1.5f) : random.symmetric(0.02f);
-      ASSERT_EQ(data[i].bits, mk::to_bf16(expected).bits) << name << " element " << i;
-    }
-  });
-  EXPECT_EQ(tensor_index, 3 + 9 * 3) << "the embedding, 9 tensors a layer, the final norm and the LM head";
+  for (int threads : {1, 2, 3, 7, 17}) {  // ranges that start and end inside tensors and at their edges
+    mk::ModelWeights weights = mk::random_weights(config, 11, threads);
+    uint64_t tensor_index = 0;
+    mk::for_each_weight(weights, [&](const std::string& name, const std::vector<int64_t>& shape,
+                                     std::vector<mk::bf16>& data) {
+      mk::Random random(11 * 1000003 + tensor_index++);
+      for (size_t i = 0; i < data.size(); ++i) {
+        const float expected = shape.size() == 1 ? random.uniform(0.5f, 1.5f) : random.symmetric(0.02f);
+        ASSERT_EQ(data[i].bits, mk::to_bf16(expected).bits)
+            << name << " element " << i << ", " << threads << " threads";
+      }
+    });
+    EXPECT_EQ(tensor_index, 3 + 9 * 3) << "the embedding, 9 tensors a layer, the final norm and the LM head";
+  }
 }
 
 TEST(Random, SkipDrawsAsIfTheNumbersHadBeenDrawn) {
