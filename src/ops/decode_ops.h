@@ -123,12 +123,6 @@ inline DecodeColumns narrowest_decode_columns(const OpContext& ctx, const Decode
   return spread.widest() < usual.widest() ? spread : usual;
 }
 
-// q's or kv's tiles of n columns.
-inline DecodeColumns qkv_tile_columns(const OpContext& ctx, int64_t n) {
-  const int64_t qkv_n = ctx.config.qkv_dim();
-  return narrowest_decode_columns(ctx, uniform_decode_columns(n, qkv_n), tiles::kDecodeSpreadTasks * n / qkv_n);
-}
-
 // Tiles of every batch row block (kBlockM) x each column tile. Rows are scaled by row_scale (the cache's max context
 // for kDecodeKv, whose rows are cache rows).
 inline void decode_gemm_tiles(Opcode opcode, uint16_t layer, int64_t batch, const DecodeColumns& columns,
@@ -150,9 +144,12 @@ struct DecodeGemmOp : Base {
   static DecodeColumns columns(const ModelConfig& c) {
     return uniform_decode_columns(Op::gemm(c).n, Op::spread_columns(c));
   }
-  // The columns of this pass's tiles, which depend on the batch too.
+  // The columns of this pass's tiles, which depend on the batch too; spread, the op's share of a round in proportion
+  // to its part of spread_columns (q's and kv's of the qkv projection's).
   static DecodeColumns tile_columns(const OpContext& ctx) {
-    return narrowest_decode_columns(ctx, Op::columns(ctx.config), tiles::kDecodeSpreadTasks);
+    const ModelConfig& c = ctx.config;
+    return narrowest_decode_columns(ctx, Op::columns(c),
+                                    tiles::kDecodeSpreadTasks * Op::gemm(c).n / Op::spread_columns(c));
   }
   static void tile(const OpContext& ctx, uint16_t layer, std::vector<Task>& tasks) {
     decode_gemm_tiles(Op::kOpcode, layer, ctx.shape.batch, Op::tile_columns(ctx), 1, tasks);
@@ -177,7 +174,6 @@ struct DecodeQOp : DecodeGemmOp<DecodeQOp> {
   static BufferRef a(uint16_t layer) { return {BK::kHidden, layer}; }  // normalized by the task itself
   static GemmShape gemm(const ModelConfig& c) { return {c.q_dim(), c.d_model, 1, "hidden_size"}; }
   static int64_t spread_columns(const ModelConfig& c) { return c.qkv_dim(); }
-  static DecodeColumns tile_columns(const OpContext& ctx) { return qkv_tile_columns(ctx, gemm(ctx.config).n); }
   static void reads(const OpContext& ctx, const Task& t, TaskRegions& r) {
     GemmOp::reads(ctx, t, r);
     r.read(positions_of(ctx, t.row_begin, t.row_end));
@@ -200,7 +196,6 @@ struct DecodeKvOp : DecodeGemmOp<DecodeKvOp> {
   static BufferRef a(uint16_t layer) { return {BK::kHidden, layer}; }
   static GemmShape gemm(const ModelConfig& c) { return {2 * c.kv_dim(), c.d_model, 1, "hidden_size"}; }
   static int64_t spread_columns(const ModelConfig& c) { return c.qkv_dim(); }
-  static DecodeColumns tile_columns(const OpContext& ctx) { return qkv_tile_columns(ctx, gemm(ctx.config).n); }
   static ref::Range batch_rows(int64_t max_context, const Task& t) {
     return {t.row_begin / max_context, (t.row_end + max_context - 1) / max_context};
   }
