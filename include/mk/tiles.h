@@ -46,10 +46,8 @@ constexpr int64_t kL2ResidentWeightBytes = int64_t(24) << 20;  // half the H200'
 constexpr int32_t kDecodeSpreadTasks = 132;
 constexpr int32_t kDecodeMinBlockN = 16;
 constexpr int32_t kDecodeMaxBlockN = 128;
-// Columns of a unit of the spread tiles at batch 1 (narrowest_decode_columns): whole RoPE pairs, 4 of them; and the
-// largest batch whose tiles are spread (passes of one mma's M rows).
+// Columns of a unit of the spread tiles at batch 1 (narrowest_decode_columns): whole RoPE pairs, 4 of them.
 constexpr int32_t kDecodeSpreadUnit = 8;
-constexpr int32_t kDecodeSpreadMaxBatch = 16;
 // Split-KV attention: each sequence's cache is cut into blocks of kDecodeKvBlock keys, the unit of one partial
 // (max, sum, unnormalized output); the reference's full-sequence attention uses the same blocks, so the two agree
 // bit for bit.

@@ -109,15 +109,14 @@ inline DecodeColumns spread_decode_columns(int64_t n, int64_t count, int64_t uni
 // made 112 tiles of 128 columns (112 at most spread), its q and kv 96 tiles of 64 (48). q and kv, one phase of every
 // layer's chain, share the round in proportion to their columns (`tasks`). A spread unit is 8 columns (whole RoPE
 // pairs) at batch 1 (the CUDA cores, any count of pairs a warp) and kDecodeMinBlockN above (units of two mma groups
-// on the tensor cores, which take passes of 3 to 16 rows; batch 2, still on the CUDA cores, keeps the wider unit, as
-// measured); above kDecodeSpreadMaxBatch rows (wide passes, several passes) the usual tiles, unmeasured there.
+// on the tensor cores; batch 2, still on the CUDA cores, keeps the wider unit, as measured).
 // NOTE: a tile's time follows its busiest warp more than its width: 24 columns are 12 pairs, 2 for some of the 8
 // warps as at 32, and 48 columns on the tensor cores are 6 groups on 6 warps. So the 1B shape's q and kv gained 0.2%
 // at batch 1 and the 8B shape's batch 8 2.2%, where the cost model, which counts columns, said 2.4% and 8.9%
 // (docs/perf.md, twenty-sixth session).
 inline DecodeColumns narrowest_decode_columns(const OpContext& ctx, const DecodeColumns& usual, int64_t tasks) {
   const int64_t batch = ctx.shape.batch;
-  if (batch > tiles::kDecodeSpreadMaxBatch || usual.count >= tasks) return usual;
+  if (usual.count >= tasks) return usual;
   const int64_t unit = batch == 1 ? tiles::kDecodeSpreadUnit : tiles::kDecodeMinBlockN;
   const DecodeColumns spread = spread_decode_columns(usual.n, tasks, unit);
   return spread.widest() < usual.widest() ? spread : usual;

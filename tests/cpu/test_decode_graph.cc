@@ -328,9 +328,9 @@ TEST(DecodeGraph, ALlama1BStepSpreadsOverEverySm) {
 }
 
 // Llama-3.1-8B's gate_up (14336 columns) made 112 uniform tiles of 128 columns, 20 SMs idle in its phase, and its q
-// and kv 96 of 64: up to batch 16 they take one round of 132 spread tiles, in units of 8 columns at batch 1 (the CUDA
-// cores) and 16 above (the tensor cores); above batch 16 the uniform tiles.
-TEST(DecodeGraph, ALlama8BSpreadsItsGateUpAndQkvOverEverySmUpToBatch16) {
+// and kv 96 of 64: they take one round of 132 spread tiles, in units of 8 columns at batch 1 (the CUDA cores) and 16
+// above (the tensor cores), wide passes and several passes included.
+TEST(DecodeGraph, ALlama8BSpreadsItsGateUpAndQkvOverEverySm) {
   const ModelConfig config = find_preset("llama-3.1-8b").config;
   using Widths = std::map<int32_t, int64_t>;  // tile width -> tiles of layer 0
   const auto widths_of = [&](int64_t batch, Opcode opcode) {
@@ -343,11 +343,11 @@ TEST(DecodeGraph, ALlama8BSpreadsItsGateUpAndQkvOverEverySmUpToBatch16) {
   EXPECT_EQ(widths_of(1, Opcode::kDecodeGateUp), (Widths{{104, 56}, {112, 76}}));
   EXPECT_EQ(widths_of(8, Opcode::kDecodeGateUp), (Widths{{96, 28}, {112, 104}}));
   EXPECT_EQ(widths_of(16, Opcode::kDecodeGateUp), (Widths{{96, 28}, {112, 104}}));
-  EXPECT_EQ(widths_of(17, Opcode::kDecodeGateUp), (Widths{{128, 112}}));
-  EXPECT_EQ(widths_of(32, Opcode::kDecodeGateUp), (Widths{{128, 112}}));
+  EXPECT_EQ(widths_of(17, Opcode::kDecodeGateUp), (Widths{{96, 28}, {112, 104}}));
+  EXPECT_EQ(widths_of(64, Opcode::kDecodeGateUp), (Widths{{96, 28}, {112, 104}}));
   EXPECT_EQ(widths_of(8, Opcode::kDecodeQ), (Widths{{32, 8}, {48, 80}}));
   EXPECT_EQ(widths_of(8, Opcode::kDecodeKv), (Widths{{32, 4}, {48, 40}}));
-  EXPECT_EQ(widths_of(32, Opcode::kDecodeQ), (Widths{{64, 64}}));
+  EXPECT_EQ(widths_of(64, Opcode::kDecodeQ), (Widths{{32, 8}, {48, 80}}));
   EXPECT_EQ(widths_of(8, Opcode::kDecodeDown), (Widths{{32, 128}})) << "spreading would not narrow it";
 }
 
