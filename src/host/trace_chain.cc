@@ -1,0 +1,42 @@
+// The decode attention chain of a traced step: per layer, from the last q/kv tile's end through attention and its
+// combines to the last o_proj tile's end.
+#include "trace_chain.h"
+
+#include <algorithm>
+#include <map>
+
+namespace mk {
+
+TraceSummary::AttentionChain summarize_attention_chain(const Graph& graph, const Trace& trace) {
+  // NOTE: ends, not publications: decode tiles publish as their consumers finish (no storer), and a linked combine's
+  // record ends where the attention task that ran it published the combine's counter.
+  std::map<uint16_t, std::map<Opcode, double>> last_end;  // layer -> op -> its tiles' last end (q and kv as q)
+  for (const TraceRecord& r : trace.records) {
+    const Task& task = graph.tasks()[r.task];
+    const Opcode op = task.opcode == Opcode::kDecodeKv ? Opcode::kDecodeQ : task.opcode;
+    if (op != Opcode::kDecodeQ && op != Opcode::kDecodeAttention && op != Opcode::kDecodeCombine &&
+        op != Opcode::kDecodeOProj)
+      continue;
+    auto [at, fresh] = last_end[task.layer].emplace(op, r.end);
+    if (!fresh) at->second = std::max(at->second, r.end);
+  }
+  TraceSummary::AttentionChain chain;
+  for (const auto& [layer, ends] : last_end) {
+    const auto end_of = [&](Opcode op) { return ends.count(op) ? ends.at(op) : -1.0; };
+    const double qkv = end_of(Opcode::kDecodeQ), attention = end_of(Opcode::kDecodeAttention);
+    const double o_proj = end_of(Opcode::kDecodeOProj);
+    if (qkv < 0 || attention < 0 || o_proj < 0) continue;
+    const double combine = ends.count(Opcode::kDecodeCombine) ? ends.at(Opcode::kDecodeCombine) : attention;
+    chain.layers += 1;
+    chain.to_attention_ns += attention - qkv;
+    chain.to_combine_ns += combine - attention;
+    chain.to_o_proj_ns += o_proj - combine;
+  }
+  if (chain.layers == 0) return chain;
+  chain.to_attention_ns /= double(chain.layers);
+  chain.to_combine_ns /= double(chain.layers);
+  chain.to_o_proj_ns /= double(chain.layers);
+  return chain;
+}
+
+}  // namespace mk
