@@ -449,14 +449,7 @@ std::string format_trace_summary(const Graph& graph, const TraceSummary& s, cons
   for (const auto& phase : s.layer_phases)
     out += fmt::format("  {:<17} {:>7} {:>9.2f} {:>8.2f}   SM {} ({} of {})\n", phase.op, phase.layers,
                        phase.body_ns / 1e3, phase.tail_ns / 1e3, phase.last_sm, phase.last_sm_layers, phase.layers);
-  if (const auto& c = s.attention_chain; c.layers > 0) {
-    const double chain_ns = c.to_attention_ns + c.to_combine_ns + c.to_o_proj_ns;
-    out += fmt::format("attention chain per layer (means over {} layers, us): from the last q/kv tile's end,\n"
-                       "  +{:.2f} to the last attention tile's end, +{:.2f} to the last combine's, +{:.2f} to the\n"
-                       "  last o_proj tile's: {:.2f} in all, {:.1f}% of the span over the layers\n",
-                       c.layers, c.to_attention_ns / 1e3, c.to_combine_ns / 1e3, c.to_o_proj_ns / 1e3, chain_ns / 1e3,
-                       100 * chain_ns * double(c.layers) / s.span_ns);
-  }
+  out += format_attention_chain(s);
   out += fmt::format("observed critical path ({} tasks):", s.critical_path.size());
   std::string previous;
   size_t run = 0;

@@ -2,6 +2,8 @@
 // combines to the last o_proj tile's end.
 #include "trace_chain.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <map>
 
@@ -37,6 +39,18 @@ TraceSummary::AttentionChain summarize_attention_chain(const Graph& graph, const
   chain.to_combine_ns /= double(chain.layers);
   chain.to_o_proj_ns /= double(chain.layers);
   return chain;
+}
+
+std::string format_attention_chain(const TraceSummary& s) {
+  const TraceSummary::AttentionChain& c = s.attention_chain;
+  if (c.layers == 0) return "";
+  const double chain_ns = c.to_attention_ns + c.to_combine_ns + c.to_o_proj_ns;
+  return fmt::format(
+      "attention chain per layer (means over {} layers, us): from the last q/kv tile's end, +{:.2f} to the last\n"
+      "  attention tile's end, +{:.2f} to the last combine's, +{:.2f} to the last o_proj tile's (o_proj's weights\n"
+      "  stream in this last part): {:.2f} in all; summed over the {} layers, {:.1f}% of the step's span\n",
+      c.layers, c.to_attention_ns / 1e3, c.to_combine_ns / 1e3, c.to_o_proj_ns / 1e3, chain_ns / 1e3, c.layers,
+      100 * chain_ns * double(c.layers) / s.span_ns);
 }
 
 }  // namespace mk

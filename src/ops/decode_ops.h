@@ -103,9 +103,8 @@ inline DecodeColumns spread_decode_columns(int64_t n, int64_t count, int64_t uni
   return {n, count, units % count, units / count, unit};
 }
 
-// NOTE: at small batches each decode tile streams its weights at about one SM's rate, and each op's phase lasts as
-// long as its widest tile, so where an op's usual tiles (power-of-two widths) leave SMs of the 132-tile round without
-// one, it takes one round of spread tiles instead if that narrows the widest: Llama-3.1-8B's gate_up (14336 columns)
+// NOTE: each decode tile streams its weights at about one SM's rate, and each op's phase lasts as long as its widest
+// tile, so where an op's usual tiles (power-of-two widths) leave SMs of the 132-tile round without one, it takes one round of spread tiles instead if that narrows the widest: Llama-3.1-8B's gate_up (14336 columns)
 // made 112 tiles of 128 columns (112 at most spread), its q and kv 96 tiles of 64 (48). q and kv, one phase of every
 // layer's chain, share the round in proportion to their columns (`tasks`). A spread unit is 8 columns (whole RoPE
 // pairs) at batch 1 (the CUDA cores, any count of pairs a warp) and kDecodeMinBlockN above (units of two mma groups

@@ -26,10 +26,10 @@ namespace mk::gpu {
 // gaps between an SM's tiles but made batch 1 9% slower: the publish's release fence waits for the thread's copies in
 // flight, and the larger code made the instruction cache miss in ops it did not touch (docs/perf.md, sixteenth
 // session, runs 4-5); re-measured on a smaller kernel (branch s29-handoff), still no gain at batch 1 (1B even, 8B
-// +1.7%): the current tile's tail slows by what the next tile gains. NOTE: an L2 evict-first policy on these weight
+// +1.7%; batch 2 -2.8% at 1B): the current tile's tail slows by what the next tile gains. NOTE: an L2 evict-first policy on these weight
 // loads (so that the KV cache stays in L2) left the 1B step and its attention tiles unchanged (branch
-// s29-evict-first), and sharing an op's pairs among its tasks at run time by atomic claims made the 8B step 8% slower
-// (branch s27-balance): docs/perf.md, twenty-seventh to twenty-ninth sessions. Passes of 3 or more rows go to the
+// s29-evict-first), and sharing an op's pairs among its tasks at run time by atomic claims made the 8B step at batch
+// 1 8% slower (branch s27-balance): docs/perf.md, twenty-seventh to twenty-ninth sessions. Passes of 3 or more rows go to the
 // tensor cores instead (decode_gemm_mma.cuh), with the same staging and epilogues.
 // Batch rows one pass holds: the M of the tensor-core path's mma; more rows take more passes over the same weights.
 constexpr int kDecodeMaxRows = 16;
