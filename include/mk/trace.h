@@ -130,8 +130,8 @@ struct TraceSummary {
   std::vector<LayerPhase> layer_phases;
   // A decode step's attention chain in a layer, the dependent stretch from q and kv to o_proj, in which HBM streams
   // only the cache and o_proj's own weights: from the last q or kv tile's end on to the last attention tile's end, the
-  // last combine's end and the last o_proj tile's end; means over the layers that run q, attention and o_proj (none: layers 0, as in a forward
-  // pass; a layer without combines adds 0 for them).
+  // last combine's end and the last o_proj tile's end; means over the layers that run q, attention and o_proj (none:
+  // layers 0, as in a forward pass; a layer without combines adds 0 for them).
   struct AttentionChain {
     size_t layers = 0;
     double to_attention_ns = 0;

@@ -144,7 +144,7 @@ std::vector<std::string> ops_during(const Graph& graph, const Trace& trace, doub
   return names;
 }
 
-// Fills the summary's per-layer phases (TraceSummary::LayerPhase).
+// Fills the summary's per-layer phases (TraceSummary::LayerPhase) and, from their last ends, its attention chain.
 void summarize_layer_phases(const Graph& graph, const Trace& trace, TraceSummary& summary) {
   struct Phase {
     double first_start = std::numeric_limits<double>::infinity();
@@ -185,6 +185,9 @@ void summarize_layer_phases(const Graph& graph, const Trace& trace, TraceSummary
     }
     summary.layer_phases.push_back(out);
   }
+  std::map<std::pair<Opcode, uint16_t>, double> last_ends;
+  for (const auto& [key, phase] : phases) last_ends[key] = phase.last_end;
+  summary.attention_chain = attention_chain_of(last_ends);
 }
 
 // Adds a gap to the summary's totals by the streaming ops around it.
@@ -363,7 +366,6 @@ TraceSummary summarize_trace(const Graph& graph, const Schedule& schedule, const
   summary.waited_on = summarize_waited_on(graph, schedule, trace, signals);
   summarize_hbm_gaps(graph, trace, first, last, summary);
   summarize_layer_phases(graph, trace, summary);
-  summary.attention_chain = summarize_attention_chain(graph, trace);
   return summary;
 }
 

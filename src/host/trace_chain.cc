@@ -9,26 +9,21 @@
 
 namespace mk {
 
-TraceSummary::AttentionChain summarize_attention_chain(const Graph& graph, const Trace& trace) {
+TraceSummary::AttentionChain attention_chain_of(const std::map<std::pair<Opcode, uint16_t>, double>& last_end) {
   // NOTE: ends, not publications: decode tiles publish as their consumers finish (no storer), and a linked combine's
   // record ends where the attention task that ran it published the combine's counter.
-  std::map<uint16_t, std::map<Opcode, double>> last_end;  // layer -> op -> its tiles' last end (q and kv as q)
-  for (const TraceRecord& r : trace.records) {
-    const Task& task = graph.tasks()[r.task];
-    const Opcode op = task.opcode == Opcode::kDecodeKv ? Opcode::kDecodeQ : task.opcode;
-    if (op != Opcode::kDecodeQ && op != Opcode::kDecodeAttention && op != Opcode::kDecodeCombine &&
-        op != Opcode::kDecodeOProj)
-      continue;
-    auto [at, fresh] = last_end[task.layer].emplace(op, r.end);
-    if (!fresh) at->second = std::max(at->second, r.end);
-  }
+  const auto end_of = [&](Opcode op, uint16_t layer) {
+    const auto at = last_end.find({op, layer});
+    return at == last_end.end() ? -1.0 : at->second;
+  };
   TraceSummary::AttentionChain chain;
-  for (const auto& [layer, ends] : last_end) {
-    const auto end_of = [&](Opcode op) { return ends.count(op) ? ends.at(op) : -1.0; };
-    const double qkv = end_of(Opcode::kDecodeQ), attention = end_of(Opcode::kDecodeAttention);
-    const double o_proj = end_of(Opcode::kDecodeOProj);
-    if (qkv < 0 || attention < 0 || o_proj < 0) continue;
-    const double combine = ends.count(Opcode::kDecodeCombine) ? ends.at(Opcode::kDecodeCombine) : attention;
+  for (const auto& [key, o_proj] : last_end) {
+    if (key.first != Opcode::kDecodeOProj) continue;
+    const uint16_t layer = key.second;
+    const double qkv = std::max(end_of(Opcode::kDecodeQ, layer), end_of(Opcode::kDecodeKv, layer));
+    const double attention = end_of(Opcode::kDecodeAttention, layer);
+    if (qkv < 0 || attention < 0) continue;
+    const double combine = std::max(attention, end_of(Opcode::kDecodeCombine, layer));  // none: no time
     chain.layers += 1;
     chain.to_attention_ns += attention - qkv;
     chain.to_combine_ns += combine - attention;

@@ -104,15 +104,15 @@ inline DecodeColumns spread_decode_columns(int64_t n, int64_t count, int64_t uni
 }
 
 // NOTE: each decode tile streams its weights at about one SM's rate, and each op's phase lasts as long as its widest
-// tile, so where an op's usual tiles (power-of-two widths) leave SMs of the 132-tile round without one, it takes one round of spread tiles instead if that narrows the widest: Llama-3.1-8B's gate_up (14336 columns)
-// made 112 tiles of 128 columns (112 at most spread), its q and kv 96 tiles of 64 (48). q and kv, one phase of every
-// layer's chain, share the round in proportion to their columns (`tasks`). A spread unit is 8 columns (whole RoPE
-// pairs) at batch 1 (the CUDA cores, any count of pairs a warp) and kDecodeMinBlockN above (units of two mma groups
-// on the tensor cores; batch 2, still on the CUDA cores, keeps the wider unit, as measured).
-// NOTE: a tile's time follows its busiest warp more than its width: 24 columns are 12 pairs, 2 for some of the 8
-// warps as at 32, and 48 columns on the tensor cores are 6 groups on 6 warps. So the 1B shape's q and kv gained 0.2%
-// at batch 1 and the 8B shape's batch 8 2.2%, where the cost model, which counts columns, said 2.4% and 8.9%
-// (docs/perf.md, twenty-sixth session).
+// tile, so where an op's usual tiles (power-of-two widths) leave SMs of the 132-tile round without one, it takes one
+// round of spread tiles instead if that narrows the widest: Llama-3.1-8B's gate_up (14336 columns) made 112 tiles of
+// 128 columns (112 at most spread), its q and kv 96 tiles of 64 (48). q and kv, one phase of every layer's chain, share
+// the round in proportion to their columns (`tasks`). A spread unit is 8 columns (whole RoPE pairs) at batch 1 (the
+// CUDA cores, any count of pairs a warp) and kDecodeMinBlockN above (units of two mma groups on the tensor cores; batch
+// 2, still on the CUDA cores, keeps the wider unit, as measured). NOTE: a tile's time follows its busiest warp more
+// than its width: 24 columns are 12 pairs, 2 for some of the 8 warps as at 32, and 48 columns on the tensor cores are 6
+// groups on 6 warps. So the 1B shape's q and kv gained 0.2% at batch 1 and the 8B shape's batch 8 2.2%, where the cost
+// model, which counts columns, said 2.4% and 8.9% (docs/perf.md, twenty-sixth session).
 inline DecodeColumns narrowest_decode_columns(const OpContext& ctx, const DecodeColumns& usual, int64_t tasks) {
   const int64_t batch = ctx.shape.batch;
   if (usual.count >= tasks) return usual;
