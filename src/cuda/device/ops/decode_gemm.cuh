@@ -29,8 +29,12 @@ namespace mk::gpu {
 // slows by what the next tile gains. NOTE: an L2 evict-first policy on these weight loads (so that the KV cache stays
 // in L2) left the 1B step and its attention tiles unchanged (branch s29-evict-first), and sharing an op's pairs among
 // its tasks at run time by atomic claims made the 8B step at batch 1 8% slower (branch s27-balance): docs/perf.md,
-// twenty-seventh to twenty-ninth sessions. Passes of 3 or more rows go to the tensor cores instead
-// (decode_gemm_mma.cuh), with the same staging and epilogues.
+// twenty-seventh to twenty-ninth sessions. NOTE: a ring of 3 or 2 steps a warp instead of 4 (kStepBuffers; 2
+// steps saturate the bare stream, bench/hop_latency_probe.cu, with hand-offs 2-4x faster beside it) shortened the
+// hops into the streaming ops but slowed their tiles by more: 8B batch 1 +1.0% / +2.1%, 1B batches 16-64 and 8B
+// batch 8 +2%; only 1B batch 8 gained, -5.6% at 2 steps, through its attention tiles (branches s30-ring3, s30-ring2;
+// docs/perf.md, thirtieth session). Passes of 3 or more rows go to the tensor cores instead (decode_gemm_mma.cuh),
+// with the same staging and epilogues.
 // Batch rows one pass holds: the M of the tensor-core path's mma; more rows take more passes over the same weights.
 constexpr int kDecodeMaxRows = 16;
 static_assert(kDecodeMaxRows * 4 <= KernelConfig::kDecodeInvRmsBytes,
