@@ -32,9 +32,9 @@ namespace mk::gpu {
 // twenty-seventh to twenty-ninth sessions. NOTE: a ring of 3 or 2 steps a warp instead of 4 (kStepBuffers; 2
 // steps saturate the bare stream, bench/hop_latency_probe.cu, with hand-offs 2-4x faster beside it) shortened the
 // hops into the streaming ops but slowed their tiles by more: 8B batch 1 +1.0% / +2.1%, 1B batches 16-64 and 8B
-// batch 8 +2%; only 1B batch 8 gained, -5.6% at 2 steps, through its attention tiles (branches s30-ring3, s30-ring2;
-// docs/perf.md, thirtieth session). Passes of 3 or more rows go to the tensor cores instead (decode_gemm_mma.cuh),
-// with the same staging and epilogues.
+// batch 8 +2%; only 1B batch 8 gained, -5.6% at 2 steps with 128 KB of staged rows, and +1.1% at 2 steps alone in
+// the tensor-core kernel (branches s30-ring3, s30-ring2, s30-mma-depth2; docs/perf.md, thirtieth session). Passes
+// of 3 or more rows go to the tensor cores instead (decode_gemm_mma.cuh), with the same staging and epilogues.
 // Batch rows one pass holds: the M of the tensor-core path's mma; more rows take more passes over the same weights.
 constexpr int kDecodeMaxRows = 16;
 static_assert(kDecodeMaxRows * 4 <= KernelConfig::kDecodeInvRmsBytes,
