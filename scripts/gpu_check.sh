@@ -2,7 +2,7 @@
 # One call on the GPU machine: configure, build with all cores, then run the requested steps, logging into a folder.
 # Usage: scripts/gpu_check.sh OUT_DIR [steps...]
 #        steps: smoke tests decode bench_decode hf_generate text sanitize_decode trace traces ab hf bench bench_ops
-#               sanitize sanitize_forward ablation waits ab_decode ncu sass
+#               sanitize sanitize_forward ablation waits ab_decode ncu sass probes
 # (run scripts/prepare_gpu_deps.sh here first and carry .gpu-deps: the GPU machine cannot install PCRE2)
 #        (default: smoke tests trace hf bench sass)
 # NOTE: a GPU machine keeps at most 8 files of OUT_DIR: pack it (tar) before the call ends.
@@ -383,6 +383,14 @@ for s in $steps; do
         read -ra mk_args <<<"$args"
         step "ncu-$name" env NCU_SKIP="$skip" timeout 400 bash "$root/scripts/ncu_profile.sh" "$out" "ncu-$name" \
           "$build/mk" "${mk_args[@]}"
+      done
+      ;;
+    probes)
+      # The standalone CUDA probes behind docs/decode.md's limits: decode's weight-streaming patterns
+      # (hbm_read_probe.cu) and a hand-off between SMs and an L2 hit beside streaming HBM (hop_latency_probe.cu).
+      for probe in hbm_read_probe hop_latency_probe; do
+        step "$probe" bash -c "nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a \
+          '$root/bench/$probe.cu' -o '$build/$probe' && timeout 120 '$build/$probe'"
       done
       ;;
     sass)
