@@ -1,13 +1,14 @@
-// Latency of a cross-SM hand-off (release add -> acquire poll) and of a dependent L2 load, with the other SMs idle or
-// streaming HBM as decode weight tiles do, at several bytes in flight per streaming warp.
-// Standalone: nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a bench/hop_latency_probe.cu -o /tmp/hop
+// Standalone probe: a hand-off between SMs and a dependent load, timed beside HBM streamed as decode's weight tiles do.
+// Build: nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a bench/hop_latency_probe.cu -o /tmp/hop
 //
 // Why: batch-1 decode is a chain of dependent hand-offs between SMs (q/kv -> attention -> combine -> o_proj, about a
 // dozen L2 round trips a layer), and every attempt to stream weights while that chain runs lengthened the chain
 // (docs/perf.md, ninth, sixteenth, eighteenth and twenty-ninth sessions). This measures the mechanism directly: how
-// long one hop and one L2 hit take when HBM is idle and when the other SMs stream at various depths, and what
-// stream rate each depth reaches. Block 0 and block 1 ping-pong a counter, block 2 chases pointers through a
-// 64 KB array held in L2, blocks 3.. stream (or idle when the depth is 0).
+// long one hand-off (a release add seen by another SM's acquire spin) and one dependent load take when HBM is idle
+// and when the other SMs stream at 1-6 steps of 4 KB in flight a warp, and what rate each depth streams at. Block 0
+// and block 1 ping-pong a counter, block 2 chases pointers through a 64 KB array, blocks 3.. stream (or idle at
+// depth 0). NOTE: the chase revisits a line every 512 loads (74 us idle, 0.3-0.7 ms loaded): idle, its loads hit
+// L2; beside the stream, which evicts the array between visits, they are HBM misses under load.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -22,7 +23,7 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kStepBytes = 4096;                // one warp's weight step, as the CUDA-core decode GEMM streams it
 constexpr int64_t kWarpSliceBytes = 1 << 20;    // each streaming warp cycles through its own 1 MB: 1 GB over the chip
-constexpr int kMaxDepth = 6;                    // steps in flight per warp; 6 x 4 KB x 8 warps = 192 KB of shared memory
+constexpr int kMaxDepth = 6;  // steps in flight a warp at most: 6 x 4 KB x 8 warps = 192 KB, one block an SM
 constexpr int kSmemBytes = kMaxDepth * kStepBytes * kWarps;
 constexpr int kRoundTrips = 200;
 constexpr int kChaseLoads = 500;
@@ -96,14 +97,15 @@ __device__ void chase(const uint32_t* next, Records* records) {
   while (now_ns() - start < kWarmupNs) {
   }
   uint32_t at = 0;
-  for (int i = 0; i < kChaseWords / 32; ++i) at = __ldcg(next + at);  // the array's lines into L2
+  for (int i = 0; i < kChaseWords / 32; ++i) at = __ldcg(next + at);  // idle, the timed loads then hit L2
   records->chase_begin = now_ns();
   for (int i = 0; i < kChaseLoads; ++i) at = __ldcg(next + at);
   records->chase_end = now_ns();
   records->chase_sink = at;
 }
 
-// One warp streams its slice through a ring of kDepth 4 KB steps until kStreamNs have passed.
+// One warp streams its slice (kWarpSliceBytes, cycled) through its ring (kDepth x 4 KB of shared memory) until
+// kStreamNs have passed, as a decode weight tile's warp does, without the math between steps.
 template <int kDepth>
 __device__ void stream(const uint8_t* slice, uint8_t* ring, int warp_index, Records* records) {
   const int lane = threadIdx.x % 32;
@@ -122,7 +124,10 @@ __device__ void stream(const uint8_t* slice, uint8_t* ring, int warp_index, Reco
     cp_async_wait<kDepth - 1>();
     bytes += kStepBytes;
     offset = (offset + kStepBytes) % kWarpSliceBytes;
-    if ((step & 15) == 15 && now_ns() - start > kStreamNs) break;
+    if ((step & 15) == 15) {
+      // Lane 0 decides for the warp: lanes reading the clock apart could stop a group of steps apart.
+      if (__shfl_sync(0xffffffffu, now_ns() - start > kStreamNs, 0)) break;
+    }
   }
   cp_async_wait<0>();
   if (lane == 0) {
@@ -133,9 +138,9 @@ __device__ void stream(const uint8_t* slice, uint8_t* ring, int warp_index, Reco
 }
 
 template <int kDepth>
-__global__ void __launch_bounds__(kThreads) probe(const uint8_t* weights, uint32_t* counters, const uint32_t* chase_next,
-                                                  Records* records) {
-  extern __shared__ __align__(128) uint8_t smem[];
+__global__ void __launch_bounds__(kThreads) probe(const uint8_t* weights, uint32_t* counters,
+                                                  const uint32_t* chase_next, Records* records) {
+  extern __shared__ __align__(128) uint8_t smem[];  // (kWarps, kMaxDepth, kStepBytes): each warp's ring
   const int warp = threadIdx.x / 32;
   if (blockIdx.x == 0) {
     if (threadIdx.x == 0) ping(counters, counters + 32, records);
@@ -215,7 +220,8 @@ int main() {
   CHECK(cudaMalloc(&c.arrays.stream_bytes, streaming_warps * sizeof(uint64_t)));
   CHECK(cudaMemcpy(c.records, &c.arrays, sizeof(Records), cudaMemcpyHostToDevice));
   // A random cycle over the array's 512 lines, so that no prefetcher can run ahead of the chase.
-  std::vector<uint32_t> next(kChaseWords, 0), order(kChaseWords / 32);
+  std::vector<uint32_t> next(kChaseWords, 0);        // (kChaseWords) the word index to load next, at each line's start
+  std::vector<uint32_t> order(kChaseWords / 32);     // (lines) the cycle's order of the lines' first words
   for (uint32_t i = 0; i < order.size(); ++i) order[i] = i * 32;
   uint32_t state = 12345;
   for (size_t i = order.size() - 1; i > 0; --i) {
@@ -230,9 +236,9 @@ int main() {
   c.end.resize(streaming_warps);
   c.bytes.resize(streaming_warps);
 
-  std::printf("%d SMs: block 0 <-> block 1 hand-offs, block 2 L2 chase, %d SMs streaming (%d warps, 4 KB steps)\n",
+  std::printf("%d SMs: block 0 <-> block 1 hand-offs, block 2 chase, %d SMs streaming (%d warps, 4 KB steps)\n",
               c.sms, c.sms - 3, streaming_warps);
-  std::printf("%-28s %10s %12s %12s\n", "streaming depth", "hop (ns)", "L2 hit (ns)", "stream TB/s");
+  std::printf("%-28s %10s %12s %12s\n", "streaming depth", "hop (ns)", "chase (ns)", "stream TB/s");
   auto report = [](const char* name, const Measured& m) {
     std::printf("%-28s %10.0f %12.0f %12.2f%s\n", name, m.hop_ns, m.chase_ns, m.stream_tbps,
                 m.streams_outlasted_probes ? "" : "  (streams ended before the probes: not a loaded figure)");

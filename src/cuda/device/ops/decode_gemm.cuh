@@ -30,11 +30,12 @@ namespace mk::gpu {
 // in L2) left the 1B step and its attention tiles unchanged (branch s29-evict-first), and sharing an op's pairs among
 // its tasks at run time by atomic claims made the 8B step at batch 1 8% slower (branch s27-balance): docs/perf.md,
 // twenty-seventh to twenty-ninth sessions. NOTE: a ring of 3 or 2 steps a warp instead of 4 (kStepBuffers; 2
-// steps saturate the bare stream, bench/hop_latency_probe.cu, with hand-offs 2-4x faster beside it) shortened the
-// hops into the streaming ops but slowed their tiles by more: 8B batch 1 +1.0% / +2.1%, 1B batches 16-64 and 8B
-// batch 8 +2%; only 1B batch 8 gained, -5.6% at 2 steps with 128 KB of staged rows, and +1.1% at 2 steps alone in
-// the tensor-core kernel (branches s30-ring3, s30-ring2, s30-mma-depth2; docs/perf.md, thirtieth session). Passes
-// of 3 or more rows go to the tensor cores instead (decode_gemm_mma.cuh), with the same staging and epilogues.
+// steps saturate the bare stream, bench/hop_latency_probe.cu, with hand-offs 3-4x faster beside it) shortened the
+// hops into the streaming ops but slowed their tiles by more: 8B batch 1 +1.0% / +2.1%; at 2 steps 1B batches
+// 16-64 and 8B batch 8 +2%; only 1B batch 8 gained, -5.3% at 2 steps with 128 KB of staged rows, and +1.1% at 2
+// steps alone in the tensor-core kernel (branches s30-ring3, s30-ring2, s30-mma-depth2; docs/perf.md, thirtieth
+// session). Passes of 3 or more rows go to the tensor cores instead (decode_gemm_mma.cuh), with the same staging
+// and epilogues.
 // Batch rows one pass holds: the M of the tensor-core path's mma; more rows take more passes over the same weights.
 constexpr int kDecodeMaxRows = 16;
 static_assert(kDecodeMaxRows * 4 <= KernelConfig::kDecodeInvRmsBytes,
