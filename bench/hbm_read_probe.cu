@@ -10,6 +10,8 @@
 // and of its V.
 #include <cuda_runtime.h>
 
+#include "probe_common.cuh"
+
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -19,21 +21,6 @@ namespace {
 constexpr int kWarps = 8;
 constexpr int kStepBytes = 4096;
 constexpr int kRowBytes = 4096;  // a weight row of k = 2048 bf16
-
-#define CHECK(call)                                                                               \
-  do {                                                                                            \
-    cudaError_t error_ = (call);                                                                  \
-    if (error_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s failed: %s\n", #call, cudaGetErrorString(error_));                 \
-      std::exit(1);                                                                               \
-    }                                                                                             \
-  } while (0)
-
-__device__ __forceinline__ void cp_async_16(void* shared, const void* global) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(uint32_t(__cvta_generic_to_shared(shared))),
-               "l"(global)
-               : "memory");
-}
 
 // The global address of this lane's 16-byte chunk c (0..7) of step `step` of warp `warp` in a region of `bytes`.
 // kRuns rows a step (0: contiguous): step s of warp w reads unit u = w + 8 (s / kRuns) of kRuns rows, each row's run

@@ -11,6 +11,8 @@
 // L2; beside the stream, which evicts the array between visits, they are HBM misses under load.
 #include <cuda_runtime.h>
 
+#include "probe_common.cuh"
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -31,15 +33,6 @@ constexpr int kChaseWords = 64 * 1024 / 4;      // (16384) u32: the chase's arra
 constexpr uint64_t kWarmupNs = 30'000;          // the streams reach their rate before the probes start
 constexpr uint64_t kStreamNs = 4'000'000;       // and outlast them (checked on the host)
 
-#define CHECK(call)                                                                \
-  do {                                                                             \
-    cudaError_t error_ = (call);                                                   \
-    if (error_ != cudaSuccess) {                                                   \
-      std::fprintf(stderr, "%s failed: %s\n", #call, cudaGetErrorString(error_));  \
-      std::exit(1);                                                                \
-    }                                                                              \
-  } while (0)
-
 __device__ __forceinline__ uint64_t now_ns() {
   uint64_t t;
   asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
@@ -52,9 +45,6 @@ __device__ __forceinline__ uint32_t load_acquire(const uint32_t* address) {
 }
 __device__ __forceinline__ void add_release(uint32_t* address, uint32_t value) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(address), "r"(value) : "memory");
-}
-__device__ __forceinline__ void cp_async_16(uint32_t shared, const void* global) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(shared), "l"(global) : "memory");
 }
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
@@ -109,12 +99,11 @@ __device__ void chase(const uint32_t* next, Records* records) {
 template <int kDepth>
 __device__ void stream(const uint8_t* slice, uint8_t* ring, int warp_index, Records* records) {
   const int lane = threadIdx.x % 32;
-  const uint32_t ring_base = uint32_t(__cvta_generic_to_shared(ring));
   const uint64_t start = now_ns();
   uint64_t bytes = 0;
   int64_t offset = 0;
   for (int step = 0;; ++step) {
-    const uint32_t buffer = ring_base + (step % kDepth) * kStepBytes;
+    uint8_t* buffer = ring + (step % kDepth) * kStepBytes;
 #pragma unroll
     for (int chunk = 0; chunk < kStepBytes / 16 / 32; ++chunk) {
       const int at = (chunk * 32 + lane) * 16;
@@ -148,10 +137,10 @@ __global__ void __launch_bounds__(kThreads) probe(const uint8_t* weights, uint32
     if (threadIdx.x == 0) pong(counters, counters + 32);
   } else if (blockIdx.x == 2) {
     if (threadIdx.x == 0) chase(chase_next, records);
-  } else if (kDepth > 0) {
+  } else if constexpr (kDepth > 0) {
     const int warp_index = (blockIdx.x - 3) * kWarps + warp;
-    stream<kDepth == 0 ? 1 : kDepth>(weights + warp_index * kWarpSliceBytes, smem + warp * kMaxDepth * kStepBytes,
-                                      warp_index, records);
+    stream<kDepth>(weights + warp_index * kWarpSliceBytes, smem + warp * kMaxDepth * kStepBytes,
+                   warp_index, records);
   }
 }
 

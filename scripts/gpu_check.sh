@@ -387,7 +387,7 @@ for s in $steps; do
       ;;
     probes)
       # The standalone CUDA probes behind docs/decode.md's limits: decode's weight-streaming patterns
-      # (hbm_read_probe.cu) and a hand-off between SMs and an L2 hit beside streaming HBM (hop_latency_probe.cu).
+      # (hbm_read_probe.cu) and a hand-off between SMs and a dependent load beside streaming HBM (hop_latency_probe.cu).
       for probe in hbm_read_probe hop_latency_probe; do
         step "$probe" bash -c "nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a \
           '$root/bench/$probe.cu' -o '$build/$probe' && timeout 120 '$build/$probe'"
