@@ -1,0 +1,85 @@
+// Standalone probe: how many SMs a persistent grid with the megakernel's block (threads, shared memory) keeps when it
+// is launched in thread-block clusters of 1, 2, 4, 8 and 16, and which SMs each cluster of a full launch lands on.
+// Build: nvcc -O3 -std=c++20 -I include -gencode=arch=compute_90a,code=sm_90a bench/cluster_fit_probe.cu -o /tmp/fit
+//
+// Why: a hand-off through a cluster's distributed shared memory takes 0.15-0.33 us whatever HBM does, against 1-9 us
+// through L2 beside the weight stream (hop_latency_probe.cu, docs/perf.md, thirty-first session). A decode chain with
+// hops inside clusters needs the persistent grid launched in clusters, one block an SM; a GPC's SMs that do not fill a
+// whole cluster then stay idle. This says how many, before any design counts on a cluster size.
+#include <cuda_runtime.h>
+
+#include "probe_common.cuh"
+
+#include "../src/cuda/device/config.cuh"
+
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+namespace {
+
+using mk::gpu::KernelConfig;
+constexpr int kSmemBytes = KernelConfig::kSmemBytes + 1024;  // + the kernel's 1024-byte alignment slack
+
+// Each block records its SM and its cluster's index.
+__global__ void __launch_bounds__(KernelConfig::kThreads) where(uint32_t* smid, uint32_t* cluster) {
+  extern __shared__ uint8_t smem[];  // (kSmemBytes) only reserved, as the megakernel's stage ring
+  if (threadIdx.x != 0) return;
+  uint32_t sm, id;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+  asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(id));
+  smid[blockIdx.x] = sm;
+  cluster[blockIdx.x] = id;
+  smem[0] = 0;
+}
+
+cudaLaunchConfig_t config_for(int size, int blocks, cudaLaunchAttribute& attribute) {
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = size;
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(KernelConfig::kThreads);
+  config.dynamicSmemBytes = kSmemBytes;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  return config;
+}
+
+}  // namespace
+
+int main() {
+  int sms = 0;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  CHECK(cudaFuncSetAttribute(where, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  CHECK(cudaFuncSetAttribute(where, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  std::printf("%d SMs; a block of %d threads and %d bytes of shared memory, one an SM\n", sms, KernelConfig::kThreads,
+              kSmemBytes);
+  uint32_t *smid = nullptr, *cluster = nullptr;
+  CHECK(cudaMalloc(&smid, sms * sizeof(uint32_t)));
+  CHECK(cudaMalloc(&cluster, sms * sizeof(uint32_t)));
+  for (int size : {1, 2, 4, 8, 16}) {
+    cudaLaunchAttribute attribute;
+    cudaLaunchConfig_t config = config_for(size, size, attribute);
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, where, &config) != cudaSuccess) {
+      std::printf("clusters of %2d: not launchable (%s)\n", size, cudaGetErrorString(cudaGetLastError()));
+      continue;
+    }
+    const int blocks = clusters * size;
+    std::printf("clusters of %2d: %3d at once, %3d SMs in use, %3d idle\n", size, clusters, blocks, sms - blocks);
+    if (blocks == 0) continue;
+    config = config_for(size, blocks, attribute);
+    CHECK(cudaLaunchKernelEx(&config, where, smid, cluster));
+    CHECK(cudaDeviceSynchronize());
+    std::vector<uint32_t> sm_of(blocks), cluster_of(blocks);
+    CHECK(cudaMemcpy(sm_of.data(), smid, blocks * sizeof(uint32_t), cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(cluster_of.data(), cluster, blocks * sizeof(uint32_t), cudaMemcpyDeviceToHost));
+    if (size == 1) continue;
+    std::printf("  SMs of each cluster:");
+    for (int b = 0; b < blocks; ++b) std::printf("%s%u", b % size == 0 ? "  |" : " ", sm_of[b]);
+    std::printf("\n");
+  }
+  return 0;
+}
