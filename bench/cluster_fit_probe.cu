@@ -34,17 +34,7 @@ __global__ void __launch_bounds__(KernelConfig::kThreads) where(uint32_t* smid, 
 }
 
 cudaLaunchConfig_t config_for(int size, int blocks, cudaLaunchAttribute& attribute) {
-  attribute.id = cudaLaunchAttributeClusterDimension;
-  attribute.val.clusterDim.x = size;
-  attribute.val.clusterDim.y = 1;
-  attribute.val.clusterDim.z = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(blocks);
-  config.blockDim = dim3(KernelConfig::kThreads);
-  config.dynamicSmemBytes = kSmemBytes;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  return config;
+  return cluster_launch_config(blocks, KernelConfig::kThreads, kSmemBytes, size, attribute);
 }
 
 }  // namespace

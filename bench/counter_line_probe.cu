@@ -33,20 +33,6 @@ constexpr int kHitLoads = 64;
 constexpr uint64_t kWarmupNs = 30'000;
 constexpr uint64_t kStreamNs = 6'000'000;       // outlasts 100 round trips at 8.7 us a hop (checked on the host)
 
-__device__ __forceinline__ uint64_t now_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-  return t;
-}
-__device__ __forceinline__ uint32_t load_acquire(const uint32_t* address) {
-  uint32_t value;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(value) : "l"(address) : "memory");
-  return value;
-}
-__device__ __forceinline__ void add_release(uint32_t* address, uint32_t value) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(address), "r"(value) : "memory");
-}
-
 // What blocks 0 (ping) and 1 (pong) record for one line: ns from globaltimer.
 struct Records {
   uint64_t hit_ns[2];              // kHitLoads dependent L2 hits on the line, from block 0's SM and block 1's
@@ -69,27 +55,6 @@ __device__ void wait_ns(uint64_t ns) {
   const uint64_t start = now_ns();
   while (now_ns() - start < ns) {
   }
-}
-
-// One warp streams its slice through its ring of kDepth steps until kStreamNs have passed.
-__device__ uint64_t stream(const uint8_t* slice, uint8_t* ring) {
-  const int lane = threadIdx.x % 32;
-  const uint64_t start = now_ns();
-  int64_t offset = 0;
-  for (int step = 0;; ++step) {
-    uint8_t* buffer = ring + (step % kDepth) * kStepBytes;
-#pragma unroll
-    for (int chunk = 0; chunk < kStepBytes / 16 / 32; ++chunk) {
-      const int at = (chunk * 32 + lane) * 16;
-      cp_async_16(buffer + at, slice + offset + at);
-    }
-    asm volatile("cp.async.commit_group;" ::: "memory");
-    asm volatile("cp.async.wait_group %0;" ::"n"(kDepth - 1) : "memory");
-    offset = (offset + kStepBytes) % kWarpSliceBytes;
-    if ((step & 15) == 15 && __shfl_sync(0xffffffffu, now_ns() - start > kStreamNs, 0)) break;
-  }
-  asm volatile("cp.async.wait_group 0;" ::: "memory");
-  return now_ns();
 }
 
 // Blocks 0 and 1 time the line; with `streaming`, the other blocks stream meanwhile.
@@ -123,7 +88,9 @@ __global__ void __launch_bounds__(kThreads) probe(const uint8_t* weights, uint32
     }
   } else if (streaming) {
     const int warp_index = (blockIdx.x - 2) * kWarps + warp;
-    const uint64_t end = stream(weights + warp_index * kWarpSliceBytes, smem + warp * kDepth * kStepBytes);
+    stream_slice<kDepth, kStepBytes>(weights + warp_index * kWarpSliceBytes, kWarpSliceBytes,
+                                     smem + warp * kDepth * kStepBytes, kStreamNs);
+    const uint64_t end = now_ns();
     if (threadIdx.x % 32 == 0) atomicMin(reinterpret_cast<unsigned long long*>(&records->first_stream_end), end);
   }
 }

@@ -42,24 +42,6 @@ constexpr int kChaseWords = 64 * 1024 / 4;      // (16384) u32: the chase's arra
 constexpr uint64_t kWarmupNs = 30'000;          // the streams reach their rate before the probes start
 constexpr uint64_t kStreamNs = 4'000'000;       // and outlast them (checked on the host)
 
-__device__ __forceinline__ uint64_t now_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-  return t;
-}
-__device__ __forceinline__ uint32_t load_acquire(const uint32_t* address) {
-  uint32_t value;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(value) : "l"(address) : "memory");
-  return value;
-}
-__device__ __forceinline__ void add_release(uint32_t* address, uint32_t value) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(address), "r"(value) : "memory");
-}
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
-}
-
 __device__ __forceinline__ uint32_t shared_address(const void* pointer) {
   return uint32_t(__cvta_generic_to_shared(pointer));
 }
@@ -191,32 +173,12 @@ __device__ void chase(const uint32_t* next, Records* records) {
   records->chase_sink = at;
 }
 
-// One warp streams its slice (kWarpSliceBytes, cycled) through its ring (kDepth x 4 KB of shared memory) until
-// kStreamNs have passed, as a decode weight tile's warp does, without the math between steps.
+// One warp streams its slice at kDepth steps in flight until kStreamNs have passed, and records it.
 template <int kDepth>
 __device__ void stream(const uint8_t* slice, uint8_t* ring, int warp_index, Records* records) {
-  const int lane = threadIdx.x % 32;
   const uint64_t start = now_ns();
-  uint64_t bytes = 0;
-  int64_t offset = 0;
-  for (int step = 0;; ++step) {
-    uint8_t* buffer = ring + (step % kDepth) * kStepBytes;
-#pragma unroll
-    for (int chunk = 0; chunk < kStepBytes / 16 / 32; ++chunk) {
-      const int at = (chunk * 32 + lane) * 16;
-      cp_async_16(buffer + at, slice + offset + at);
-    }
-    asm volatile("cp.async.commit_group;" ::: "memory");
-    cp_async_wait<kDepth - 1>();
-    bytes += kStepBytes;
-    offset = (offset + kStepBytes) % kWarpSliceBytes;
-    if ((step & 15) == 15) {
-      // Lane 0 decides for the warp: lanes reading the clock apart could stop a group of steps apart.
-      if (__shfl_sync(0xffffffffu, now_ns() - start > kStreamNs, 0)) break;
-    }
-  }
-  cp_async_wait<0>();
-  if (lane == 0) {
+  const uint64_t bytes = stream_slice<kDepth, kStepBytes>(slice, kWarpSliceBytes, ring, kStreamNs);
+  if (threadIdx.x % 32 == 0) {
     records->stream_begin[warp_index] = start;
     records->stream_end[warp_index] = now_ns();
     records->stream_bytes[warp_index] = bytes;
@@ -289,17 +251,7 @@ struct Measured {
 
 cudaLaunchConfig_t launch_config(int blocks) {
   static cudaLaunchAttribute cluster;
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = kClusterSize;
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(blocks);
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = kSmemBytes;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
-  return config;
+  return cluster_launch_config(blocks, kThreads, kSmemBytes, kClusterSize, cluster);
 }
 
 template <int kDepth>

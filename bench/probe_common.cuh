@@ -1,4 +1,5 @@
-// What the standalone CUDA probes in bench/ share: a fail-fast check of runtime calls and a 16-byte cp.async.
+// What the standalone CUDA probes in bench/ share: a fail-fast check of runtime calls, a 16-byte cp.async, the global
+// timer, decode's counter hand-off (release add, acquire load) and a launch in thread-block clusters.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -22,4 +23,68 @@ __device__ __forceinline__ void cp_async_16(void* shared, const void* global) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(uint32_t(__cvta_generic_to_shared(shared))),
                "l"(global)
                : "memory");
+}
+
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+}
+
+__device__ __forceinline__ uint64_t now_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+
+// The counter hand-off as decode publishes (release add) and waits (acquire load).
+__device__ __forceinline__ uint32_t load_acquire(const uint32_t* address) {
+  uint32_t value;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(value) : "l"(address) : "memory");
+  return value;
+}
+__device__ __forceinline__ void add_release(uint32_t* address, uint32_t value) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(address), "r"(value) : "memory");
+}
+
+// A launch of `blocks` blocks in clusters of `size` (along x); `attribute` must outlive the launch call.
+inline cudaLaunchConfig_t cluster_launch_config(int blocks, int threads, int smem_bytes, int size,
+                                                cudaLaunchAttribute& attribute) {
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = size;
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem_bytes;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  return config;
+}
+
+// One warp streams its slice (slice_bytes, cycled) through its ring of kDepth steps of kStepBytes in shared memory
+// until duration_ns have passed, as a decode weight tile's warp does, without the math between steps. Returns the
+// bytes it streamed; every lane ends at the same step.
+template <int kDepth, int kStepBytes>
+__device__ uint64_t stream_slice(const uint8_t* slice, int64_t slice_bytes, uint8_t* ring, uint64_t duration_ns) {
+  const int lane = threadIdx.x % 32;
+  const uint64_t start = now_ns();
+  uint64_t bytes = 0;
+  int64_t offset = 0;
+  for (int step = 0;; ++step) {
+    uint8_t* buffer = ring + (step % kDepth) * kStepBytes;
+#pragma unroll
+    for (int chunk = 0; chunk < kStepBytes / 16 / 32; ++chunk) {
+      const int at = (chunk * 32 + lane) * 16;
+      cp_async_16(buffer + at, slice + offset + at);
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+    cp_async_wait<kDepth - 1>();
+    bytes += kStepBytes;
+    offset = (offset + kStepBytes) % slice_bytes;
+    // Lane 0 decides for the warp: lanes reading the clock apart could stop a group of steps apart.
+    if ((step & 15) == 15 && __shfl_sync(0xffffffffu, now_ns() - start > duration_ns, 0)) break;
+  }
+  cp_async_wait<0>();
+  return bytes;
 }
