@@ -19,17 +19,15 @@
 namespace {
 
 using mk::gpu::KernelConfig;
-constexpr int kSmemBytes = KernelConfig::kSmemBytes + 1024;  // + the kernel's 1024-byte alignment slack
+constexpr int kSmemBytes = KernelConfig::kSmemBytes;  // what launch_megakernel asks, its alignment slack included
 
-// Each block records its SM and its cluster's index.
-__global__ void __launch_bounds__(KernelConfig::kThreads) where(uint32_t* smid, uint32_t* cluster) {
+// Each block records its SM; a cluster's blocks are consecutive along x.
+__global__ void __launch_bounds__(KernelConfig::kThreads) record_sm(uint32_t* smid) {
   extern __shared__ uint8_t smem[];  // (kSmemBytes) only reserved, as the megakernel's stage ring
   if (threadIdx.x != 0) return;
-  uint32_t sm, id;
+  uint32_t sm;
   asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-  asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(id));
   smid[blockIdx.x] = sm;
-  cluster[blockIdx.x] = id;
   smem[0] = 0;
 }
 
@@ -42,30 +40,29 @@ cudaLaunchConfig_t config_for(int size, int blocks, cudaLaunchAttribute& attribu
 int main() {
   int sms = 0;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  CHECK(cudaFuncSetAttribute(where, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-  CHECK(cudaFuncSetAttribute(where, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  CHECK(cudaFuncSetAttribute(record_sm, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  CHECK(cudaFuncSetAttribute(record_sm, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   std::printf("%d SMs; a block of %d threads and %d bytes of shared memory, one an SM\n", sms, KernelConfig::kThreads,
               kSmemBytes);
-  uint32_t *smid = nullptr, *cluster = nullptr;
+  uint32_t* smid = nullptr;  // (sms) each block's SM
   CHECK(cudaMalloc(&smid, sms * sizeof(uint32_t)));
-  CHECK(cudaMalloc(&cluster, sms * sizeof(uint32_t)));
   for (int size : {1, 2, 4, 8, 16}) {
     cudaLaunchAttribute attribute;
     cudaLaunchConfig_t config = config_for(size, size, attribute);
     int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, where, &config) != cudaSuccess) {
-      std::printf("clusters of %2d: not launchable (%s)\n", size, cudaGetErrorString(cudaGetLastError()));
+    if (const cudaError_t error = cudaOccupancyMaxActiveClusters(&clusters, record_sm, &config); error != cudaSuccess) {
+      std::printf("clusters of %2d: not launchable (%s)\n", size, cudaGetErrorString(error));
+      cudaGetLastError();  // clear it, so the next size's CHECKs see only their own
       continue;
     }
     const int blocks = clusters * size;
     std::printf("clusters of %2d: %3d at once, %3d SMs in use, %3d idle\n", size, clusters, blocks, sms - blocks);
     if (blocks == 0) continue;
     config = config_for(size, blocks, attribute);
-    CHECK(cudaLaunchKernelEx(&config, where, smid, cluster));
+    CHECK(cudaLaunchKernelEx(&config, record_sm, smid));
     CHECK(cudaDeviceSynchronize());
-    std::vector<uint32_t> sm_of(blocks), cluster_of(blocks);
+    std::vector<uint32_t> sm_of(blocks);  // (blocks) each block's SM
     CHECK(cudaMemcpy(sm_of.data(), smid, blocks * sizeof(uint32_t), cudaMemcpyDeviceToHost));
-    CHECK(cudaMemcpy(cluster_of.data(), cluster, blocks * sizeof(uint32_t), cudaMemcpyDeviceToHost));
     if (size == 1) continue;
     std::printf("  SMs of each cluster:");
     for (int b = 0; b < blocks; ++b) std::printf("%s%u", b % size == 0 ? "  |" : " ", sm_of[b]);

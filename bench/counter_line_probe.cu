@@ -31,6 +31,7 @@ constexpr int kLineStrideWords = 33 * 32;       // lines 4224 bytes apart: their
 constexpr int kRoundTrips = 100;
 constexpr int kHitLoads = 64;
 constexpr uint64_t kWarmupNs = 30'000;
+constexpr uint64_t kHitGapNs = 15'000;         // outlasts ping's kHitLoads hits (~64 x 200 ns), so pong's follow
 constexpr uint64_t kStreamNs = 6'000'000;       // outlasts 100 round trips at 8.7 us a hop (checked on the host)
 
 // What blocks 0 (ping) and 1 (pong) record for one line: ns from globaltimer.
@@ -38,7 +39,8 @@ struct Records {
   uint64_t hit_ns[2];              // kHitLoads dependent L2 hits on the line, from block 0's SM and block 1's
   uint64_t hop_begin, hop_end;     // kRoundTrips round trips
   uint64_t first_stream_end;       // the earliest streaming warp's end (0: none streamed)
-  uint32_t smid[2], sink;
+  uint32_t smid[2];                // block 0's SM, block 1's
+  uint32_t sink[2];                // each block's last hit value, so the loads are used
 };
 
 // kHitLoads dependent loads of the line's word 16, which holds 0: each address depends on the last value.
@@ -66,9 +68,9 @@ __global__ void __launch_bounds__(kThreads) probe(const uint8_t* weights, uint32
     if (threadIdx.x != 0) return;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(records->smid[blockIdx.x]));
     // One SM at a time times its hits, before any hand-off.
-    if (blockIdx.x == 1) wait_ns(5'000);
-    records->hit_ns[blockIdx.x] = time_hits(line, &records->sink);
-    wait_ns(kWarmupNs - (blockIdx.x == 1 ? 5'000 : 0));
+    if (blockIdx.x == 1) wait_ns(kHitGapNs);
+    records->hit_ns[blockIdx.x] = time_hits(line, &records->sink[blockIdx.x]);
+    wait_ns(kWarmupNs - (blockIdx.x == 1 ? kHitGapNs : 0));
     uint32_t* ping_counter = line;      // word 0
     uint32_t* pong_counter = line + 1;  // word 1: the same line, so one L2 slice serves both directions
     if (blockIdx.x == 0) {

@@ -56,7 +56,7 @@ __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
-// The three hand-offs timed side by side.
+// The four hand-offs timed side by side.
 enum Hop { kGlobalCounter, kClusterCounter, kClusterPush, kGlobalFar, kHops };
 
 // What the probe blocks and each streaming warp record (ns from globaltimer, bytes).
@@ -205,8 +205,9 @@ __global__ void __launch_bounds__(kThreads) probe(const uint8_t* weights, uint32
   if (threadIdx.x == 0 && (blockIdx.x < kFirstStreamingBlock || blockIdx.x == last)) {
     uint32_t smid;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-    const int hop = blockIdx.x == 7 || blockIdx.x == last ? kGlobalFar : blockIdx.x / 2;
-    if (hop < kHops) records->smid[hop][blockIdx.x == last ? 1 : blockIdx.x % 2] = smid;
+    // Blocks 0-5 are three pairs in block order; block 7 and the last are the far pair; block 6 (the chase) is none.
+    const int hop = blockIdx.x == 7 || blockIdx.x == last ? kGlobalFar : blockIdx.x == 6 ? kHops : blockIdx.x / 2;
+    if (hop < kHops) records->smid[hop][blockIdx.x == last ? 1 : blockIdx.x == 7 ? 0 : blockIdx.x % 2] = smid;
   }
   if (blockIdx.x == 0) {
     if (threadIdx.x == 0) ping(counters, counters + 32, kGlobalCounter, records);
