@@ -24,7 +24,7 @@ struct KvSplit {
   int64_t row_of_block(int64_t block) const { return (block % splits) * blocks_per_split + block / splits; }
   int64_t block_of_row(int64_t row) const { return (row % blocks_per_split) * splits + row / blocks_per_split; }
 };
-// NOTE: splits = as many (sequence, kv head, split) tasks as fit in tiles::kDecodeSpreadTasks (one round), at most
+// NOTE: splits = as many (sequence, kv head, split) tasks as fit in shape.decode_spread (one round), at most
 // one per block: at batch 1 the 8 kv heads of Llama 3 alone would leave most SMs idle while the cache streams, and
 // one task past the round is a second round on the critical path (batch 8: 3 splits made 192 tasks of 16 us each;
 // docs/perf.md, fifth session, run 2).
@@ -37,8 +37,9 @@ inline int64_t natural_column(int64_t pair_column, int64_t head_dim) {
   return pair_column % 2 == 0 ? pair_column / 2 : head_dim / 2 + pair_column / 2;
 }
 
-// Output columns per decode GEMM tile for an output of n columns (see tiles::kDecodeSpreadTasks).
-int32_t decode_block_n(int64_t n);
+// Output columns per decode GEMM tile for an output of n columns, at most `spread` tiles where the widest allow
+// (RunShape::decode_spread, tiles::kDecodeSpreadTasks).
+int32_t decode_block_n(int64_t n, int64_t spread);
 
 // Throws mk::Error naming the problem when a pass of this shape cannot run on the model: sizes positive, sequences
 // within a RoPE model's positions, and for prefill and decode an embedding and an LM head, a cache within the model's

@@ -15,6 +15,7 @@ namespace mk {
 constexpr int64_t kMaxTokens = int64_t(1) << 30;   // batch x seq_len of one pass
 constexpr int64_t kMaxColumns = int64_t(1) << 30;  // any width: d_model, d_ff, heads x head_dim, vocab_size
 constexpr int64_t kMaxLayers = 0xFFFE;             // layers are 16-bit in instructions, 0xFFFF is kNoLayer
+constexpr int64_t kMaxDecodeSpread = 4096;          // tiles a decode phase takes in one round: an SM count
 
 // a * b and a + b, or mk::Error saying that `what` overflows; operands are sizes, so negative ones are refused too.
 inline int64_t checked_mul(int64_t a, int64_t b, std::string_view what) {

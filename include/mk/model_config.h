@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "mk/limits.h"
+#include "mk/tiles.h"
 
 namespace mk {
 
@@ -78,6 +79,9 @@ struct RunShape {
   int64_t seq_len = 1;
   PassKind pass = PassKind::kForward;
   int64_t max_context = 0;  // prefill and decode: cache rows per sequence; 0 for a forward pass, which has no cache
+  // decode: the tiles one round of a phase takes, the SM count the step runs on (the gpu engine sets its GPU's; the CPU
+  // engines keep the H200's). More tiles than SMs would run a second round on some SMs in every phase.
+  int64_t decode_spread = tiles::kDecodeSpreadTasks;
   // Overflow-checked: a shape from flags or a file may not have been validated yet.
   int64_t tokens() const { return checked_mul(batch, seq_len, "batch x seq_len"); }
   // Throws mk::Error unless batch and seq_len are positive, the pass has at most kMaxTokens tokens, and max_context

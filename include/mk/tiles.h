@@ -38,11 +38,11 @@ constexpr int64_t kL2ResidentWeightBytes = int64_t(24) << 20;  // half the H200'
 // NOTE: a decode step reads every weight once for a handful of rows, so its time is weight bytes / bandwidth only
 // if every SM streams; and each GEMM waits for the whole previous op, so a second round of its tiles on some SMs is a
 // second tile's latency on the critical path (measured: qkv's 192 tiles of 16 columns, 1B shape). GEMM tiles are
-// the narrowest power of two of kDecodeMinBlockN..kDecodeMaxBlockN columns that makes at most kDecodeSpreadTasks
-// of them (the H200's SM count, one round; a tiling hint, schedules run on any SM count); wider outputs get tiles of
-// kDecodeMaxBlockN, but the LM head, which takes one round of kDecodeSpreadTasks tiles as wide as it needs
-// (balanced_decode_columns). NOTE: on fewer SMs (an H100 PCIe's 114) a round's last tiles run a second time on some
-// SMs; for the LM head's wide tiles that nearly doubles its phase, where 8 tiles an SM would have made it 10 against 9.
+// the narrowest power of two of kDecodeMinBlockN..kDecodeMaxBlockN columns that makes at most one round of them
+// (RunShape::decode_spread: the SM count the gpu engine's GPU has, kDecodeSpreadTasks, the H200's, by default and on
+// the CPU engines); wider outputs get tiles of kDecodeMaxBlockN, but the LM head, which takes one round of tiles as
+// wide as it needs (balanced_decode_columns). NOTE: tiled for 132 on 120 SMs, every phase ran a second round on 12 of
+// them: the 1B and 8B steps took 55% longer (docs/perf.md, thirty-second session, run 6).
 constexpr int32_t kDecodeSpreadTasks = 132;
 constexpr int32_t kDecodeMinBlockN = 16;
 constexpr int32_t kDecodeMaxBlockN = 128;

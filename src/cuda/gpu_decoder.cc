@@ -21,6 +21,13 @@ Schedule schedule_of(const Graph& graph, const DecodeSetup& setup, int32_t sm_co
   return make_schedule(graph, derive_dependencies(graph), setup.policy, sm_count);
 }
 
+// The decode step's shape on this GPU: a phase's tiles one round of its SMs (H100 PCIe: 114, not the H200's 132).
+RunShape gpu_decode_shape(const DecodeSetup& setup, int32_t sm_count) {
+  RunShape shape = decode_shape(setup);
+  shape.decode_spread = sm_count;
+  return shape;
+}
+
 // Every layer's cache, stacked as the pass's buffer table stacks kv_cache.
 void* allocate_cache(gpu::DeviceArena& arena, const Graph& graph) {
   const int64_t elements = graph.buffer_table().kind_elements(BufferKind::kKvCache);
@@ -33,7 +40,7 @@ class GpuDecoder final : public DecodeEngine {
       : weights_(weights),
         setup_(checked(weights.config, setup)),
         sm_count_(query_gpu().sm_count),
-        decode_graph_(weights.config, decode_shape(setup)),
+        decode_graph_(weights.config, gpu_decode_shape(setup, sm_count_)),
         decode_schedule_(schedule_of(decode_graph_, setup_, sm_count_)),
         cache_(allocate_cache(cache_arena_, decode_graph_)),
         decode_(decode_graph_, decode_schedule_, weights, options()) {}

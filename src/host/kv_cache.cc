@@ -18,14 +18,14 @@ KvSplit kv_split(const ModelConfig& config, const RunShape& shape) {
   KvSplit split;
   split.blocks = ceil_div(shape.max_context, tiles::kDecodeKvBlock);
   const int64_t pairs = std::max<int64_t>(1, shape.batch * config.n_kv_heads);  // (sequence, kv head)
-  split.splits = std::clamp<int64_t>(tiles::kDecodeSpreadTasks / pairs, 1, std::max<int64_t>(1, split.blocks));
+  split.splits = std::clamp<int64_t>(shape.decode_spread / pairs, 1, std::max<int64_t>(1, split.blocks));
   split.blocks_per_split = ceil_div(split.blocks, split.splits);
   return split;
 }
 
-int32_t decode_block_n(int64_t n) {
+int32_t decode_block_n(int64_t n, int64_t spread) {
   for (int32_t width = tiles::kDecodeMinBlockN; width < tiles::kDecodeMaxBlockN; width *= 2)
-    if (ceil_div(n, width) <= tiles::kDecodeSpreadTasks) return width;
+    if (ceil_div(n, width) <= spread) return width;
   return tiles::kDecodeMaxBlockN;
 }
 

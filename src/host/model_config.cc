@@ -66,6 +66,8 @@ void RunShape::validate() const {
   MK_CHECK(!__builtin_mul_overflow(batch, seq_len, &count) && count <= kMaxTokens,
            "batch {} x sequence length {} is more than the {} tokens one pass addresses", batch, seq_len, kMaxTokens);
   MK_CHECK(max_context >= 0 && max_context <= kMaxTokens, "max context {} is outside [0, {}]", max_context, kMaxTokens);
+  MK_CHECK(decode_spread > 0 && decode_spread <= kMaxDecodeSpread, "decode spread {} is outside [1, {}]",
+           decode_spread, kMaxDecodeSpread);
 }
 
 namespace {
@@ -406,7 +408,11 @@ std::string describe(const RunShape& shape) {
     case PassKind::kForward: return fmt::format("batch {} x seq {}", shape.batch, shape.seq_len);
     case PassKind::kPrefill:
       return fmt::format("prefill: batch {} x seq {}, max context {}", shape.batch, shape.seq_len, shape.max_context);
-    case PassKind::kDecode: return fmt::format("decode: batch {}, max context {}", shape.batch, shape.max_context);
+    case PassKind::kDecode:
+      return fmt::format("decode: batch {}, max context {}{}", shape.batch, shape.max_context,
+                         shape.decode_spread == tiles::kDecodeSpreadTasks
+                             ? ""
+                             : fmt::format(", a round of {} tiles", shape.decode_spread));
   }
   return "invalid pass";
 }

@@ -342,6 +342,8 @@ ScheduleHeader parse_schedule_header(const std::string& text, const std::string&
     if (pass == pass_kind_name(kind)) loaded.shape.pass = kind;
   MK_CHECK(pass == pass_kind_name(loaded.shape.pass), "unknown pass {}", json_excerpt(pass));
   loaded.shape.max_context = header.contains("max_context") ? header_count(header, "max_context", kMaxTokens) : 0;
+  if (header.contains("decode_spread"))  // files from before it hold the default
+    loaded.shape.decode_spread = header_count(header, "decode_spread", kMaxDecodeSpread);
   loaded.shape.validate();
   loaded.schedule.num_sms = int32_t(header_count(header, "num_sms", 4096));
   MK_CHECK(loaded.schedule.num_sms > 0, "bad SM count 0");
@@ -374,6 +376,7 @@ void save_schedule(const std::filesystem::path& path, const Graph& graph, const 
       {"seq_len", graph.shape().seq_len},
       {"pass", pass_kind_name(graph.shape().pass)},
       {"max_context", graph.shape().max_context},
+      {"decode_spread", graph.shape().decode_spread},
       {"tiles", tiles_json()},
       {"num_sms", schedule.num_sms},
       {"policy", schedule_policy_name(schedule.policy)},

@@ -73,9 +73,9 @@ struct DecodeColumns {
   int64_t widest() const { return std::min(n, (units + (wide > 0 ? 1 : 0)) * unit); }
 };
 
-// decode_block_n(spread_n) columns a tile: narrow enough that every SM streams weights.
-inline DecodeColumns uniform_decode_columns(int64_t n, int64_t spread_n) {
-  const int32_t width = decode_block_n(spread_n);
+// decode_block_n(spread_n) columns a tile: narrow enough that every SM streams weights. spread: RunShape's.
+inline DecodeColumns uniform_decode_columns(int64_t n, int64_t spread_n, int64_t spread) {
+  const int32_t width = decode_block_n(spread_n, spread);
   return {n, blocks(n, width), 0, width / tiles::kDecodeMinBlockN};
 }
 
@@ -85,14 +85,14 @@ inline DecodeColumns uniform_decode_columns(int64_t n, int64_t spread_n) {
 // Whole rounds of 128-column tiles (1056) fixed that, but each SM still ran 8 tiles one after another with 1.4-1.7 us
 // between them in which it had no weight bytes in flight: its ring drains over a tile's last steps and the next
 // tile's prologue goes out only when that tile begins (sixteenth session, run 1: ~10-12 us of the phase's 141).
-// Instead: one round of kDecodeSpreadTasks tiles as wide as it takes (fewer where n has fewer units), the units
+// Instead: one round of RunShape::decode_spread tiles as wide as it takes (fewer where n has fewer units), the units
 // spread evenly, so widths differ by one unit: 132 tiles of 960 or 976 columns, each SM's logits one stream. Whole
 // 16-column units keep the CUDA-core path's 8 warps at equal shares of output pairs. The wider tiles come first, so
 // that schedulers place them first (longest first): the list scheduler ranks them by cost anyway, round-robin by
 // task order.
-inline DecodeColumns balanced_decode_columns(int64_t n) {
+inline DecodeColumns balanced_decode_columns(int64_t n, int64_t spread) {
   const int64_t units = blocks(n, tiles::kDecodeMinBlockN);
-  const int64_t count = std::min<int64_t>(units, tiles::kDecodeSpreadTasks);
+  const int64_t count = std::min<int64_t>(units, spread);
   return {n, count, units % count, units / count};
 }
 
@@ -139,15 +139,15 @@ template <typename Op, typename Base = GemmOp<Op>>
 struct DecodeGemmOp : Base {
   // The columns whose count sets the tile width: q and kv together for the two halves of the qkv projection.
   static int64_t spread_columns(const ModelConfig& c) { return Op::gemm(c).n; }
-  static DecodeColumns columns(const ModelConfig& c) {
-    return uniform_decode_columns(Op::gemm(c).n, Op::spread_columns(c));
+  static DecodeColumns columns(const ModelConfig& c, int64_t spread) {
+    return uniform_decode_columns(Op::gemm(c).n, Op::spread_columns(c), spread);
   }
   // The columns of this pass's tiles, which depend on the batch too; spread, the op's share of a round in proportion
   // to its part of spread_columns (q's and kv's of the qkv projection's).
   static DecodeColumns tile_columns(const OpContext& ctx) {
     const ModelConfig& c = ctx.config;
-    return narrowest_decode_columns(ctx, Op::columns(c),
-                                    tiles::kDecodeSpreadTasks * Op::gemm(c).n / Op::spread_columns(c));
+    const int64_t spread = ctx.shape.decode_spread;
+    return narrowest_decode_columns(ctx, Op::columns(c, spread), spread * Op::gemm(c).n / Op::spread_columns(c));
   }
   static void tile(const OpContext& ctx, uint16_t layer, std::vector<Task>& tasks) {
     decode_gemm_tiles(Op::kOpcode, layer, ctx.shape.batch, Op::tile_columns(ctx), 1, tasks);
@@ -259,7 +259,9 @@ struct DecodeLmHeadOp : DecodeGemmOp<DecodeLmHeadOp, LmHeadOp> {
   static constexpr Opcode kOpcode = Opcode::kDecodeLmHead;
   static constexpr const char* kName = "decode_lm_head";
   static BufferRef input(const ModelConfig& c) { return {BK::kHidden, int32_t(c.n_layers)}; }
-  static DecodeColumns columns(const ModelConfig& c) { return balanced_decode_columns(c.vocab_size); }
+  static DecodeColumns columns(const ModelConfig& c, int64_t spread) {
+    return balanced_decode_columns(c.vocab_size, spread);
+  }
   static void reads(const OpContext& ctx, const Task& t, TaskRegions& r) {
     r.read(full_rows(ctx, input(ctx.config), t));
   }

@@ -116,18 +116,20 @@ TEST(DecodeGraph, SchedulesVerifyAndFilesKeepThePass) {
     config.has_embedding = config.has_lm_head = true;
     const int64_t batch = 1 + int64_t(random.next_u64() % 9);
     for (const RunShape& shape :
-         {RunShape{batch, 1, PassKind::kDecode, 300}, RunShape{batch, 37, PassKind::kPrefill, 300}}) {
+         {RunShape{batch, 1, PassKind::kDecode, 300, 3 + trial}, RunShape{batch, 37, PassKind::kPrefill, 300}}) {
       const Graph graph(config, shape);
       const Schedule schedule = make_schedule(graph, derive_dependencies(graph), SchedulePolicy(trial % 2), 3 + trial);
       EXPECT_NO_THROW(verify_schedule(graph, schedule)) << describe(config) << " " << describe(shape);
     }
   }
   testing_util::TempDir dir;
-  const Graph graph(find_preset("tiny").config, kTinyDecode);
+  RunShape shape = kTinyDecode;
+  shape.decode_spread = 9;  // tiled for the 9 SMs it is scheduled on
+  const Graph graph(find_preset("tiny").config, shape);
   save_schedule(dir.path() / "decode.sched", graph,
                 make_schedule(graph, derive_dependencies(graph), SchedulePolicy::kCostModel, 9));
   const LoadedSchedule loaded = load_schedule(dir.path() / "decode.sched");
-  EXPECT_EQ(loaded.shape, kTinyDecode);
+  EXPECT_EQ(loaded.shape, shape);
   EXPECT_NO_THROW(verify_schedule(graph, loaded.schedule));
 }
 
@@ -367,21 +369,33 @@ TEST(DecodeGraph, ALlama1BSpreadsQAndKvOnlyAtBatch1) {
   }
 }
 
-// Both tiling rules keep a decode phase to one round of kDecodeSpreadTasks (132) tasks where they can.
+// Both tiling rules keep a decode phase to one round of RunShape::decode_spread tasks where they can: 132 by default
+// (the H200's SMs), what the gpu engine's GPU has otherwise (an H100 PCIe's 114).
 TEST(DecodeGraph, TilesAndSplitsFitOneRoundOfSms) {
-  EXPECT_EQ(decode_block_n(132 * 16), 16);       // exactly 132 tiles of the narrowest width
-  EXPECT_EQ(decode_block_n(132 * 16 + 1), 32);   // one column more would make a 133rd
-  EXPECT_EQ(decode_block_n(132 * 128), 128);
-  EXPECT_EQ(decode_block_n(132 * 128 + 8), 128);  // wider than one round of the widest tiles: the widest
+  EXPECT_EQ(decode_block_n(132 * 16, 132), 16);       // exactly 132 tiles of the narrowest width
+  EXPECT_EQ(decode_block_n(132 * 16 + 1, 132), 32);   // one column more would make a 133rd
+  EXPECT_EQ(decode_block_n(132 * 128, 132), 128);
+  EXPECT_EQ(decode_block_n(132 * 128 + 8, 132), 128);  // wider than one round of the widest tiles: the widest
+  EXPECT_EQ(decode_block_n(132 * 16, 114), 32);        // 132 tiles of 16 would be a round and 18 more on 114 SMs
   const ModelConfig config = find_preset("llama-3.2-1b").config;  // 8 kv heads
-  const auto splits = [&](int64_t batch, int64_t context) {
-    return kv_split(config, {batch, 1, PassKind::kDecode, context}).splits;
+  const auto splits = [&](int64_t batch, int64_t context, int64_t spread = 132) {
+    return kv_split(config, {batch, 1, PassKind::kDecode, context, spread}).splits;
   };
   EXPECT_EQ(splits(1, 1024), 8) << "132 / 8 pairs allows 16, but there are only 8 blocks";
   EXPECT_EQ(splits(1, 4096), 16);
+  EXPECT_EQ(splits(1, 4096, 114), 14);
   EXPECT_EQ(splits(8, 1024), 2) << "64 pairs: 3 splits would make 192 tasks, two rounds";
   EXPECT_EQ(splits(17, 1024), 1) << "136 pairs: one split, more than one round is then unavoidable";
   EXPECT_EQ(kv_split(config, {8, 1, PassKind::kDecode, 1024}).blocks_per_split, 4);
+  // A step for 114 SMs: every phase of a layer, and the LM head, one round of at most 114 tasks.
+  for (int64_t batch : {1, 8}) {
+    const Graph graph(config, RunShape{batch, 1, PassKind::kDecode, 4096, 114});
+    std::map<Opcode, int64_t> tasks;  // opcode -> tasks of layer 0 (the LM head: of the whole step)
+    for (const Task& t : graph.tasks())
+      if (t.layer == 0 || t.opcode == Opcode::kDecodeLmHead) ++tasks[t.opcode];
+    for (const auto& [opcode, count] : tasks) EXPECT_LE(count, 114) << opcode_name(opcode) << ", batch " << batch;
+    EXPECT_EQ(tasks[Opcode::kDecodeLmHead], 114) << "batch " << batch;
+  }
 }
 
 // The LM head's decode tiles of `config` at `batch`: each row block's tiles cover every logit once, in whole
