@@ -63,7 +63,7 @@ class GpuDecoder final : public DecodeEngine {
   }
 
   std::vector<int32_t> step(const std::vector<int32_t>& tokens, const std::vector<int32_t>& positions) override {
-    const ref::ModelInput input = step_input(setup_, tokens, positions);
+    const ref::ModelInput input = decode_input(tokens, positions);
     decode_.set_input(input);
     logits_stale_ = true;
     if (setup_.sampling.temperature == 0.0f) return decode_.run_steps_and_read_sampled(1);
@@ -87,7 +87,7 @@ class GpuDecoder final : public DecodeEngine {
       MK_CHECK(position + count <= setup_.max_context,
                "internal error: {} steps from position {} pass the KV cache's {} positions", count, position,
                setup_.max_context);
-    decode_.set_input(step_input(setup_, tokens, positions));
+    decode_.set_input(decode_input(tokens, positions));
     logits_stale_ = true;
     const std::vector<int32_t> ids = decode_.run_steps_and_read_sampled(int(count));
     const int64_t batch = setup_.batch;
@@ -108,7 +108,7 @@ class GpuDecoder final : public DecodeEngine {
   }
   std::string trace_step(const std::vector<int32_t>& tokens, const std::vector<int32_t>& positions,
                          const std::filesystem::path& path) override {
-    decode_.set_input(step_input(setup_, tokens, positions));
+    decode_.set_input(decode_input(tokens, positions));
     const Trace trace = decode_.run_traced();
     logits_stale_ = true;
     write_file(path, trace_to_chrome_json(decode_graph_, trace));
@@ -122,6 +122,13 @@ class GpuDecoder final : public DecodeEngine {
   }
 
  private:
+  // A step's input, of the decode graph's shape (its spread is this GPU's SM count, not step_input's default).
+  ref::ModelInput decode_input(const std::vector<int32_t>& tokens, const std::vector<int32_t>& positions) const {
+    ref::ModelInput input = step_input(setup_, tokens, positions);
+    input.shape = decode_graph_.shape();
+    return input;
+  }
+
   // A prefill part's cache (layers of (n seq_len, 2 kv_dim), of `shape`) into rows [0, seq_len) of sequences
   // [first_sequence, first_sequence + n) of the batch's (layers of (batch max_context, 2 kv_dim)).
   void copy_part_cache(const void* part, const RunShape& shape, int64_t first_sequence) const {

@@ -404,15 +404,18 @@ const char* pass_kind_name(PassKind pass) {
 }
 
 std::string describe(const RunShape& shape) {
+  // A spread other than the default, whatever the pass: shapes that differ in it alone (a schedule file's forward
+  // pass with a "decode_spread" of its own) must not be named alike in a mismatch.
+  const std::string spread = shape.decode_spread == tiles::kDecodeSpreadTasks
+                                 ? ""
+                                 : fmt::format(", a round of {} tiles", shape.decode_spread);
   switch (shape.pass) {
-    case PassKind::kForward: return fmt::format("batch {} x seq {}", shape.batch, shape.seq_len);
+    case PassKind::kForward: return fmt::format("batch {} x seq {}{}", shape.batch, shape.seq_len, spread);
     case PassKind::kPrefill:
-      return fmt::format("prefill: batch {} x seq {}, max context {}", shape.batch, shape.seq_len, shape.max_context);
+      return fmt::format("prefill: batch {} x seq {}, max context {}{}", shape.batch, shape.seq_len, shape.max_context,
+                         spread);
     case PassKind::kDecode:
-      return fmt::format("decode: batch {}, max context {}{}", shape.batch, shape.max_context,
-                         shape.decode_spread == tiles::kDecodeSpreadTasks
-                             ? ""
-                             : fmt::format(", a round of {} tiles", shape.decode_spread));
+      return fmt::format("decode: batch {}, max context {}{}", shape.batch, shape.max_context, spread);
   }
   return "invalid pass";
 }

@@ -131,6 +131,18 @@ TEST(DecodeGraph, SchedulesVerifyAndFilesKeepThePass) {
   const LoadedSchedule loaded = load_schedule(dir.path() / "decode.sched");
   EXPECT_EQ(loaded.shape, shape);
   EXPECT_NO_THROW(verify_schedule(graph, loaded.schedule));
+  // Refused for the default spread's graph, the mismatch named; a spread outside [1, 4096] is refused by name, and
+  // shapes of any pass that differ in the spread alone are described apart.
+  const Graph default_spread(find_preset("tiny").config, kTinyDecode);
+  EXPECT_THAT([&] { load_schedule(dir.path() / "decode.sched", default_spread); },
+              testing::ThrowsMessage<Error>(HasSubstr("a round of 9 tiles, not decode: batch 2, max context 256")));
+  for (int64_t spread : {int64_t(0), int64_t(-1), kMaxDecodeSpread + 1}) {
+    const RunShape bad{1, 1, PassKind::kDecode, 128, spread};
+    EXPECT_THAT([&] { bad.validate(); },
+                testing::ThrowsMessage<Error>(HasSubstr(fmt::format("decode spread {} is outside", spread))));
+  }
+  const RunShape forward{2, 8}, forward_spread{2, 8, PassKind::kForward, 0, 7};
+  EXPECT_NE(describe(forward_spread), describe(forward));
 }
 
 // Drops the waits of the first layer-1 decode attention task on the decode_kv counter: it may then read the cache
