@@ -53,12 +53,6 @@ __device__ uint64_t time_hits(const uint32_t* line, uint32_t* sink) {
   return end - begin;
 }
 
-__device__ void wait_ns(uint64_t ns) {
-  const uint64_t start = now_ns();
-  while (now_ns() - start < ns) {
-  }
-}
-
 // Blocks 0 and 1 time the line; with `streaming`, the other blocks stream meanwhile.
 __global__ void __launch_bounds__(kThreads) probe(const uint8_t* weights, uint32_t* line, bool streaming,
                                                   Records* records) {
@@ -68,26 +62,14 @@ __global__ void __launch_bounds__(kThreads) probe(const uint8_t* weights, uint32
     if (threadIdx.x != 0) return;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(records->smid[blockIdx.x]));
     // One SM at a time times its hits, before any hand-off.
-    if (blockIdx.x == 1) wait_ns(kHitGapNs);
+    if (blockIdx.x == 1) spin_ns(kHitGapNs);
     records->hit_ns[blockIdx.x] = time_hits(line, &records->sink[blockIdx.x]);
-    wait_ns(kWarmupNs - (blockIdx.x == 1 ? kHitGapNs : 0));
-    uint32_t* ping_counter = line;      // word 0
-    uint32_t* pong_counter = line + 1;  // word 1: the same line, so one L2 slice serves both directions
-    if (blockIdx.x == 0) {
-      records->hop_begin = now_ns();
-      for (uint32_t i = 1; i <= kRoundTrips; ++i) {
-        add_release(ping_counter, 1);
-        while (load_acquire(pong_counter) < i) {
-        }
-      }
-      records->hop_end = now_ns();
-    } else {
-      for (uint32_t i = 1; i <= kRoundTrips; ++i) {
-        while (load_acquire(ping_counter) < i) {
-        }
-        add_release(pong_counter, 1);
-      }
-    }
+    spin_ns(kWarmupNs - (blockIdx.x == 1 ? kHitGapNs : 0));
+    // Word 0 is the ping's counter, word 1 the pong's: one line, so one L2 slice serves both directions.
+    const bool is_ping = blockIdx.x == 0;
+    if (is_ping) records->hop_begin = now_ns();
+    ping_pong(line + (is_ping ? 0 : 1), line + (is_ping ? 1 : 0), kRoundTrips, is_ping);
+    if (is_ping) records->hop_end = now_ns();
   } else if (streaming) {
     const int warp_index = (blockIdx.x - 2) * kWarps + warp;
     stream_slice<kDepth, kStepBytes>(weights + warp_index * kWarpSliceBytes, kWarpSliceBytes,

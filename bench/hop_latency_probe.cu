@@ -71,29 +71,11 @@ struct Records {
   uint64_t* stream_bytes;           // (streaming warps)
 };
 
-__device__ void wait_warmup() {
-  const uint64_t start = now_ns();
-  while (now_ns() - start < kWarmupNs) {
-  }
-}
-
 __device__ void ping(uint32_t* ping_counter, const uint32_t* pong_counter, Hop hop, Records* records) {
-  wait_warmup();
+  spin_ns(kWarmupNs);
   records->hop_begin[hop] = now_ns();
-  for (uint32_t i = 1; i <= kRoundTrips; ++i) {
-    add_release(ping_counter, 1);
-    while (load_acquire(pong_counter) < i) {
-    }
-  }
+  ping_pong(ping_counter, pong_counter, kRoundTrips, true);
   records->hop_end[hop] = now_ns();
-}
-
-__device__ void pong(const uint32_t* ping_counter, uint32_t* pong_counter) {
-  for (uint32_t i = 1; i <= kRoundTrips; ++i) {
-    while (load_acquire(ping_counter) < i) {
-    }
-    add_release(pong_counter, 1);
-  }
 }
 
 // Each block of cluster 1 adds to the counter in its partner's shared memory and spins on its own.
@@ -110,7 +92,7 @@ __device__ void cluster_counter_hops(uint32_t* own_counter, bool is_ping, Record
     asm volatile("red.release.cluster.shared::cluster.add.u32 [%0], 1;" ::"r"(partner_counter) : "memory");
   };
   if (is_ping) {
-    wait_warmup();
+    spin_ns(kWarmupNs);
     records->hop_begin[kClusterCounter] = now_ns();
   }
   for (uint32_t i = 1; i <= kRoundTrips; ++i) {
@@ -148,7 +130,7 @@ __device__ void cluster_push_hops(uint64_t* own_barrier, uint32_t* own_slot, boo
                  : "memory");
   };
   if (is_ping) {
-    wait_warmup();
+    spin_ns(kWarmupNs);
     records->hop_begin[kClusterPush] = now_ns();
   }
   for (uint32_t i = 0; i < kRoundTrips; ++i) {
@@ -164,7 +146,7 @@ __device__ void cluster_push_hops(uint64_t* own_barrier, uint32_t* own_slot, boo
 }
 
 __device__ void chase(const uint32_t* next, Records* records) {
-  wait_warmup();
+  spin_ns(kWarmupNs);
   uint32_t at = 0;
   for (int i = 0; i < kChaseWords / 32; ++i) at = __ldcg(next + at);  // idle, the timed loads then hit L2
   records->chase_begin = now_ns();
@@ -212,11 +194,11 @@ __global__ void __launch_bounds__(kThreads) probe(const uint8_t* weights, uint32
   if (blockIdx.x == 0) {
     if (threadIdx.x == 0) ping(counters, counters + 32, kGlobalCounter, records);
   } else if (blockIdx.x == 1) {
-    if (threadIdx.x == 0) pong(counters, counters + 32);
+    if (threadIdx.x == 0) ping_pong(counters + 32, counters, kRoundTrips, false);
   } else if (blockIdx.x == 7) {
     if (threadIdx.x == 0) ping(counters + 64, counters + 96, kGlobalFar, records);
   } else if (blockIdx.x == last) {
-    if (threadIdx.x == 0) pong(counters + 64, counters + 96);
+    if (threadIdx.x == 0) ping_pong(counters + 96, counters + 64, kRoundTrips, false);
   } else if (blockIdx.x < 4) {
     if (threadIdx.x == 0) cluster_counter_hops(&counter, is_ping, records);
   } else if (blockIdx.x < 6) {

@@ -46,6 +46,24 @@ __device__ __forceinline__ void add_release(uint32_t* address, uint32_t value) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(address), "r"(value) : "memory");
 }
 
+// Spins until `ns` have passed on the global timer.
+__device__ inline void spin_ns(uint64_t ns) {
+  const uint64_t start = now_ns();
+  while (now_ns() - start < ns) {
+  }
+}
+
+// One side of a counter ping-pong through global memory, `round_trips` round trips: the ping adds to its own counter,
+// then waits for the other to reach the round; the pong waits for the ping's, then adds to its own.
+__device__ inline void ping_pong(uint32_t* own, const uint32_t* other, uint32_t round_trips, bool is_ping) {
+  for (uint32_t i = 1; i <= round_trips; ++i) {
+    if (is_ping) add_release(own, 1);
+    while (load_acquire(other) < i) {
+    }
+    if (!is_ping) add_release(own, 1);
+  }
+}
+
 // A launch of `blocks` blocks in clusters of `size` (along x); `attribute` must outlive the launch call.
 inline cudaLaunchConfig_t cluster_launch_config(int blocks, int threads, int smem_bytes, int size,
                                                 cudaLaunchAttribute& attribute) {
