@@ -388,8 +388,9 @@ for s in $steps; do
     probes)
       # The standalone CUDA probes behind docs/decode.md's limits: decode's weight-streaming patterns
       # (hbm_read_probe.cu), hand-offs between SMs and a dependent load beside streaming HBM (hop_latency_probe.cu),
-      # the hand-off per counter line (counter_line_probe.cu), the SMs a clustered grid keeps (cluster_fit_probe.cu).
-      for probe in hbm_read_probe hop_latency_probe counter_line_probe cluster_fit_probe; do
+      # the hand-off per counter line (counter_line_probe.cu), the SMs a clustered grid keeps (cluster_fit_probe.cu),
+      # what a launch costs outside its CTAs' span (launch_probe.cu).
+      for probe in hbm_read_probe hop_latency_probe counter_line_probe cluster_fit_probe launch_probe; do
         step "$probe" bash -c "nvcc -O3 -std=c++20 -I '$root/include' -gencode=arch=compute_90a,code=sm_90a \
           '$root/bench/$probe.cu' -o '$build/$probe' && timeout 120 '$build/$probe'"
       done
