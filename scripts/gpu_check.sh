@@ -298,7 +298,7 @@ for s in $steps; do
       # (default the seed and S=4096) timed with and without --skip-dependency-waits, alternating, twice; then
       # `mk generate` on WAITS_DECODE_PRESET (default llama-3.2-1b; a 896-token prompt, context 1024) at each of
       # WAITS_DECODE_BATCHES (default 1) the same way; then one traced launch of each with the waits skipped
-      # (waits.log: its per-op table is each op's time with nothing to wait for).
+      # (waits.log: its per-op table is each op's time with nothing to wait for), and decode traced with them too.
       IFS=';' read -ra shapes <<<"${WAITS_ARGS:---seq 256 --iterations 200;--seq 4096 --iterations 30}"
       prompt=$(seq -s, 1 896)
       preset=${WAITS_DECODE_PRESET:-llama-3.2-1b}
@@ -324,11 +324,15 @@ for s in $steps; do
         timeout 120 "$build/mk" trace --preset seed ${shape%--iterations*} --engine gpu --skip-dependency-waits \
           --out "$out/trace-skip.json" >>"$out/waits.log" 2>&1 || status=1
       done
+      # Decode is traced both ways: the difference, boundary by boundary, is where the waits' time goes.
       for batch in ${WAITS_DECODE_BATCHES:-1}; do
-        echo "=== decode trace --skip-dependency-waits batch $batch" >>"$out/waits.log"
-        timeout 300 "$build/mk" generate --preset "$preset" --engine gpu --prompt-ids "$prompt" --batch "$batch" \
-          --max-new-tokens 16 --max-context 1024 --stream none --skip-dependency-waits \
-          --trace "$out/trace-decode-skip.json" >>"$out/waits.log" 2>&1 || status=1
+        for mode in "" "--skip-dependency-waits"; do
+          echo "=== decode trace ${mode:-with waits} batch $batch" >>"$out/waits.log"
+          # shellcheck disable=SC2086  # an empty mode is no flag
+          timeout 300 "$build/mk" generate --preset "$preset" --engine gpu --prompt-ids "$prompt" --batch "$batch" \
+            --max-new-tokens 16 --max-context 1024 --stream none $mode \
+            --trace "$out/trace-decode-${mode:+skip-}batch$batch.json" >>"$out/waits.log" 2>&1 || status=1
+        done
       done
       rm -f "$out/trace-skip.json"
       ;;
