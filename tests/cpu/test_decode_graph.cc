@@ -232,6 +232,37 @@ TEST(DecodeGraph, CombinesAreLinkedToTheirAttentionTasks) {
   for (const Instruction& in : forward_schedule.instructions) EXPECT_EQ(in.flags, 0);
 }
 
+// On the GPU nothing but a linked combine, which runs inside the group's last attention task instead of waiting, waits
+// on a linked attention task's own counter, and no other op signals it: the group's ticket is what carries the
+// partials (run_combine_if_last), so the tasks' publication orders nothing another SM reads. Checked on tiny and on the
+// 1B shape at batches 1 and 8 (kv heads split 8 and 1 ways at 1k positions).
+TEST(DecodeGraph, LinkedAttentionCountersAreWaitedOnByTheirCombinesAlone) {
+  const std::pair<const char*, RunShape> shapes[] = {{"tiny", kTinyDecode},
+                                                     {"llama-3.2-1b", {1, 1, PassKind::kDecode, 1024}},
+                                                     {"llama-3.2-1b", {8, 1, PassKind::kDecode, 1024}}};
+  for (const auto& [preset, shape] : shapes) {
+    SCOPED_TRACE(fmt::format("{} {}", preset, describe(shape)));
+    const Graph graph(find_preset(preset).config, shape);
+    const Schedule schedule = make_schedule(graph, derive_dependencies(graph), SchedulePolicy::kCostModel, 132);
+    std::map<uint32_t, int64_t> attention_signals;  // a linked attention counter: the tasks that signal it
+    for (const Instruction& in : schedule.instructions)
+      if (in.flags & kAttentionRunsCombine) ++attention_signals[in.signal_counter];
+    ASSERT_FALSE(attention_signals.empty());
+    int64_t waits_on_attention = 0;
+    for (const Instruction& in : schedule.instructions) {
+      if (attention_signals.contains(in.signal_counter)) {
+        EXPECT_NE(in.flags & kAttentionRunsCombine, 0) << graph.describe(graph.tasks()[in.task]) << " signals it";
+      }
+      for (uint32_t w = in.wait_begin; w < in.wait_begin + in.num_waits; ++w) {
+        if (!attention_signals.contains(schedule.waits.at(w).counter)) continue;
+        ++waits_on_attention;
+        EXPECT_EQ(in.flags, kCombineRunByLastAttention) << graph.describe(graph.tasks()[in.task]) << " waits on it";
+      }
+    }
+    EXPECT_GT(waits_on_attention, 0) << "the combines wait on their attention tasks' counters (the verifier's model)";
+  }
+}
+
 // A broken link would have the GPU run a combine before its partials are written, signal the wrong counter, or run it
 // never: the verifier names each.
 TEST(DecodeGraph, VerifierRejectsBrokenCombineLinks) {
