@@ -13,7 +13,9 @@ cuobjdump=$(command -v cuobjdump || true)
 if [ -z "$cuobjdump" ]; then
   [ -d "$tools" ] && cuobjdump=$(find "$tools" -name cuobjdump -type f | head -1)
   if [ -z "$cuobjdump" ]; then
-    python3 -m pip install --quiet --target "$tools" nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm
+    quiet=--quiet
+    [ -t 1 ] && quiet=  # pip's progress on a terminal only
+    python3 -m pip install ${quiet:+"$quiet"} --target "$tools" nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm
     cuobjdump=$(find "$tools" -name cuobjdump -type f | head -1)
   fi
   PATH=$(dirname "$cuobjdump"):$PATH  # cuobjdump runs nvdisasm, which the same wheels put beside it
