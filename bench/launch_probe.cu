@@ -1,7 +1,8 @@
 // Probe: what one launch from an idle GPU costs beside the SMs' own span, for a grid shaped like the megakernel's
 // (132 CTAs of 384 threads, 225 KB of shared memory, 2688 bytes of parameters) and for lighter ones.
-// NOTE: a one-layer seed launch measures 147.5 us between its events but 130.6 us from its SMs' first start to
-// their last end (docs/perf.md, thirty-third session): this tells which part of the launch the 17 us are.
+// NOTE: a traced one-layer seed launch measured 147.5 us between its events but 130.6 us from its SMs' first start
+// to their last end; this probe put ~6.7 us of that on the launch itself and the rest on the trace's own set-up
+// (docs/perf.md, thirty-third session, run 3).
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -70,6 +71,7 @@ Figures time_launches(int blocks, int threads, int smem_bytes, uint64_t spin, bo
     stamped<Params><<<blocks, threads, smem_bytes, stream>>>(params, span, spin);
     CHECK(cudaStreamEndCapture(stream, &captured));
     CHECK(cudaGraphInstantiate(&exec, captured, 0));
+    CHECK(cudaGraphDestroy(captured));
   }
   std::vector<double> event_us, span_us, host_us;
   for (int i = 0; i < kLaunches + 5; ++i) {
@@ -95,6 +97,10 @@ Figures time_launches(int blocks, int threads, int smem_bytes, uint64_t spin, bo
     span_us.push_back((seen.last_end - seen.first_start) * 1e-3);
     host_us.push_back(std::chrono::duration<double, std::micro>(after - before).count());
   }
+  if (exec != nullptr) CHECK(cudaGraphExecDestroy(exec));
+  CHECK(cudaEventDestroy(start));
+  CHECK(cudaEventDestroy(stop));
+  CHECK(cudaStreamDestroy(stream));
   CHECK(cudaFree(span));
   return {median(event_us), median(span_us), median(host_us)};
 }

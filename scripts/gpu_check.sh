@@ -400,9 +400,7 @@ for s in $steps; do
       done
       ;;
     sass)
-      obj=$(find "$build" -name 'megakernel.cu.o' | head -1)
-      cuobjdump --dump-sass "$obj" >"$out/megakernel.sass" 2>&1
-      echo "SASS: $(grep -c HGMMA "$out/megakernel.sass") HGMMA, $(grep -cE 'STL|LDL' "$out/megakernel.sass") local-memory instructions"
+      step sass bash "$root/scripts/sass.sh" "$build" "" "$out/megakernel.sass"
       ;;
   esac
 done

@@ -235,7 +235,7 @@ TEST(DecodeGraph, CombinesAreLinkedToTheirAttentionTasks) {
 // On the GPU nothing but a linked combine, which runs inside the group's last attention task instead of waiting, waits
 // on a linked attention task's own counter, and no other op signals it: the group's ticket is what carries the
 // partials (run_combine_if_last), so the tasks' publication orders nothing another SM reads. Checked on tiny and on the
-// 1B shape at batches 1 and 8 (kv heads split 8 and 1 ways at 1k positions).
+// 1B shape at batches 1 and 8 (kv heads split 8 and 2 ways at 1k positions).
 TEST(DecodeGraph, LinkedAttentionCountersAreWaitedOnByTheirCombinesAlone) {
   const std::pair<const char*, RunShape> shapes[] = {{"tiny", kTinyDecode},
                                                      {"llama-3.2-1b", {1, 1, PassKind::kDecode, 1024}},
@@ -244,6 +244,7 @@ TEST(DecodeGraph, LinkedAttentionCountersAreWaitedOnByTheirCombinesAlone) {
     SCOPED_TRACE(fmt::format("{} {}", preset, describe(shape)));
     const Graph graph(find_preset(preset).config, shape);
     const Schedule schedule = make_schedule(graph, derive_dependencies(graph), SchedulePolicy::kCostModel, 132);
+    ASSERT_GT(kv_split(graph.config(), graph.shape()).splits, 1) << "groups of several tickets";
     std::map<uint32_t, int64_t> attention_signals;  // a linked attention counter: the tasks that signal it
     for (const Instruction& in : schedule.instructions)
       if (in.flags & kAttentionRunsCombine) ++attention_signals[in.signal_counter];

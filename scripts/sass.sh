@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Dumps the SASS of this machine's megakernel build (no GPU needed): cuobjdump comes from PyPI's
-# nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm wheels into .tools/, since the toolkit here ships nvcc and ptxas but
-# neither of those.
-# Usage: scripts/local_sass.sh [BUILD_DIR [KERNEL]]   (KERNEL: megakernel, megakernel_decode, megakernel_decode_narrow,
-#        megakernel_decode_wide; default all) -> build's megakernel.sass, and a line of counts per kernel.
+# Dumps the SASS of a megakernel build, with a line of counts per kernel; no GPU needed. cuobjdump is the toolkit's
+# where it has one (the GPU machine), else PyPI's nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm wheels in .tools/
+# (this machine's toolkit ships nvcc and ptxas but neither of those).
+# Usage: scripts/sass.sh [BUILD_DIR [KERNEL [OUT]]]   (KERNEL: megakernel, megakernel_decode, megakernel_decode_narrow,
+#        megakernel_decode_wide; default all, also for an empty KERNEL) -> OUT (default BUILD_DIR/megakernel.sass).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
 kernel=${2:-}
+out=${3:-$build/megakernel.sass}
 tools=$root/.tools
 cuobjdump=$(command -v cuobjdump || true)
 if [ -z "$cuobjdump" ]; then
@@ -22,10 +23,9 @@ if [ -z "$cuobjdump" ]; then
 fi
 obj=$(find "$build" -name 'megakernel.cu.o' | head -1)
 if [ -z "$obj" ]; then
-  echo "local_sass.sh: no megakernel.cu.o under $build (build it first)" >&2
+  echo "sass.sh: no megakernel.cu.o under $build (build it first)" >&2
   exit 2
 fi
-out=$build/megakernel.sass
 if [ -n "$kernel" ]; then
   "$cuobjdump" -sass -fun "_ZN2mk3gpu${#kernel}${kernel}ENS0_16MegakernelParamsE" "$obj" >"$out"
 else
