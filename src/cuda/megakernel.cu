@@ -277,7 +277,10 @@ __device__ __forceinline__ void run_consumers(const MegakernelParams& p, uint32_
     if (rowwise) {
       // NOTE: stamped here rather than read back: a load of the trace slot would cost a trip to L2 per instruction.
       if (trace) trace[kTraceMathDone] = clock64();
-      publish(p, in.signal_counter, thread);  // the storer publishes GEMM and attention tiles
+      // The storer publishes GEMM and attention tiles. A linked attention task's counter has no waiter (its combine is
+      // skipped where it is listed), and its ticket in run_combine_if_last releases the tile after this barrier.
+      const bool released_by_ticket = kDecode && (in.flags & kAttentionRunsCombine) != 0;
+      publish(p, in.signal_counter, thread, !released_by_ticket);
     }
     if (trace) trace[kTraceEnd] = clock64();
     if constexpr (kDecode) {

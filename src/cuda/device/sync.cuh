@@ -198,10 +198,12 @@ __device__ __forceinline__ void release_stage(const SharedState& s, uint32_t sta
 // Makes the tile the consumers just stored visible to every SM, then counts it.
 // NOTE: the bar.sync orders all consumer threads' stores before thread 0's release, which is cumulative: an SM that
 // acquires the counter sees them all (the grid-barrier pattern; no extra __threadfence). The proxy fence lets other
-// SMs read the data with TMA (async proxy) after they acquire the counter.
-__device__ __forceinline__ void publish(const MegakernelParams& p, uint32_t counter, uint32_t consumer_thread) {
+// SMs read the data with TMA (async proxy) after they acquire the counter. `count` false: only the barrier, for a
+// tile whose counter nobody waits on (a linked decode attention task: its combine ticket releases the tile instead).
+__device__ __forceinline__ void publish(const MegakernelParams& p, uint32_t counter, uint32_t consumer_thread,
+                                       bool count = true) {
   ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
-  if (consumer_thread == 0) {
+  if (consumer_thread == 0 && count) {
     ptx::fence_proxy_async_global();
     ptx::add_release(p.counters + counter, 1);
   }
