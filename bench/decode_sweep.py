@@ -183,7 +183,7 @@ def estimate_s(item: Item, args, build: bool) -> float:
     1.5 s a layer) put 8B batch 32 at ~210 s, and --time-budget skipped a config that took 97 s; the rest are
     guesses still."""
     billions, config = parameters(item.spec) / 1e9, item.config
-    if args.engine == "gpu" and mk_bytes(item) > H200_BYTES:  # mk refuses it at once; torch is then not run
+    if args.engine == "gpu" and mk_bytes(item, 1) > H200_BYTES:  # mk refuses it at once; torch is then not run
         return 5 + (10 + 10 * billions if build else 0)
     steps, prefill = 2 * bd.WARMUP_STEPS + config.new_tokens, config.batch * config.prompt_len
     seconds = 4 + 2.5 * billions + prefill * billions * 5e-5  # mk
@@ -196,14 +196,15 @@ def estimate_s(item: Item, args, build: bool) -> float:
     return seconds + (10 + 10 * billions if build else 0)
 
 
-def mk_bytes(item: Item) -> float:
+def mk_bytes(item: Item, prefill_sequences: int) -> float:
     """What `mk generate --engine gpu` allocates, as its memory check counts it (generation_memory): bf16 weights,
-    the KV cache, and the prefill's activations, which keep every layer's buffers for the whole batch's prompts."""
+    the KV cache, and the prefill's activations, which keep every layer's buffers for the prompts of one prefill
+    pass. mk prefills in as many passes as the budget needs, so it refuses only what one sequence's pass exceeds."""
     spec, config = item.spec, item.config
     q, kv = spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim
     per_token = spec.layers * (4 * spec.hidden + 2 * q + 2 * kv + spec.intermediate)
     cache = config.batch * config.max_context * spec.layers * 2 * kv
-    return 2 * (parameters(item.spec) + cache + config.batch * (config.prompt_len - 1) * per_token)
+    return 2 * (parameters(item.spec) + cache + prefill_sequences * (config.prompt_len - 1) * per_token)
 
 
 def costs(items: list[Item], args) -> list[float]:
