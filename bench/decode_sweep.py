@@ -173,27 +173,27 @@ def parameters(spec: Spec) -> int:
 
 
 def estimate_s(item: Item, args, build: bool) -> float:
-    """Seconds on an H200, for --part and --time-budget. Per billion parameters (B): mk 4 s + 2.5 s/B (start,
+    """Seconds on an H200, for --part and --time-budget. Per billion parameters (B): mk 4 s + 4 s/B (start,
     weights) + 5e-5 s/B per prefill token (schedules, prefill); the model's trips to the GPU and back 0.6 s/B;
     torch's prefill at ~400 TFLOP/s; eager 12 ms + 2 ms/B a step (docs/perf.md: 15 ms at 1B), eager + CUDA graph
     1 s + ~1 ms a step, over 2 x 4 warm-up steps and the timed ones; torch.compile 1 s + 0.8 s a layer; the fp32
-    reference at ~50 TFLOP/s over the checked sequences; building a model 10 s + 10 s/B. NOTE: mk's and
-    torch.compile's terms are calibrated on the twenty-first session's runs 5-6 (mk 5.2-7.6 s at 1B, 38.8 s at 8B
-    batch 32; reduce-overhead's setup 11.6-14.8 s at 16 layers, 27.1 s at 32): the guesses before (1.5 s/B, 25 s +
-    1.5 s a layer) put 8B batch 32 at ~210 s, and --time-budget skipped a config that took 97 s; the rest are
+    reference at ~50 TFLOP/s over the checked sequences; building a model 10 s + 5 s/B. NOTE: calibrated on the
+    twenty-first session's runs 5-6 (mk 5.2-7.6 s at 1B, 38.8 s at 8B batch 32; reduce-overhead's setup 11.6-14.8 s
+    at 16 layers, 27.1 s at 32) and the thirty-fourth's runs 2-3 (the 1B grid within -3..+7 s a config of these
+    terms; 8B configs 12-17 s above the previous 2.5 s/B, the 8B model built in ~50 s, not 90); the rest are
     guesses still."""
     billions, config = parameters(item.spec) / 1e9, item.config
     if args.engine == "gpu" and mk_bytes(item, 1) > H200_BYTES:  # mk refuses it at once; torch is then not run
-        return 5 + (10 + 10 * billions if build else 0)
+        return 5 + (10 + 5 * billions if build else 0)
     steps, prefill = 2 * bd.WARMUP_STEPS + config.new_tokens, config.batch * config.prompt_len
-    seconds = 4 + 2.5 * billions + prefill * billions * 5e-5  # mk
+    seconds = 4 + 4 * billions + prefill * billions * 5e-5  # mk
     seconds += 0.6 * billions + prefill * billions * 5e-6  # the model's trips, torch's prefill
     seconds += steps * (0.012 + 0.002 * billions) + 1 + steps * 0.001 * (1 + billions)  # eager, eager + graph
     if "reduce-overhead" not in skipped_backends(args, config.batch):
         seconds += 1 + 0.8 * item.spec.layers + steps * 0.001 * (1 + billions)
     checked = min(config.batch, args.check_sequences) * config.max_context
     seconds += 1 + 0.4 * billions + checked * billions * 4e-5  # the fp32 copy, teacher forcing
-    return seconds + (10 + 10 * billions if build else 0)
+    return seconds + (10 + 5 * billions if build else 0)
 
 
 def mk_bytes(item: Item, prefill_sequences: int) -> float:
