@@ -258,18 +258,16 @@ TEST_F(Gpu, GenerationOfALlama1bShapedModel) {
   check_gpu_generation(config, {9, 3, 7, 5, 12, 1, 8, 6, 4, 11, 6, 10, 2, 7, 3, 10, 5, 3, 8, 4}, 3, 1024, 33);
 }
 
-// Batches above one mma's M (16 rows) run megakernel_decode_wide: passes of up to 32 rows, two M tiles against each
-// weight fragment, so that a tile's weights stream once a pass.
+// Batches above one mma's M (16 rows) run megakernel_decode_wide: decode GEMMs on wgmma, a pass of up to 64 batch
+// rows (one M tile) streaming through the ring beside the weights in K steps (decode_gemm_wgmma.cuh).
 TEST_F(Gpu, WideDecodePasses) {
-  // Batch 40: two wide passes of 20 rows. 20 rows of d_model 2560 are 100 KB, more than the 64 KB staging space, so
-  // the norm-fused ops (q, kv, gate_up, the LM head) take K in 2 ranges of 1280 after their rows' 1 / rms, and
-  // o_proj (k 2560) and down (d_ff 3072: 120 KB) in 2 ranges too.
+  // Batch 40 at d_model 2560 and d_ff 3072: one pass, the norm-fused ops' (q, kv, gate_up, the LM head) rows scaled
+  // by the norm weight as they land and their 1 / rms applied to the accumulators.
   std::vector<int64_t> forty;
   for (int64_t b = 0; b < 40; ++b) forty.push_back(1 + (b * 5) % 9);
   check_gpu_generation(small_config(2560, 3072, 20, 4, 128, true, true, 1), forty, 3, 64, 45);
-  // LM head tiles of more than 16 groups: their warps take several jobs, one a round, each round restaging the rows.
-  // Batch 20, vocabulary 20000 (~152 columns a tile: 2 rounds) at full K (d_model 256); batch 32, vocabulary 40000
-  // (~303 columns: 3 rounds) at d_model 3072, 32 rows in 3 K ranges with the norm's scale on the accumulators.
+  // LM head tiles wider than one chunk of 256 weight rows: batch 20, vocabulary 20000 (~152 columns a tile: 2 chunks)
+  // at d_model 256; batch 32, vocabulary 40000 (~303 columns: 3 chunks) at d_model 3072.
   ModelConfig config = small_config(256, 512, 4, 2, 64, true, true, 1);
   config.vocab_size = 20000;
   check_gpu_generation(config, std::vector<int64_t>(forty.begin(), forty.begin() + 20), 3, 64, 46);
@@ -278,6 +276,21 @@ TEST_F(Gpu, WideDecodePasses) {
   std::vector<int64_t> thirty_two;
   for (int64_t b = 0; b < 32; ++b) thirty_two.push_back(1 + b % 4);
   check_gpu_generation(config, thirty_two, 2, 64, 47);
+  // Batch 70: a pass of 64 rows, then one of 6, through each tile's weights.
+  std::vector<int64_t> seventy;
+  for (int64_t b = 0; b < 70; ++b) seventy.push_back(1 + (b * 3) % 8);
+  check_gpu_generation(small_config(256, 512, 4, 2, 64, true, true, 1), seventy, 3, 64, 48);
+}
+
+TEST_F(Gpu, WideDecodePassesAtTheLlama1bWidths) {
+  // Batch 64, one pass at the real widths: q and kv tiles of 32 columns in pair order (RoPE in the epilogue), o_proj
+  // and down of 16 (8 weight rows a warpgroup), gate_up of 64 columns (gate and up: 128 weight rows), down's K 8192.
+  ModelConfig config = find_preset("llama-3.2-1b").config;
+  config.n_layers = 2;
+  config.vocab_size = 4096;
+  std::vector<int64_t> sixty_four;
+  for (int64_t b = 0; b < 64; ++b) sixty_four.push_back(1 + (b * 7) % 12);
+  check_gpu_generation(config, sixty_four, 3, 1024, 49);
 }
 
 // use(gpu) on a tiny decode engine of batch 2 on `sm_count` SMs whose sample task waits for a signal that never comes;

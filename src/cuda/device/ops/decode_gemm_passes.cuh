@@ -6,6 +6,7 @@
 #include "../ptx.cuh"
 #include "decode_gemm.cuh"
 #include "decode_gemm_mma.cuh"
+#include "decode_gemm_wgmma.cuh"
 
 namespace mk::gpu {
 
@@ -202,8 +203,12 @@ struct DecodePrologue {
 template <DecodeRows kRows>
 __device__ __forceinline__ DecodePrologue early_weight_prologue(const MegakernelParams& p, const SharedState& s,
                                                                 const Instruction& in, int consumer_thread) {
+  if constexpr (kRows == DecodeRows::kWide) {
+    issue_wgmma_weight_prologue(p, s, in, consumer_thread);
+    return {};
+  }
   const DecodeGemmTask t = decode_gemm_task(p, in);
-  const DecodePasses passes = kRows == DecodeRows::kWide ? decode_wide_passes(t) : decode_passes(t);
+  const DecodePasses passes = decode_passes(t);
   uint4* ring = reinterpret_cast<uint4*>(s.stages + kStagedRowBytes);
   issue_pass_prologue<kRows>(p, in, t, min(passes.rows, t.batch_end - t.batch_begin), passes, ring, consumer_thread);
   return {passes};
@@ -216,6 +221,10 @@ template <DecodeRows kRows>
 __device__ __forceinline__ void run_decode_gemm(const MegakernelParams& p, const SharedState& s, const Instruction& in,
                                                 const DecodePrologue& prologue, int consumer_thread) {
   constexpr bool kNarrow = kRows == DecodeRows::kNarrow;
+  if constexpr (kRows == DecodeRows::kWide) {
+    run_decode_gemm_wgmma(p, s, in, consumer_thread);
+    return;
+  }
   const DecodeGemmTask t = decode_gemm_task(p, in);
   uint4* staged = reinterpret_cast<uint4*>(s.stages);
   uint4* ring = reinterpret_cast<uint4*>(s.stages + kStagedRowBytes);

@@ -1,0 +1,317 @@
+// Decode GEMMs on wgmma for batches of more than kMmaRows rows: a pass's batch rows (up to 64) are the M of one
+// m64 tile, the tile's weight rows its N (split between the two consumer warpgroups), and both stream through the
+// stage ring in K steps with cp.async, the rows beside the weights, instead of being staged whole before the weights.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include "../config.cuh"
+#include "../ptx.cuh"
+#include "../wgmma_narrow.cuh"
+#include "decode_gemm.cuh"
+#include "rowwise.cuh"
+
+namespace mk::gpu {
+
+// NOTE: the mma.sync passes (decode_gemm_mma.cuh) restage a tile's rows over its whole K in 64 KB ranges, each a
+// synchronous round trip to L2 that also drains the weight copies in flight, read A fragments per warp for every 8
+// weight rows, and stream the weights once per 32 rows: at batch 64 and context 128 the step took 4.07 ms at 1B and
+// 17.7 ms at 8B, behind torch.compile's 3.35 and 9.59 (docs/perf.md, thirty-fifth session, run 2). Here a K step's
+// rows and weights land together and one wgmma per warpgroup and k16 reads each once.
+constexpr int kWgmmaRows = 64;        // batch rows of one pass: one wgmma M tile
+constexpr int kWgmmaMaxN = 256;       // weight rows of one chunk of a tile: two warpgroups of n128
+constexpr int kWgmmaMaxStages = 8;
+constexpr int kWgmmaRingBytes = KernelConfig::kNumStages * KernelConfig::kStageBytes;
+static_assert(kWgmmaRows * 4 <= KernelConfig::kDecodeInvRmsBytes &&
+                  (kWgmmaRows + 4 * KernelConfig::kConsumerThreads) * 4 <= KernelConfig::kOutputBytes,
+              "each pass row's 1 / rms and the threads' sums of squares fit the scratch");
+
+// The ring for chunks of kN weight rows: stages of kKStep columns of K, each the pass's 64 rows then the chunk's kN
+// weight rows, every 64 columns a block of 128-byte swizzled rows (what the wgmma descriptors read), and as many
+// stages as fit the stage area. Each consumer thread copies one fixed 16-byte column of kACopies rows and kBCopies
+// weight rows a stage, so its copies' swizzled offsets are the same in every stage.
+template <int kN>
+struct WgmmaRing {
+  static constexpr int kKStep = kN >= 128 ? 64 : 128;
+  static constexpr int kBlocks = kKStep / 64;
+  static constexpr int kABlockBytes = kWgmmaRows * 128;
+  static constexpr int kBBlockBytes = kN * 128;
+  static constexpr int kStageBytes = kBlocks * (kABlockBytes + kBBlockBytes);
+  static constexpr int kStages = kWgmmaRingBytes / kStageBytes < kWgmmaMaxStages ? kWgmmaRingBytes / kStageBytes
+                                                                                 : kWgmmaMaxStages;
+  static constexpr int kColumns = kKStep / 8;  // 16-byte chunks of a row a stage
+  static constexpr int kRowsAtOnce = KernelConfig::kConsumerThreads / kColumns;
+  static constexpr int kACopies = kWgmmaRows / kRowsAtOnce;
+  static constexpr int kBCopies = kN / kRowsAtOnce;
+  static constexpr int kX = kN / 2;  // wgmma N of each warpgroup
+  static_assert(kStages >= 3 && kBCopies >= 1 && kN % kRowsAtOnce == 0, "a ring of at least 3 stages");
+  static_assert(kX % 8 == 0 && kABlockBytes % 1024 == 0 && (kX * 128) % 1024 == 0,
+                "each warpgroup's weight rows are whole 8-row swizzle atoms");
+};
+
+// Weight rows a chunk takes for task t (2 t.pairs rows in all): the narrowest ring that holds them, up to kWgmmaMaxN.
+__device__ __forceinline__ int32_t wgmma_chunk_rows(const DecodeGemmTask& t) {
+  const int32_t rows = 2 * t.pairs;
+  int32_t n = 16;
+  while (n < rows && n < kWgmmaMaxN) n *= 2;
+  return n;
+}
+
+// One consumer thread's part of the stream of K-step stages of a pass over one chunk of the tile's weight rows: the
+// rows' and the weight rows' copies. NOTE: a stream a chunk, not one through the chunks: with the stream's state live
+// through each chunk's epilogue, the kernel spilled (ptxas).
+template <int kN>
+struct WgmmaStream {
+  using Ring = WgmmaRing<kN>;
+  // NOTE: rows and weight rows as indices, not pointers: with 64-bit pointers the kernel spilled (ptxas).
+  const __nv_bfloat16* a_first;        // this thread's first batch row; its copies are kRowsAtOnce rows apart
+  int32_t a_copies;                    // its copies within the pass (the rest are zeros)
+  int32_t b_row[Ring::kBCopies];       // its weight rows of the chunk (-1: past the tile, zeros)
+  uint8_t* ring;
+  uint32_t a_offset, b_offset;  // of its first copy in a stage
+  int32_t column;               // its first element of a stage's K step
+  int32_t total;                // stages: K steps
+  int32_t issued = 0;           // stages sent
+  int32_t first_row;
+
+  __device__ __forceinline__ WgmmaStream(const MegakernelParams& p, const Instruction& in, const DecodeGemmTask& t,
+                                         uint8_t* ring_base, int32_t chunk, int32_t b0, int32_t rows, int thread)
+      : ring(ring_base) {
+    const int32_t chunk_column = thread % Ring::kColumns;
+    first_row = thread / Ring::kColumns;
+    const uint32_t swizzled = uint32_t(((chunk_column % 8) ^ (first_row % 8)) * 16);
+    a_offset = uint32_t(chunk_column / 8) * Ring::kABlockBytes + uint32_t(first_row) * 128 + swizzled;
+    b_offset = uint32_t(Ring::kBlocks * Ring::kABlockBytes) + uint32_t(chunk_column / 8) * Ring::kBBlockBytes +
+               uint32_t(first_row) * 128 + swizzled;
+    column = chunk_column * 8;
+    total = (t.k + Ring::kKStep - 1) / Ring::kKStep;
+    a_first = t.a + int64_t(b0 + first_row) * t.row_stride;
+    a_copies = rows > first_row ? (rows - first_row + Ring::kRowsAtOnce - 1) / Ring::kRowsAtOnce : 0;
+    // B row n of a chunk is pair n / 2's first or second weight row.
+#pragma unroll
+    for (int i = 0; i < Ring::kBCopies; ++i) {
+      const int32_t n = first_row + i * Ring::kRowsAtOnce;
+      const int32_t pair = chunk * (kN / 2) + n / 2;
+      const int2 rows = decode_weight_rows(p, in, pair < t.pairs ? pair : 0);
+      b_row[i] = pair < t.pairs ? (n % 2 == 0 ? rows.x : rows.y) : -1;
+    }
+  }
+
+  __device__ __forceinline__ uint8_t* stage(int32_t index) const {
+    return ring + (index % Ring::kStages) * Ring::kStageBytes;
+  }
+
+  // The rows' and/or the weights' copies of the next stage (none past the last), uncommitted.
+  __device__ __forceinline__ void copy_stage(const DecodeGemmTask& t, bool rows_part, bool weights_part) const {
+    if (issued >= total) return;
+    uint8_t* base = stage(issued);
+    const int32_t k = issued * Ring::kKStep + column;
+    const bool in_k = k < t.k;
+    if (rows_part) {
+#pragma unroll
+      for (int i = 0; i < Ring::kACopies; ++i) {
+        const bool valid = in_k && i < a_copies;
+        const __nv_bfloat16* source = a_first + int64_t(i * Ring::kRowsAtOnce) * t.row_stride + k;
+        ptx::cp_async_16(base + a_offset + i * Ring::kRowsAtOnce * 128, valid ? source : t.a, valid ? 16 : 0);
+      }
+    }
+    if (weights_part) {
+#pragma unroll
+      for (int i = 0; i < Ring::kBCopies; ++i) {
+        const bool valid = in_k && b_row[i] >= 0;
+        const __nv_bfloat16* source = t.w + int64_t(b_row[i]) * t.row_stride + k;
+        ptx::cp_async_16(base + b_offset + i * Ring::kRowsAtOnce * 128, valid ? source : t.w, valid ? 16 : 0);
+      }
+    }
+  }
+
+  // The next stage whole, one commit group (an empty one past the last stage: the wait counts stay exact).
+  __device__ __forceinline__ void issue_stage(const DecodeGemmTask& t) {
+    copy_stage(t, true, true);
+    ptx::cp_async_commit();
+    ++issued;
+  }
+
+  // The weights of the first kStages - 1 stages, one group: sent before the task's counter wait (weights depend on
+  // nothing), from a stream of their own (the pass's starts at stage 0 again).
+  __device__ __forceinline__ void issue_weight_prologue(const DecodeGemmTask& t) {
+    for (int s = 0; s < Ring::kStages - 1; ++s, ++issued) copy_stage(t, false, true);
+    ptx::cp_async_commit();
+  }
+
+  // The rows of the first kStages - 1 stages, a group each, once issue_weight_prologue sent their weights. At the
+  // first stage's wait (at most kStages - 2 groups pending) the weights' group, older, has landed too.
+  __device__ __forceinline__ void issue_row_prologue(const DecodeGemmTask& t) {
+    for (int s = 0; s < Ring::kStages - 1; ++s, ++issued) {
+      copy_stage(t, true, false);
+      ptx::cp_async_commit();
+    }
+  }
+};
+
+// The fused norm on this thread's rows of a landed stage: each value scaled by the norm weight alone, its square
+// summed, and each row's 1 / rms scales the accumulators at the end (FlashNorm, as the mma.sync wide passes do:
+// NormRange). Only the copying thread touches a copy before the stage's barrier, so no other wait is needed. The
+// sums are this thread's own slots of `partial` (kACopies x kConsumerThreads): NOTE: in registers, beside the
+// accumulators and the stream, the kernel spilled (ptxas).
+template <int kN>
+__device__ __forceinline__ void scale_stage_rows(const DecodeGemmTask& t, const WgmmaStream<kN>& stream,
+                                                 uint8_t* base, int32_t k_step, float* partial, int thread) {
+  using Ring = WgmmaRing<kN>;
+  const int32_t k = k_step * Ring::kKStep + stream.column;
+  if (k >= t.k) return;  // zeros
+  const uint4 weight = __ldg(reinterpret_cast<const uint4*>(t.norm_weight + k));
+#pragma unroll
+  for (int i = 0; i < Ring::kACopies; ++i) {
+    uint4* at = reinterpret_cast<uint4*>(base + stream.a_offset + i * Ring::kRowsAtOnce * 128);
+    const uint4 value = *at;
+    partial[i * KernelConfig::kConsumerThreads + thread] += sum_of_squares_of_chunk(value);
+    *at = normalize_chunk(value, weight, 1.0f);
+  }
+}
+
+// Each row's 1 / rms into scratch[row] (kWgmmaRows floats) from the threads' partial sums, which restart at 0: a row's
+// kColumns copying threads are adjacent lanes. Ends with the consumers synchronized.
+template <int kN>
+__device__ __forceinline__ void finish_row_norms(const MegakernelParams& p, const DecodeGemmTask& t,
+                                                 const WgmmaStream<kN>& stream,
+                                                 float* partial, float* scratch, int thread) {
+  using Ring = WgmmaRing<kN>;
+#pragma unroll
+  for (int i = 0; i < Ring::kACopies; ++i) {
+    float sum = partial[i * KernelConfig::kConsumerThreads + thread];
+    partial[i * KernelConfig::kConsumerThreads + thread] = 0.0f;
+#pragma unroll
+    for (int offset = Ring::kColumns / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    if (thread % Ring::kColumns == 0)
+      scratch[stream.first_row + i * Ring::kRowsAtOnce] = 1.0f / sqrtf(sum / float(t.k) + p.dims.rms_norm_eps);
+  }
+  ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
+}
+
+// acc (64 rows x kX, this warpgroup's half of the chunk's weight rows) += the stage's rows . those weight rows.
+template <int kN>
+__device__ __forceinline__ void wgmma_stage(const uint8_t* base, int warpgroup,
+                                            float (&acc)[WgmmaRing<kN>::kX / 2]) {
+  using Ring = WgmmaRing<kN>;
+  ptx::fence_registers(acc);
+  ptx::wgmma_fence();
+#pragma unroll
+  for (int block = 0; block < Ring::kBlocks; ++block) {
+    const uint64_t desc_a = ptx::wgmma_descriptor_k_major_sw128(base + block * Ring::kABlockBytes);
+    const uint64_t desc_b = ptx::wgmma_descriptor_k_major_sw128(base + Ring::kBlocks * Ring::kABlockBytes +
+                                                                block * Ring::kBBlockBytes + warpgroup * Ring::kX * 128);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) ptx::wgmma_ss<Ring::kX>(acc, desc_a + 2 * kk, desc_b + 2 * kk);
+  }
+  ptx::wgmma_commit_group();
+  ptx::wgmma_wait_group<0>();
+  ptx::fence_registers(acc);
+}
+
+// The epilogues of a chunk: this thread holds, for each 8 columns j of its warpgroup's kX, rows 16 warp + lane / 4
+// and + 8 at columns 2 (lane % 4) and + 1: the two weight rows of one pair (the m16n8 C fragment's layout, as
+// mma_epilogue's). `row_scale`: each row's 1 / rms, or null.
+template <int kN>
+__device__ __forceinline__ void wgmma_epilogue(const MegakernelParams& p, const Instruction& in,
+                                               const DecodeGemmTask& t, int32_t chunk, int32_t b0, int32_t rows,
+                                               float (&acc)[WgmmaRing<kN>::kX / 2], const float* row_scale,
+                                               int thread) {
+  constexpr int kX = WgmmaRing<kN>::kX;
+  const int warpgroup = thread / 128, lane = thread % 32;
+  const int row = thread % 128 / 32 * 16 + lane / 4;
+  const float low = row_scale != nullptr ? row_scale[row] : 1.0f;
+  const float high = row_scale != nullptr ? row_scale[row + 8] : 1.0f;
+#pragma unroll
+  for (int j = 0; j < kX / 8; ++j) {
+    const int32_t pair = chunk * (kN / 2) + warpgroup * (kX / 2) + 4 * j + lane % 4;
+    if (pair >= t.pairs) continue;
+    if (row < rows) decode_epilogue(p, in, pair, b0 + row, acc[4 * j] * low, acc[4 * j + 1] * low);
+    if (row + 8 < rows) decode_epilogue(p, in, pair, b0 + row + 8, acc[4 * j + 2] * high, acc[4 * j + 3] * high);
+  }
+#pragma unroll
+  for (int i = 0; i < kX / 2; ++i) acc[i] = 0.0f;
+}
+
+// One chunk of a pass: batch rows [b0, b0 + rows), rows <= kWgmmaRows, against the chunk's weight rows, whose first
+// stages' weights were sent before the counter wait when `weights_sent`. Each stage: this thread's copies landed (and
+// its rows scaled, with a fused norm), a barrier (every copy landed, the previous stage read), the stage kStages - 1
+// ahead sent into the one just read, then the wgmmas. Ends with the consumers synchronized (the ring and scratch are
+// free for what follows).
+template <int kN>
+__device__ __forceinline__ void decode_gemm_wgmma_chunk(const MegakernelParams& p, const Instruction& in,
+                                                        const DecodeGemmTask& t, uint8_t* ring, float* scratch,
+                                                        int32_t chunk, int32_t b0, int32_t rows, bool weights_sent,
+                                                        int thread) {
+  using Ring = WgmmaRing<kN>;
+  if (!weights_sent) WgmmaStream<kN>(p, in, t, ring, chunk, b0, rows, thread).issue_weight_prologue(t);
+  WgmmaStream<kN> stream(p, in, t, ring, chunk, b0, rows, thread);
+  stream.issue_row_prologue(t);
+  const bool norm = t.norm_weight != nullptr;
+  float* partial = scratch + kWgmmaRows;  // (kACopies, kConsumerThreads) sums of squares
+  if (norm) {
+#pragma unroll
+    for (int i = 0; i < Ring::kACopies; ++i) partial[i * KernelConfig::kConsumerThreads + thread] = 0.0f;
+  }
+  float acc[Ring::kX / 2];  // (64 rows, kX columns) as wgmma's fragment
+#pragma unroll
+  for (int i = 0; i < Ring::kX / 2; ++i) acc[i] = 0.0f;
+  const int32_t k_steps = stream.total;
+  for (int32_t k_step = 0; k_step < k_steps; ++k_step) {
+    ptx::cp_async_wait<Ring::kStages - 2>();
+    uint8_t* base = stream.stage(k_step);
+    if (norm) scale_stage_rows<kN>(t, stream, base, k_step, partial, thread);
+    ptx::fence_proxy_async_shared();  // the copies and the scaled rows, for wgmma's reads
+    ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
+    stream.issued = k_step + Ring::kStages - 1;
+    stream.issue_stage(t);
+    wgmma_stage<kN>(base, thread / 128, acc);
+  }
+  ptx::cp_async_wait<0>();  // the trailing empty groups
+  if (norm) finish_row_norms<kN>(p, t, stream, partial, scratch, thread);
+  wgmma_epilogue<kN>(p, in, t, chunk, b0, rows, acc, norm ? scratch : nullptr, thread);
+  ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
+}
+
+// Calls run(WgmmaRing<kN>{}) with the ring of task t's chunks.
+template <typename Run>
+__device__ __forceinline__ void with_wgmma_ring(const DecodeGemmTask& t, Run run) {
+  switch (wgmma_chunk_rows(t)) {
+    case 16: run(WgmmaRing<16>{}); break;
+    case 32: run(WgmmaRing<32>{}); break;
+    case 64: run(WgmmaRing<64>{}); break;
+    case 128: run(WgmmaRing<128>{}); break;
+    default: run(WgmmaRing<256>{}); break;
+  }
+}
+
+// Before the task's counter wait: the first weight stages of its first chunk.
+__device__ __forceinline__ void issue_wgmma_weight_prologue(const MegakernelParams& p, const SharedState& s,
+                                                            const Instruction& in, int thread) {
+  const DecodeGemmTask t = decode_gemm_task(p, in);
+  const int32_t rows = min(kWgmmaRows, t.batch_end - t.batch_begin);
+  with_wgmma_ring(t, [&](auto ring) {
+    constexpr int kN = decltype(ring)::kX * 2;
+    WgmmaStream<kN>(p, in, t, s.stages, 0, t.batch_begin, rows, thread).issue_weight_prologue(t);
+  });
+}
+
+// A decode GEMM task on wgmma: its batch rows in passes of up to kWgmmaRows, each through the tile's weight rows in
+// chunks of up to kWgmmaMaxN; the first chunk's first weights already sent (issue_wgmma_weight_prologue).
+__device__ __forceinline__ void run_decode_gemm_wgmma(const MegakernelParams& p, const SharedState& s,
+                                                      const Instruction& in, int thread) {
+  const DecodeGemmTask t = decode_gemm_task(p, in);
+  float* scratch = reinterpret_cast<float*>(s.output);
+  with_wgmma_ring(t, [&](auto ring) {
+    constexpr int kN = decltype(ring)::kX * 2;
+    const int32_t chunks = (2 * t.pairs + kN - 1) / kN;
+    for (int32_t b0 = t.batch_begin; b0 < t.batch_end; b0 += kWgmmaRows) {
+      const int32_t rows = min(kWgmmaRows, t.batch_end - b0);
+      for (int32_t chunk = 0; chunk < chunks; ++chunk)
+        decode_gemm_wgmma_chunk<kN>(p, in, t, s.stages, scratch, chunk, b0, rows,
+                                    b0 == t.batch_begin && chunk == 0, thread);
+    }
+  });
+}
+
+}  // namespace mk::gpu
