@@ -21,6 +21,9 @@ namespace mk::gpu {
 constexpr int kWgmmaRows = 64;        // batch rows of one pass: one wgmma M tile
 constexpr int kWgmmaMaxN = 256;       // weight rows of one chunk of a tile: two warpgroups of n128
 constexpr int kWgmmaMaxStages = 8;
+// Whether each SM starts a tile's K at its own step (blockIdx.x % the steps), so that the 132 SMs reading the same
+// batch rows from L2 at once ask for different lines.
+constexpr bool kRotateK = false;
 constexpr int kWgmmaRingBytes = KernelConfig::kNumStages * KernelConfig::kStageBytes;
 static_assert(kWgmmaRows * 4 <= KernelConfig::kDecodeInvRmsBytes &&
                   (kWgmmaRows + 4 * KernelConfig::kConsumerThreads) * 4 <= KernelConfig::kOutputBytes,
@@ -73,6 +76,7 @@ struct WgmmaStream {
   int32_t total;                // stages: K steps
   int32_t issued = 0;           // stages sent
   int32_t first_row;
+  int32_t rotation;             // the K step of stage 0 (kRotateK)
 
   __device__ __forceinline__ WgmmaStream(const MegakernelParams& p, const Instruction& in, const DecodeGemmTask& t,
                                          uint8_t* ring_base, int32_t chunk, int32_t b0, int32_t rows, int thread)
@@ -85,6 +89,7 @@ struct WgmmaStream {
                uint32_t(first_row) * 128 + swizzled;
     column = chunk_column * 8;
     total = (t.k + Ring::kKStep - 1) / Ring::kKStep;
+    rotation = kRotateK ? int32_t(blockIdx.x % uint32_t(total)) : 0;
     a_first = t.a + int64_t(b0 + first_row) * t.row_stride;
     a_copies = rows > first_row ? (rows - first_row + Ring::kRowsAtOnce - 1) / Ring::kRowsAtOnce : 0;
     // B row n of a chunk is pair n / 2's first or second weight row.
@@ -97,6 +102,12 @@ struct WgmmaStream {
     }
   }
 
+  // This thread's first element of K in stage `index` (< total).
+  __device__ __forceinline__ int32_t k_at(int32_t index) const {
+    const int32_t k_step = index + rotation;
+    return (k_step < total ? k_step : k_step - total) * Ring::kKStep + column;
+  }
+
   __device__ __forceinline__ uint8_t* stage(int32_t index) const {
     return ring + (index % Ring::kStages) * Ring::kStageBytes;
   }
@@ -105,7 +116,7 @@ struct WgmmaStream {
   __device__ __forceinline__ void copy_stage(const DecodeGemmTask& t, bool rows_part, bool weights_part) const {
     if (issued >= total) return;
     uint8_t* base = stage(issued);
-    const int32_t k = issued * Ring::kKStep + column;
+    const int32_t k = k_at(issued);
     const bool in_k = k < t.k;
     if (rows_part) {
 #pragma unroll
@@ -153,14 +164,11 @@ struct WgmmaStream {
 // summed, and each row's 1 / rms scales the accumulators at the end (FlashNorm, as the mma.sync wide passes do:
 // NormRange). Only the copying thread touches a copy before the stage's barrier, so no other wait is needed. The
 // sums are this thread's own slots of `partial` (kACopies x kConsumerThreads): NOTE: in registers, beside the
-// accumulators and the stream, the kernel spilled (ptxas).
+// accumulators and the stream, the kernel spilled (ptxas). `weight`: the norm weight's chunk (norm_weight_chunk).
 template <int kN>
-__device__ __forceinline__ void scale_stage_rows(const DecodeGemmTask& t, const WgmmaStream<kN>& stream,
-                                                 uint8_t* base, int32_t k_step, float* partial, int thread) {
+__device__ __forceinline__ void scale_stage_rows(const WgmmaStream<kN>& stream, uint8_t* base, const uint4& weight,
+                                                 float* partial, int thread) {
   using Ring = WgmmaRing<kN>;
-  const int32_t k = k_step * Ring::kKStep + stream.column;
-  if (k >= t.k) return;  // zeros
-  const uint4 weight = __ldg(reinterpret_cast<const uint4*>(t.norm_weight + k));
 #pragma unroll
   for (int i = 0; i < Ring::kACopies; ++i) {
     uint4* at = reinterpret_cast<uint4*>(base + stream.a_offset + i * Ring::kRowsAtOnce * 128);
@@ -168,6 +176,18 @@ __device__ __forceinline__ void scale_stage_rows(const DecodeGemmTask& t, const 
     partial[i * KernelConfig::kConsumerThreads + thread] += sum_of_squares_of_chunk(value);
     *at = normalize_chunk(value, weight, 1.0f);
   }
+}
+
+// The norm weight's chunk this thread scales its rows by in stage `index` (zeros past K or past the last stage).
+// NOTE: loaded a stage ahead: loaded where it is used, its trip to L1 or L2 was on every stage's critical path, and
+// the norm-fused tiles streamed at half the rate of the others (1B batch 64: q 16 bytes a ns an SM against o_proj's
+// 31; thirty-sixth session, run 1).
+template <int kN>
+__device__ __forceinline__ uint4 norm_weight_chunk(const DecodeGemmTask& t, const WgmmaStream<kN>& stream,
+                                                   int32_t index) {
+  if (index >= stream.total) return uint4{};
+  const int32_t k = stream.k_at(index);
+  return k < t.k ? __ldg(reinterpret_cast<const uint4*>(t.norm_weight + k)) : uint4{};
 }
 
 // Each row's 1 / rms into scratch[row] (kWgmmaRows floats) from the threads' partial sums, which restart at 0: a row's
@@ -257,10 +277,14 @@ __device__ __forceinline__ void decode_gemm_wgmma_chunk(const MegakernelParams& 
 #pragma unroll
   for (int i = 0; i < Ring::kX / 2; ++i) acc[i] = 0.0f;
   const int32_t k_steps = stream.total;
+  uint4 weight = norm ? norm_weight_chunk<kN>(t, stream, 0) : uint4{};
   for (int32_t k_step = 0; k_step < k_steps; ++k_step) {
     ptx::cp_async_wait<Ring::kStages - 2>();
     uint8_t* base = stream.stage(k_step);
-    if (norm) scale_stage_rows<kN>(t, stream, base, k_step, partial, thread);
+    if (norm) {
+      scale_stage_rows<kN>(stream, base, weight, partial, thread);
+      weight = norm_weight_chunk<kN>(t, stream, k_step + 1);
+    }
     ptx::fence_proxy_async_shared();  // the copies and the scaled rows, for wgmma's reads
     ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
     stream.issued = k_step + Ring::kStages - 1;
