@@ -23,7 +23,7 @@ constexpr int kWgmmaMaxN = 256;       // weight rows of one chunk of a tile: two
 constexpr int kWgmmaMaxStages = 8;
 // Whether each SM starts a tile's K at its own step (blockIdx.x % the steps), so that the 132 SMs reading the same
 // batch rows from L2 at once ask for different lines.
-constexpr bool kRotateK = true;
+constexpr bool kRotateK = false;
 constexpr int kWgmmaRingBytes = KernelConfig::kNumStages * KernelConfig::kStageBytes;
 static_assert(kWgmmaRows * 4 <= KernelConfig::kDecodeInvRmsBytes &&
                   (kWgmmaRows + 4 * KernelConfig::kConsumerThreads) * 4 <= KernelConfig::kOutputBytes,
