@@ -3,7 +3,7 @@
 # where it has one (the GPU machine), else PyPI's nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm wheels in .tools/
 # (this machine's toolkit ships nvcc and ptxas but neither of those).
 # Usage: scripts/sass.sh [BUILD_DIR [KERNEL [OUT]]]   (KERNEL: megakernel, megakernel_decode, megakernel_decode_narrow,
-#        megakernel_decode_wide; default all, also for an empty KERNEL) -> OUT (default BUILD_DIR/megakernel.sass).
+#        megakernel_decode_wgmma; default all, also for an empty KERNEL) -> OUT (default BUILD_DIR/megakernel.sass).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}

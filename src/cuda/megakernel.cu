@@ -3,8 +3,9 @@
 // one warp polls those counters ahead of it (in decode passes: every instruction's, ahead of the consumers), and one
 // thread stores (TMA stores of finished GEMM and attention tiles, then their publication); warpgroups 1 and 2 consume
 // (wgmma, row-wise and decode math with plain loads, epilogues, publication of row-wise and decode tiles). Decode
-// passes run the same body compiled for them alone (megakernel_decode), and batches of 1-2 rows a compilation
-// without the tensor-core decode GEMMs (megakernel_decode_narrow).
+// passes run the same body compiled for them alone (megakernel_decode), batches of 1-2 rows a compilation without
+// the tensor-core decode GEMMs (megakernel_decode_narrow), and batches above kMmaRows one with the decode GEMMs on
+// wgmma (megakernel_decode_wgmma).
 #include <algorithm>
 
 #include "device/config.cuh"
@@ -299,10 +300,11 @@ __device__ __forceinline__ void run_consumers(const MegakernelParams& p, uint32_
 // the instruction cache better (docs/perf.md, sixteenth session: one-line changes moved decode steps ~1%, and ~1500
 // added instructions made decode attention miss in code they did not touch). kRows (decode only): which decode GEMM
 // passes are compiled; kNarrow: every pass is of 1-2 rows at full K (decode_narrow), so the tensor-core GEMM path is
-// left out too; kWide (batch > kMmaRows): wide passes, apart so that the smaller batches' kernel keeps its code.
+// left out too; kWgmma (batch > kMmaRows): the decode GEMMs on wgmma, apart so that the smaller batches' kernel keeps
+// its code.
 template <bool kDecode, DecodeRows kRows>
 __device__ __forceinline__ void run_megakernel(const MegakernelParams& p) {
-  static_assert(kDecode || kRows == DecodeRows::kMma, "only decode passes have narrow and wide compilations");
+  static_assert(kDecode || kRows == DecodeRows::kMma, "only decode passes have narrow and wgmma compilations");
   const SharedState s = shared_state();
 
   if (threadIdx.x == 0) {
@@ -364,14 +366,14 @@ __global__ void __launch_bounds__(KernelConfig::kThreads, 1)
 }
 
 __global__ void __launch_bounds__(KernelConfig::kThreads, 1)
-    megakernel_decode_wide(const __grid_constant__ MegakernelParams p) {
-  run_megakernel<true, DecodeRows::kWide>(p);
+    megakernel_decode_wgmma(const __grid_constant__ MegakernelParams p) {
+  run_megakernel<true, DecodeRows::kWgmma>(p);
 }
 
 namespace {
 
 using Kernel = void (*)(MegakernelParams);
-constexpr Kernel kKernels[] = {megakernel, megakernel_decode, megakernel_decode_narrow, megakernel_decode_wide};
+constexpr Kernel kKernels[] = {megakernel, megakernel_decode, megakernel_decode_narrow, megakernel_decode_wgmma};
 
 // Whether every decode GEMM pass of a decode pass with these dims is of 1-2 rows at full K: a tile's rows are at
 // most the batch, and two rows of the widest input fit the staging space (decode_passes then takes one K range).
@@ -431,7 +433,7 @@ cudaError_t launch_megakernel(const MegakernelParams& params, int grid_size, cud
       launch_config(grid_size, KernelConfig::kThreads, KernelConfig::kSmemBytes, stream, programmatic, attribute);
   if (!params.dims.decode) return cudaLaunchKernelEx(&config, megakernel, params);
   if (decode_narrow(params.dims)) return cudaLaunchKernelEx(&config, megakernel_decode_narrow, params);
-  if (params.dims.batch > kMmaRows) return cudaLaunchKernelEx(&config, megakernel_decode_wide, params);
+  if (params.dims.batch > kMmaRows) return cudaLaunchKernelEx(&config, megakernel_decode_wgmma, params);
   return cudaLaunchKernelEx(&config, megakernel_decode, params);
 }
 

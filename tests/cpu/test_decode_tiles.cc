@@ -60,7 +60,7 @@ TEST(DecodeGraph, ALlama1BStepSpreadsOverEverySm) {
 
 // Llama-3.1-8B's gate_up (14336 columns) made 112 uniform tiles of 128 columns, 20 SMs idle in its phase, and its q
 // and kv 96 of 64: they take one round of 132 spread tiles, in units of 8 columns at batch 1 (the CUDA cores) and 16
-// above (the tensor cores), wide passes and several passes included.
+// above (the tensor cores and wgmma), several passes included.
 TEST(DecodeGraph, ALlama8BSpreadsItsGateUpAndQkvOverEverySm) {
   const ModelConfig config = find_preset("llama-3.1-8b").config;
   using Widths = std::map<int32_t, int64_t>;  // tile width -> tiles of layer 0

@@ -100,7 +100,7 @@ TEST_F(Gpu, GenerationReproducesTheForwardPassOnRaggedBatches) {
   check_gpu_generation(small_config(512, 1024, 8, 2, 128, true, true), {20, 3, 17, 1, 9, 30}, 12, 256, 22);
   // Batch 11: one tensor-core pass of 11 rows.
   check_gpu_generation(small_config(256, 512, 4, 2, 64, true, true), {9, 2, 14, 5, 1, 7, 3, 12, 6, 4, 10}, 6, 128, 26);
-  // Batch 18: more rows than one mma's M: a wide pass of 18 rows (megakernel_decode_wide), its second M tile of 2.
+  // Batch 18: more rows than one mma's M: the decode GEMMs on wgmma (megakernel_decode_wgmma), 18 of the 64 rows.
   check_gpu_generation(small_config(256, 512, 4, 2, 64, true, true),
                        {9, 2, 14, 5, 1, 7, 3, 12, 6, 4, 10, 8, 11, 13, 2, 6, 15, 1}, 4, 128, 27);
   // Batch 6 of 8 kv heads at context 512: 48 (sequence, kv head) pairs take 2 splits of the 4 blocks, so a long
@@ -185,9 +185,9 @@ TEST_F(Gpu, TensorCoreDecodePassesOverKRanges) {
 }
 
 TEST_F(Gpu, DecodeKRangesHoldForTheLastShorterPass) {
-  // d_ff 4160 = 65 blocks of 64 at batch 31: down's wide pass of 31 rows takes 5 K ranges of 832. (In passes of 16
-  // and 15 rows, before wide passes, 15 rows alone would have taken none, 2-4 not dividing 65 blocks, and overran
-  // the staging space before the ranges were the full pass's.)
+  // d_ff 4160 = 65 blocks of 64 at batch 31: on wgmma, down's K in 33 steps of 128, the last one half past K. (In
+  // mma.sync passes of 16 and 15 rows, 15 rows alone would have taken no K ranges, 2-4 not dividing 65 blocks, and
+  // overran the staging space before the ranges were the full pass's.)
   std::vector<int64_t> prompt_lengths;
   for (int64_t b = 0; b < 31; ++b) prompt_lengths.push_back(1 + b % 7);
   check_gpu_generation(small_config(256, 4160, 4, 2, 64, true, true, 1), prompt_lengths, 3, 64, 31);
@@ -253,12 +253,12 @@ TEST_F(Gpu, GenerationOfALlama1bShapedModel) {
   // Batch 5: tensor-core passes at the real widths (two groups a warp for gate_up, K split 4 ways for o_proj and
   // down), and down's k = 8192 holds only 4 rows in the staging space: one pass of 5 rows over 2 K ranges.
   check_gpu_generation(config, {64, 9, 30, 17, 41}, 4, 1024, 28);
-  // Batch 20: one wide pass of 20 rows at the real widths: the norm-fused q, kv, gate_up (two groups a warp) and LM
-  // head tiles take K in 2 ranges after their rows' 1 / rms, o_proj in 2, down in 8 of 1024.
+  // Batch 20: on wgmma at the real widths: the norm-fused q, kv, gate_up and LM head tiles (chunks of 256 weight rows),
+  // o_proj, and down over K 8192.
   check_gpu_generation(config, {9, 3, 7, 5, 12, 1, 8, 6, 4, 11, 6, 10, 2, 7, 3, 10, 5, 3, 8, 4}, 3, 1024, 33);
 }
 
-// Batches above one mma's M (16 rows) run megakernel_decode_wide: decode GEMMs on wgmma, a pass of up to 64 batch
+// Batches above one mma's M (16 rows) run megakernel_decode_wgmma: decode GEMMs on wgmma, a pass of up to 64 batch
 // rows (one M tile) streaming through the ring beside the weights in K steps (decode_gemm_wgmma.cuh).
 TEST_F(Gpu, WideDecodePasses) {
   // Batch 40 at d_model 2560 and d_ff 3072: one pass, the norm-fused ops' (q, kv, gate_up, the LM head) rows scaled

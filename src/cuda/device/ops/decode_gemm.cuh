@@ -191,58 +191,16 @@ __device__ __forceinline__ void for_each_staged_chunk(int32_t rows, int32_t chun
     for (int32_t chunk = column; chunk < chunks; chunk += lanes_per_row) visit(r, chunk);
 }
 
-// How stage_decode_rows treats a fused norm. By default t's rows are whole: each row's 1 / rms is taken from its staged
-// values, then the rows are normalized (the way the forward's norm op rounds them). With count > 0, t is K range
-// `index` of `count` of a wide pass (k_total columns in all), which never holds a whole row: the staged values are
-// scaled by the norm weight alone, each row's sum of squares is carried in scratch from range to range, and the last
-// range leaves the rows' 1 / rms in scratch for the epilogue to scale the accumulators with (FlashNorm, arXiv
-// 2407.09577: the per-row scale commutes with the GEMM). NOTE: reading the rows' sums first from L2 instead cost ~9 us
-// of round trips a q tile at batch 32 (twenty-first session, runs 3-4).
-struct NormRange {
-  int32_t index = 0;
-  int32_t count = 0;
-  int32_t k_total = 0;
-};
-
-// The wide passes' norm in scratch: each row's 1 / rms in the first half of its kDecodeInvRmsBytes, the running sums of
-// squares in the second.
-constexpr int kScratchRowFloats = KernelConfig::kDecodeInvRmsBytes / 8;
-
-// Staged rows [0, rows) of K range `range` (count > 0): scaled by the norm weight in place, their sums of squares
-// carried (a warp a row; the sum needs no unswizzling, the weight chunk does). Ends with the consumers synchronized.
-__device__ __forceinline__ void scale_staged_range(const MegakernelParams& p, int32_t rows, int32_t chunks,
-                                                   uint4* staged, float* scratch, const uint4* norm_weight,
-                                                   const NormRange& range, int consumer_thread) {
-  const int warp = consumer_thread / 32, lane = consumer_thread % 32;
-  float* inv_rms = scratch;                    // (rows)
-  float* sums = scratch + kScratchRowFloats;  // (rows)
-  for (int32_t r = warp; r < rows; r += KernelConfig::kConsumerWarps) {
-    float sum = 0.0f;
-    for (int32_t chunk = lane; chunk < chunks; chunk += 32) {
-      uint4& value = staged[r * chunks + chunk];
-      sum += sum_of_squares_of_chunk(value);
-      value = normalize_chunk(value, norm_weight[chunk ^ (r & 7)], 1.0f);
-    }
-    sum = warp_sum(sum);
-    if (lane == 0) {
-      const float total = (range.index == 0 ? 0.0f : sums[r]) + sum;
-      sums[r] = total;
-      if (range.index == range.count - 1)
-        inv_rms[r] = 1.0f / sqrtf(total / float(range.k_total) + p.dims.rms_norm_eps);
-    }
-  }
-  ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
-}
-
 // Input rows [b0, b0 + rows) into shared memory as bf16 (rows, k) in staged_index order, normalized when the task
-// fuses a norm (`range`: NormRange).
+// fuses a norm (each row's 1 / rms from its staged values, then the rows normalized the way the forward's norm op
+// rounds them).
 // `scratch` (the output tile: kDecodeInvRmsBytes + 2 k bytes) holds each row's 1 / rms and the norm weight. Ends
 // with the consumers synchronized. NOTE: the rows and the norm weight arrive in one round of cp.async copies, and
 // the sums of squares are taken from shared memory: reading the rows twice from L2 (sums, then staging) put an extra
 // round trip on the critical path of every normalizing tile.
 __device__ __forceinline__ void stage_decode_rows(const MegakernelParams& p, const Instruction& in,
                                                   const DecodeGemmTask& t, int32_t b0, int32_t rows, uint4* staged,
-                                                  float* scratch, int consumer_thread, const NormRange& range = {}) {
+                                                  float* scratch, int consumer_thread) {
   constexpr int kThreads = KernelConfig::kConsumerThreads;
   const int warp = consumer_thread / 32, lane = consumer_thread % 32;
   const int32_t chunks = t.k / 8;
@@ -260,10 +218,6 @@ __device__ __forceinline__ void stage_decode_rows(const MegakernelParams& p, con
   ptx::cp_async_wait<0>();
   ptx::named_barrier_sync(1, kThreads);
   if (t.norm_weight == nullptr) return;
-  if (range.count > 0) {
-    scale_staged_range(p, rows, chunks, staged, scratch, norm_weight, range, consumer_thread);
-    return;
-  }
   for (int32_t r = warp; r < rows; r += KernelConfig::kConsumerWarps) {  // a sum needs no unswizzling
     float sum = 0.0f;
     for (int32_t chunk = lane; chunk < chunks; chunk += 32)

@@ -17,21 +17,19 @@ namespace mk::gpu {
 // ring as on the CUDA cores.
 constexpr int kMmaRows = 16;
 // NOTE: at batch 32 passes of kMmaRows streamed each tile's weights twice (gate_up 52.6 us a tile against 20.4 at batch
-// 8; twentieth session); a wide pass puts two M tiles against each weight fragment, so 17-32 rows stream them once.
-constexpr int kWideRows = 2 * kMmaRows;
-static_assert(kWideRows <= kScratchRowFloats, "each wide pass row's 1 / rms and sum of squares fit the scratch");
+// 8; twentieth session): batches above kMmaRows go to wgmma (decode_gemm_wgmma.cuh), a pass of up to 64 rows.
 // Which decode GEMM passes a decode kernel compiles (megakernel.cu picks the kernel by batch). kNarrow: passes of 1-2
-// rows at full K, on the CUDA cores only; kMma: up to kMmaRows rows, on the tensor cores from kMinMmaRows; kWide: up to
-// kWideRows rows, wide passes where a tile allows them (decode_wide_passes).
-enum class DecodeRows { kNarrow, kMma, kWide };
+// rows at full K, on the CUDA cores only; kMma: up to kMmaRows rows, on the tensor cores from kMinMmaRows; kWgmma:
+// batches above kMmaRows, on wgmma (decode_gemm_wgmma.cuh).
+enum class DecodeRows { kNarrow, kMma, kWgmma };
 // Passes of 1-2 rows stay on the CUDA cores (bandwidth-bound there already), unless their rows do not fit the staging
 // space at full K (k > 16384): only the tensor-core path takes K in ranges (decode_k_ranges).
 constexpr int kMinMmaRows = 3;
 constexpr int kGroupPairs = 4;   // output pairs of one mma's N = 8 weight rows
 static_assert(kDecodeMaxRows == kMmaRows, "a pass is at most one mma's M");
-constexpr int kSliceFragmentBytes = KernelConfig::kConsumerWarps * (kWideRows / kMmaRows) * 2 * 4 * 32 * 4;
-static_assert(KernelConfig::kDecodeInvRmsBytes + kSliceFragmentBytes <= KernelConfig::kOutputBytes,
-              "the K-slices' C fragments (reduce_slices: M tiles x two groups x 4 values a lane) fit the output tile");
+constexpr int kSliceFragmentBytes = KernelConfig::kConsumerWarps * 2 * 4 * 32 * 4;
+static_assert(kSliceFragmentBytes <= KernelConfig::kOutputBytes,
+              "the K-slices' C fragments (reduce_slices: two groups x 4 values a lane) fit the output tile");
 
 // NOTE: how a tile's groups and its K spread over the 8 consumer warps. Every warp must stream, or the SM's bytes in
 // flight (3 steps of 4 KB a warp) fall short of its share of HBM. With G <= 8 groups (decode_o_proj and decode_down at
@@ -223,38 +221,32 @@ __device__ __forceinline__ void zero_accumulators(float (&acc)[kTiles][kGroups][
 
 // The epilogues of one unit: lane (g = lane / 4, t = lane % 4) holds C[g][2t, 2t + 1] and C[g + 8][2t, 2t + 1] of
 // each M tile and group, the two dot products of the group's pair t for the tile's batch rows g and g + 8.
-// `row_scale` (the pass's rows, in shared memory), if any: each row's 1 / rms (NormRange).
 template <int kGroups, int kTiles>
 __device__ __forceinline__ void mma_epilogue(const MegakernelParams& p, const Instruction& in, const DecodeGemmTask& t,
                                              int32_t unit, int32_t b0, int32_t rows,
-                                             const float (&acc)[kTiles][kGroups][4], int lane,
-                                             const float* row_scale = nullptr) {
+                                             const float (&acc)[kTiles][kGroups][4], int lane) {
 #pragma unroll
   for (int tile = 0; tile < kTiles; ++tile) {
     const int row = tile * kMmaRows + lane / 4;
-    const float low = row_scale != nullptr && row < rows ? row_scale[row] : 1.0f;
-    const float high = row_scale != nullptr && row + 8 < rows ? row_scale[row + 8] : 1.0f;
 #pragma unroll
     for (int g = 0; g < kGroups; ++g) {
       const int32_t pair = (unit * kGroups + g) * kGroupPairs + lane % 4;
       if (pair >= t.pairs) continue;
-      if (row < rows) decode_epilogue(p, in, pair, b0 + row, acc[tile][g][0] * low, acc[tile][g][1] * low);
-      if (row + 8 < rows) decode_epilogue(p, in, pair, b0 + row + 8, acc[tile][g][2] * high, acc[tile][g][3] * high);
+      if (row < rows) decode_epilogue(p, in, pair, b0 + row, acc[tile][g][0], acc[tile][g][1]);
+      if (row + 8 < rows) decode_epilogue(p, in, pair, b0 + row + 8, acc[tile][g][2], acc[tile][g][3]);
     }
   }
 }
 
 // K split over slices (then one job a warp, job = warp): the warps of slices 1.. leave their C fragments in
-// `scratch` (free once the pass is staged; wide passes keep its first kDecodeInvRmsBytes for `row_scale`), and each
-// unit's slice-0 warp adds them up and runs the epilogues.
+// `scratch` (free once the pass is staged), and each unit's slice-0 warp adds them up and runs the epilogues.
 template <int kGroups, int kTiles>
 __device__ __forceinline__ void reduce_slices(const MegakernelParams& p, const Instruction& in,
                                               const DecodeGemmTask& t, const MmaStream<kGroups>& stream,
                                               float* scratch, int32_t b0, int32_t rows,
-                                              float (&acc)[kTiles][kGroups][4], const float* row_scale = nullptr) {
+                                              float (&acc)[kTiles][kGroups][4]) {
   constexpr int kValues = kTiles * kGroups * 4;
-  // (kConsumerWarps, kValues, 32): each warp's C fragments, lane-minor
-  float* partials = scratch + (kTiles > 1 ? KernelConfig::kDecodeInvRmsBytes / 4 : 0);
+  float* partials = scratch;  // (kConsumerWarps, kValues, 32): each warp's C fragments, lane-minor
   const int warp = stream.warp, lane = stream.lane;
   const bool busy = warp < stream.units * stream.slices;
   const int32_t slice = warp / stream.units;
@@ -272,7 +264,7 @@ __device__ __forceinline__ void reduce_slices(const MegakernelParams& p, const I
     for (int v = 0; v < kValues; ++v)
       acc[v / 4 / kGroups][v / 4 % kGroups][v % 4] += partials[(other * kValues + v) * 32 + lane];
   }
-  mma_epilogue<kGroups, kTiles>(p, in, t, warp, b0, rows, acc, lane, row_scale);
+  mma_epilogue<kGroups, kTiles>(p, in, t, warp, b0, rows, acc, lane);
 }
 
 // Steps [first_step, end_step) of the stream over staged rows [b0, b0 + rows) of task t (all of its K, or one range

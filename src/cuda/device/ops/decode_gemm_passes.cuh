@@ -1,5 +1,6 @@
-// How a decode GEMM task's batch rows go through its weights (passes, K ranges, wide passes) and the dispatch of each
-// pass between the tensor-core path (decode_gemm_mma.cuh) and the CUDA-core one (decode_gemm.cuh).
+// How a decode GEMM task's batch rows go through its weights (passes, K ranges) and the dispatch of each pass between
+// the tensor-core path (decode_gemm_mma.cuh) and the CUDA-core one (decode_gemm.cuh); batches above kMmaRows go to
+// wgmma instead (decode_gemm_wgmma.cuh).
 #pragma once
 
 #include "../config.cuh"
@@ -11,7 +12,7 @@
 namespace mk::gpu {
 
 // Task t's columns [begin, begin + length) of a and w: rows stay t.row_stride apart. A fused norm's weight stays
-// whole: only wide passes take K in ranges with one (decode_gemm_mma_ranges).
+// whole: tasks with one never take K in ranges (decode_k_ranges).
 __device__ __forceinline__ DecodeGemmTask decode_k_range(DecodeGemmTask t, int32_t begin, int32_t length) {
   t.a += begin;
   t.w += begin;
@@ -35,8 +36,8 @@ __device__ __forceinline__ int32_t equal_k_ranges(const DecodeGemmTask& t, int32
 // (178 us; docs/perf.md, fifth session, run 2). A pass of up to kMmaRows rows instead takes K in ranges, staged one
 // after the other, each warp's accumulators carried from range to range, and the weights stream once a pass.
 // K ranges a pass of `rows` rows takes: 1 when they fit the staging space at full K, else equal_k_ranges; 0 when none
-// can: a fused norm needs whole rows (but in wide passes), and a warp with several jobs (two groups a warp) could not
-// carry its accumulators.
+// can: a fused norm needs whole rows, and a warp with several jobs (two groups a warp) could not carry its
+// accumulators.
 __device__ __forceinline__ int32_t decode_k_ranges(const DecodeGemmTask& t, int32_t rows) {
   const int32_t bytes = rows * 2 * t.k;
   if (bytes <= kStagedRowBytes) return 1;
@@ -44,12 +45,10 @@ __device__ __forceinline__ int32_t decode_k_ranges(const DecodeGemmTask& t, int3
   return equal_k_ranges(t, bytes);
 }
 
-// How task t's batch rows go through its weights: in passes of at most `rows` rows, each taking K in `ranges` ranges
-// and its rows in `tiles` mma M tiles (2: wide passes; a last, shorter pass of 16 rows or fewer stays wide).
+// How task t's batch rows go through its weights: in passes of at most `rows` rows, each taking K in `ranges` ranges.
 struct DecodePasses {
   int32_t rows;
   int32_t ranges;
-  int32_t tiles = 1;
 };
 
 // Rows a pass of the fewest passes of at most `most` rows takes, balanced: `total` rows in passes of equal rows but
@@ -75,73 +74,37 @@ __device__ __forceinline__ DecodePasses decode_passes(const DecodeGemmTask& t) {
   return {balanced_pass_rows(total, decode_rows_at_full_k(t)), 1};
 }
 
-// Task t's rows in the fewest balanced passes of at most kWideRows where they are more than kMmaRows (wide passes),
-// each taking K in the fewest equal ranges that fit (a fused norm too: NormRange scales the accumulators), else as
-// decode_passes. Tiles whose warps take several jobs (more than 16 groups: the LM head's, the 8B shape's gate_up) go
-// through the ranges once a round of jobs (decode_gemm_mma_ranges).
-__device__ __forceinline__ DecodePasses decode_wide_passes(const DecodeGemmTask& t) {
-  const int32_t rows = balanced_pass_rows(t.batch_end - t.batch_begin, kWideRows);
-  const int32_t bytes = rows * 2 * t.k;
-  if (rows > kMmaRows) {
-    const int32_t ranges = bytes <= kStagedRowBytes ? 1 : equal_k_ranges(t, bytes);
-    if (ranges > 0) return {rows, ranges, 2};
-  }
-  return decode_passes(t);
-}
+// Whether the passes go through decode_gemm_mma_ranges: K in ranges.
+__device__ __forceinline__ bool mma_in_ranges(const DecodePasses& passes) { return passes.ranges > 1; }
 
-// Whether the passes go through decode_gemm_mma_ranges: K in ranges, or wide passes (one range or more).
-template <DecodeRows kRows>
-__device__ __forceinline__ bool mma_in_ranges(const DecodePasses& passes) {
-  return passes.ranges > 1 || (kRows == DecodeRows::kWide && passes.tiles > 1);
-}
-
-// A pass of staged rows [b0, b0 + rows) over `ranges` K ranges (decode_k_ranges or decode_wide_passes), kTiles M
-// tiles, the stream's first steps already issued. One stream runs through the ranges: while a range is computed, the
-// next range's first steps go out into the buffers it frees, and only the rows are restaged between ranges. Ends
-// with the consumers synchronized. A wide pass whose warps take several jobs (one K-slice each) goes through the
-// ranges once a round of jobs, warp w's j-th job (unit w + 8 j) in round j: the stream's order (a job's ranges, then
-// the next job), each round restaging the ranges (the registers hold one job's accumulators).
+// A pass of staged rows [b0, b0 + rows) over `ranges` K ranges (decode_k_ranges), the stream's first steps already
+// issued; one group a warp (decode_k_ranges allows no more). One stream runs through the ranges: while a range is
+// computed, the next range's first steps go out into the buffers it frees, and only the rows are restaged between
+// ranges. Ends with the consumers synchronized.
 // NOTE: with a stream a range, each later range's prologue went out only once the previous range was done, and its
 // rows' staging (a wait for every copy in flight) waited for all of it: a full round trip of 128 KB an SM a range.
-template <int kGroups, int kTiles>
 __device__ __forceinline__ void decode_gemm_mma_ranges(const MegakernelParams& p, const Instruction& in,
                                                        const DecodeGemmTask& t, uint4* staged, uint4* ring,
                                                        float* scratch, int32_t b0, int32_t rows, int32_t ranges,
                                                        int consumer_thread) {
-  constexpr int kWarps = KernelConfig::kConsumerWarps;
   const int32_t length = t.k / ranges;
   const DecodeGemmTask first = decode_k_range(t, 0, length);
-  MmaStream<kGroups> stream(first, ring, consumer_thread, ranges);
-  const int32_t jobs = stream.units * stream.slices;
-  // NOTE: one round where kTiles is 1: decode_k_ranges gives those passes K ranges only at one job a warp (one group
-  // a warp, at most 8), and would need rounds here if it allowed more.
-  const int32_t rounds = kTiles > 1 ? (jobs + kWarps - 1) / kWarps : 1;
+  MmaStream<1> stream(first, ring, consumer_thread, ranges);
   const int32_t range_steps = stream.steps_per_slice;  // a job's steps a range
-  // Only wide passes take a fused norm's K in ranges: the rows' 1 / rms then scales the accumulators (NormRange).
-  const bool scaled = kTiles > 1 && ranges > 1 && t.norm_weight != nullptr;
-  const float* row_scale = scaled ? scratch : nullptr;
-  float acc[kTiles][kGroups][4] = {};  // (M tiles, groups, C fragment: rows g and g + 8 of the tile x 2 columns)
+  float acc[1][1][4] = {};  // (one M tile, one group, C fragment: rows g and g + 8 of the tile x 2 columns)
 #pragma unroll 1
-  for (int32_t round = 0; round < rounds; ++round) {
-#pragma unroll 1
-    for (int32_t r = 0; r < ranges; ++r) {
-      // This warp's steps of (job, range), none past its last job.
-      const int32_t window = (round * ranges + r) * range_steps;
-      if (round > 0 || r > 0) ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);  // the rows are read
-      DecodeGemmTask range = decode_k_range(t, r * length, length);
-      if (scaled) range.norm_weight += r * length;
-      stage_decode_rows(p, in, range, b0, rows, staged, scratch, consumer_thread,
-                        scaled ? NormRange{r, ranges, t.k} : NormRange{});
-      mma_steps<kGroups, kTiles>(p, in, first, stream, staged, b0, rows, min(window, stream.steps),
-                                 min(window + range_steps, stream.steps), false, acc);
-    }
-    if (stream.slices > 1) {
-      reduce_slices<kGroups, kTiles>(p, in, first, stream, scratch, b0, rows, acc, row_scale);
-    } else if (stream.warp + round * kWarps < stream.units) {
-      mma_epilogue<kGroups, kTiles>(p, in, first, stream.first_unit + round * kWarps, b0, rows, acc, stream.lane,
-                                    row_scale);
-      zero_accumulators(acc);
-    }
+  for (int32_t r = 0; r < ranges; ++r) {
+    // This warp's steps of (job, range), none past its last job.
+    const int32_t window = r * range_steps;
+    if (r > 0) ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);  // the rows are read
+    stage_decode_rows(p, in, decode_k_range(t, r * length, length), b0, rows, staged, scratch, consumer_thread);
+    mma_steps<1, 1>(p, in, first, stream, staged, b0, rows, min(window, stream.steps),
+                    min(window + range_steps, stream.steps), false, acc);
+  }
+  if (stream.slices > 1) {
+    reduce_slices<1, 1>(p, in, first, stream, scratch, b0, rows, acc);
+  } else if (stream.warp < stream.units) {
+    mma_epilogue<1, 1>(p, in, first, stream.first_unit, b0, rows, acc, stream.lane);
   }
 }
 
@@ -155,14 +118,9 @@ __device__ __forceinline__ void issue_pass_prologue(const MegakernelParams& p, c
     WeightStream(t, ring, consumer_thread).issue_prologue(p, in, t);
     return;
   }
-  const int32_t ranges = passes.ranges;
-  if (mma_in_ranges<kRows>(passes)) {
-    const DecodeGemmTask first = decode_k_range(t, 0, t.k / ranges);
-    if (kRows == DecodeRows::kWide && mma_groups_per_warp(t) == 2) {
-      MmaStream<2>(first, ring, consumer_thread, ranges).issue_prologue(p, in, first);
-    } else {
-      MmaStream<1>(first, ring, consumer_thread, ranges).issue_prologue(p, in, first);
-    }
+  if (mma_in_ranges(passes)) {
+    const DecodeGemmTask first = decode_k_range(t, 0, t.k / passes.ranges);
+    MmaStream<1>(first, ring, consumer_thread, passes.ranges).issue_prologue(p, in, first);
   } else if (rows < kMinMmaRows) {
     WeightStream(t, ring, consumer_thread).issue_prologue(p, in, t);
   } else if (mma_groups_per_warp(t) == 1) {
@@ -170,26 +128,6 @@ __device__ __forceinline__ void issue_pass_prologue(const MegakernelParams& p, c
   } else {
     MmaStream<2>(t, ring, consumer_thread).issue_prologue(p, in, t);
   }
-}
-
-// A pass through decode_gemm_mma_ranges: one M tile (a pass of K ranges, one group a warp) or two (a wide pass).
-template <DecodeRows kRows>
-__device__ __forceinline__ void run_mma_in_ranges(const MegakernelParams& p, const Instruction& in,
-                                                  const DecodeGemmTask& t, uint4* staged, uint4* ring, float* scratch,
-                                                  int32_t b0, int32_t rows, const DecodePasses& passes,
-                                                  int consumer_thread) {
-  const int32_t ranges = passes.ranges;
-  if constexpr (kRows == DecodeRows::kWide) {
-    if (passes.tiles > 1) {
-      if (mma_groups_per_warp(t) == 1) {
-        decode_gemm_mma_ranges<1, 2>(p, in, t, staged, ring, scratch, b0, rows, ranges, consumer_thread);
-      } else {
-        decode_gemm_mma_ranges<2, 2>(p, in, t, staged, ring, scratch, b0, rows, ranges, consumer_thread);
-      }
-      return;
-    }
-  }
-  decode_gemm_mma_ranges<1, 1>(p, in, t, staged, ring, scratch, b0, rows, ranges, consumer_thread);
 }
 
 // What a decode GEMM task did before its counter wait: its passes worked out (and the first pass's weight prologue
@@ -203,57 +141,63 @@ struct DecodePrologue {
 template <DecodeRows kRows>
 __device__ __forceinline__ DecodePrologue early_weight_prologue(const MegakernelParams& p, const SharedState& s,
                                                                 const Instruction& in, int consumer_thread) {
-  if constexpr (kRows == DecodeRows::kWide) {
+  if constexpr (kRows == DecodeRows::kWgmma) {
     issue_wgmma_weight_prologue(p, s, in, consumer_thread);
     return {};
+  } else {
+    const DecodeGemmTask t = decode_gemm_task(p, in);
+    const DecodePasses passes = decode_passes(t);
+    uint4* ring = reinterpret_cast<uint4*>(s.stages + kStagedRowBytes);
+    issue_pass_prologue<kRows>(p, in, t, min(passes.rows, t.batch_end - t.batch_begin), passes, ring,
+                               consumer_thread);
+    return {passes};
   }
-  const DecodeGemmTask t = decode_gemm_task(p, in);
-  const DecodePasses passes = decode_passes(t);
-  uint4* ring = reinterpret_cast<uint4*>(s.stages + kStagedRowBytes);
-  issue_pass_prologue<kRows>(p, in, t, min(passes.rows, t.batch_end - t.batch_begin), passes, ring, consumer_thread);
-  return {passes};
 }
 
-// A decode GEMM task: its batch rows in passes (decode_passes, decode_wide_passes), staged at the start of the
-// (otherwise idle) stage ring, the weight steps streamed through its end. NOTE: decode schedules have no TMA ops, so
-// no producer is using the ring.
+// A pass of the staged rows [b0, b0 + rows) at full K: on the CUDA cores (1-2 rows) or the tensor cores.
+template <DecodeRows kRows>
+__device__ __forceinline__ void decode_gemm_pass(const MegakernelParams& p, const Instruction& in,
+                                                 const DecodeGemmTask& t, const uint4* staged, uint4* ring,
+                                                 float* scratch, int32_t b0, int32_t rows, int consumer_thread) {
+  if (rows == 1) {
+    decode_gemm_rows<1>(p, in, t, staged, ring, b0, rows, consumer_thread);
+  } else if (kRows == DecodeRows::kNarrow || rows == 2) {
+    decode_gemm_rows<2>(p, in, t, staged, ring, b0, rows, consumer_thread);
+  } else if constexpr (kRows != DecodeRows::kNarrow) {
+    if (mma_groups_per_warp(t) == 1) {
+      decode_gemm_mma<1>(p, in, t, staged, ring, scratch, b0, rows, consumer_thread);
+    } else {
+      decode_gemm_mma<2>(p, in, t, staged, ring, scratch, b0, rows, consumer_thread);
+    }
+  }
+}
+
+// A decode GEMM task: on wgmma in the kWgmma kernel, else its batch rows in passes (decode_passes), staged at the
+// start of the (otherwise idle) stage ring, the weight steps streamed through its end. NOTE: decode schedules have no
+// TMA ops, so no producer is using the ring.
 template <DecodeRows kRows>
 __device__ __forceinline__ void run_decode_gemm(const MegakernelParams& p, const SharedState& s, const Instruction& in,
                                                 const DecodePrologue& prologue, int consumer_thread) {
-  constexpr bool kNarrow = kRows == DecodeRows::kNarrow;
-  if constexpr (kRows == DecodeRows::kWide) {
+  if constexpr (kRows == DecodeRows::kWgmma) {
     run_decode_gemm_wgmma(p, s, in, consumer_thread);
-    return;
-  }
-  const DecodeGemmTask t = decode_gemm_task(p, in);
-  uint4* staged = reinterpret_cast<uint4*>(s.stages);
-  uint4* ring = reinterpret_cast<uint4*>(s.stages + kStagedRowBytes);
-  float* scratch = reinterpret_cast<float*>(s.output);
-  const DecodePasses& passes = prologue.passes;
-  for (int32_t b0 = t.batch_begin; b0 < t.batch_end; b0 += passes.rows) {
-    const int32_t rows = min(passes.rows, t.batch_end - b0);
-    // Later passes stream the weights again (the previous pass ended synchronized).
-    if (b0 != t.batch_begin) issue_pass_prologue<kRows>(p, in, t, rows, passes, ring, consumer_thread);
-    if constexpr (!kNarrow) {
-      if (mma_in_ranges<kRows>(passes)) {
-        run_mma_in_ranges<kRows>(p, in, t, staged, ring, scratch, b0, rows, passes, consumer_thread);
-        ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);  // the next pass restages
-        continue;
-      }
-    }
-    stage_decode_rows(p, in, t, b0, rows, staged, scratch, consumer_thread);
-    if (rows == 1) {
-      decode_gemm_rows<1>(p, in, t, staged, ring, b0, rows, consumer_thread);
-    } else if (kNarrow || rows == 2) {
-      decode_gemm_rows<2>(p, in, t, staged, ring, b0, rows, consumer_thread);
-    } else if constexpr (!kNarrow) {
-      if (mma_groups_per_warp(t) == 1) {
-        decode_gemm_mma<1>(p, in, t, staged, ring, scratch, b0, rows, consumer_thread);
+  } else {
+    const DecodeGemmTask t = decode_gemm_task(p, in);
+    uint4* staged = reinterpret_cast<uint4*>(s.stages);
+    uint4* ring = reinterpret_cast<uint4*>(s.stages + kStagedRowBytes);
+    float* scratch = reinterpret_cast<float*>(s.output);
+    const DecodePasses& passes = prologue.passes;
+    for (int32_t b0 = t.batch_begin; b0 < t.batch_end; b0 += passes.rows) {
+      const int32_t rows = min(passes.rows, t.batch_end - b0);
+      // Later passes stream the weights again (the previous pass ended synchronized).
+      if (b0 != t.batch_begin) issue_pass_prologue<kRows>(p, in, t, rows, passes, ring, consumer_thread);
+      if (kRows != DecodeRows::kNarrow && mma_in_ranges(passes)) {
+        decode_gemm_mma_ranges(p, in, t, staged, ring, scratch, b0, rows, passes.ranges, consumer_thread);
       } else {
-        decode_gemm_mma<2>(p, in, t, staged, ring, scratch, b0, rows, consumer_thread);
+        stage_decode_rows(p, in, t, b0, rows, staged, scratch, consumer_thread);
+        decode_gemm_pass<kRows>(p, in, t, staged, ring, scratch, b0, rows, consumer_thread);
       }
+      ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);  // the next pass restages
     }
-    ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);  // the next pass restages
   }
 }
 
