@@ -175,7 +175,8 @@ struct WgmmaStream {
 
 // The fused norm on this thread's rows of a landed stage: each value scaled by the norm weight alone, its square
 // summed, and each row's 1 / rms scales the accumulators at the end (FlashNorm, arXiv 2407.09577: the per-row scale
-// commutes with the GEMM; the mma.sync wide passes before it did the same). Only the copying thread touches a copy before the stage's barrier, so no other wait is needed. The
+// commutes with the GEMM; the mma.sync wide passes before it did the same). Only the copying thread touches a copy
+// before the stage's barrier, so no other wait is needed. The
 // sums are this thread's own slots of `partial` (kACopies x kConsumerThreads): NOTE: in registers, beside the
 // accumulators and the stream, the kernel spilled (ptxas). `weight`: the norm weight's chunk (WgmmaStream::norm_slot).
 template <int kN>
