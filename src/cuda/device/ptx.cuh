@@ -124,7 +124,8 @@ __device__ __forceinline__ float silu_fast(float x) {
   return fmaf(half_x, tanh_approx(half_x), half_x);
 }
 
-// Makes this thread's generic-proxy shared-memory writes visible to later async-proxy (TMA) reads of them.
+// Makes this thread's generic-proxy shared-memory writes (stores, landed cp.async copies) visible to later
+// async-proxy reads of them (TMA stores, wgmma operands).
 __device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 // A named barrier over `threads` threads that also ANDs `value` across them: every thread gets the same answer.

@@ -11,9 +11,10 @@
 
 namespace mk::gpu {
 
-// NOTE: a decode tile is one or a few batch rows against tens of weight rows: far too thin for wgmma, and the whole
-// step is weight bytes / bandwidth. Each warp streams weight rows through shared memory with cp.async (below), against
-// the tile's input rows held there too (normalized once per tile). A tile's first weight steps are sent before it waits
+// NOTE: up to batch 16 a decode tile is a few batch rows against tens of weight rows: too thin for wgmma (batches
+// above go to decode_gemm_wgmma.cuh), and the whole step is weight bytes / bandwidth. Each warp streams weight rows
+// through shared memory with cp.async (below), against the tile's input rows held there too (normalized once per
+// tile). A tile's first weight steps are sent before it waits
 // for its inputs. NOTE: asking L2 for weights further ahead (the next tile's, or up to 1 MB of an SM's upcoming tiles
 // from the idle producer thread) made steps slower, 1.35 -> 1.43-1.50 ms (docs/perf.md): the prefetches delay the
 // latency-bound tiles' own loads. Asking only while o_proj waits at the attention chain's end, for the first 192 KB of

@@ -1,6 +1,4 @@
-// Decode GEMMs on wgmma for batches of more than kMmaRows rows: a pass's batch rows (up to 64) are the M of one
-// m64 tile, the tile's weight rows its N (split between the two consumer warpgroups), and both stream through the
-// stage ring in K steps with cp.async, the rows beside the weights, instead of being staged whole before the weights.
+// Decode GEMMs on wgmma for batches above kMmaRows: up to 64 batch rows as one M tile, streamed beside the weights.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -13,11 +11,13 @@
 
 namespace mk::gpu {
 
-// NOTE: the mma.sync passes (decode_gemm_mma.cuh) restage a tile's rows over its whole K in 64 KB ranges, each a
-// synchronous round trip to L2 that also drains the weight copies in flight, read A fragments per warp for every 8
-// weight rows, and stream the weights once per 32 rows: at batch 64 and context 128 the step took 4.07 ms at 1B and
-// 17.7 ms at 8B, behind torch.compile's 3.35 and 9.59 (docs/perf.md, thirty-fifth session, run 2). Here a K step's
-// rows and weights land together and one wgmma per warpgroup and k16 reads each once.
+// A pass's batch rows are the M of one m64 tile, the tile's weight rows its N (split between the two consumer
+// warpgroups), and both stream through the stage ring in K steps with cp.async, the rows beside the weights.
+// NOTE: the mma.sync wide passes this replaced restaged a tile's rows over its whole K in 64 KB ranges, each a
+// synchronous round trip to L2 that also drained the weight copies in flight, read A fragments per warp for every 8
+// weight rows, and streamed the weights once per 32 rows: at batch 64 and context 128 the step took 4.07 ms at 1B and
+// 17.7 ms at 8B, behind torch.compile's 3.35 and 9.59 (docs/perf.md, thirty-fifth session, run 2); on wgmma 2.59 and
+// 9.18 ms (thirty-sixth session, run 3).
 constexpr int kWgmmaRows = 64;        // batch rows of one pass: one wgmma M tile
 constexpr int kWgmmaMaxN = 256;       // weight rows of one chunk of a tile: two warpgroups of n128
 constexpr int kWgmmaMaxStages = 8;
@@ -52,6 +52,10 @@ struct WgmmaRing {
   static_assert(kStages >= 3 && kBCopies >= 1 && kN % kRowsAtOnce == 0, "a ring of at least 3 stages");
   static_assert(kX % 8 == 0 && kABlockBytes % 1024 == 0 && (kX * 128) % 1024 == 0,
                 "each warpgroup's weight rows are whole 8-row swizzle atoms");
+  // The per-thread sums of squares (4 a thread in the scratch), the shuffle over a row's copying lanes and a warp's
+  // share of a stage's norm chunks (256 bytes) assume a row's chunks of a stage are at most 16 lanes of one warp.
+  static_assert(kColumns <= 16 && 32 % kColumns == 0 && kWgmmaRows % kRowsAtOnce == 0 && kACopies <= 4,
+                "a K step of at most 128 columns");
 };
 
 // Weight rows a chunk takes for task t (2 t.pairs rows in all): the narrowest ring that holds them, up to kWgmmaMaxN.
@@ -103,8 +107,8 @@ struct WgmmaStream {
     for (int i = 0; i < Ring::kBCopies; ++i) {
       const int32_t n = first_row + i * Ring::kRowsAtOnce;
       const int32_t pair = chunk * (kN / 2) + n / 2;
-      const int2 rows = decode_weight_rows(p, in, pair < t.pairs ? pair : 0);
-      b_row[i] = pair < t.pairs ? (n % 2 == 0 ? rows.x : rows.y) : -1;
+      const int2 pair_rows = decode_weight_rows(p, in, pair < t.pairs ? pair : 0);
+      b_row[i] = pair < t.pairs ? (n % 2 == 0 ? pair_rows.x : pair_rows.y) : -1;
     }
   }
 
@@ -221,8 +225,8 @@ __device__ __forceinline__ void wgmma_stage(const uint8_t* base, int warpgroup,
 #pragma unroll
   for (int block = 0; block < Ring::kBlocks; ++block) {
     const uint64_t desc_a = ptx::wgmma_descriptor_k_major_sw128(base + block * Ring::kABlockBytes);
-    const uint64_t desc_b = ptx::wgmma_descriptor_k_major_sw128(base + Ring::kBlocks * Ring::kABlockBytes +
-                                                                block * Ring::kBBlockBytes + warpgroup * Ring::kX * 128);
+    const uint8_t* weights = base + Ring::kBlocks * Ring::kABlockBytes + block * Ring::kBBlockBytes;
+    const uint64_t desc_b = ptx::wgmma_descriptor_k_major_sw128(weights + warpgroup * Ring::kX * 128);
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) ptx::wgmma_ss<Ring::kX>(acc, desc_a + 2 * kk, desc_b + 2 * kk);
   }
