@@ -11,32 +11,31 @@
 
 namespace mk::gpu {
 
-// NOTE: up to batch 16 a decode tile is a few batch rows against tens of weight rows: too thin for wgmma (batches
-// above go to decode_gemm_wgmma.cuh), and the whole step is weight bytes / bandwidth. Each warp streams weight rows
-// through shared memory with cp.async (below), against the tile's input rows held there too (normalized once per
-// tile). A tile's first weight steps are sent before it waits
-// for its inputs. NOTE: asking L2 for weights further ahead (the next tile's, or up to 1 MB of an SM's upcoming tiles
-// from the idle producer thread) made steps slower, 1.35 -> 1.43-1.50 ms (docs/perf.md): the prefetches delay the
-// latency-bound tiles' own loads. Asking only while o_proj waits at the attention chain's end, for the first 192 KB of
-// the SM's next (gate_up) tile, made the step 4.6% longer too (ninth session, run 4): o_proj's wait grew 8.9 -> 10.9
-// us, and gate_up's tiles did not get faster. NOTE: the hops into the streaming ops (a counter's publication to the
-// wait's end: 2-3 us, against ~1 us into attention) are not the SM's own copies delaying its acquire loads: with each
-// weight step sent as two bulk copies instead of per-lane cp.async, the hops stayed at 1.8-2.7 us and batch 1 took 2%
-// longer (branch decode-tma-weights, fifteenth session, run 2). NOTE: a tile's last steps sending the next tile's first
-// weight steps (branch decode-stream-ahead) closed the 1.4-1.7 us gaps between an SM's tiles but made batch 1 9%
-// slower: the publish's release fence waits for the thread's copies in flight, and the larger code made the instruction
-// cache miss in ops it did not touch (docs/perf.md, sixteenth session, runs 4-5); re-measured on a smaller kernel
-// (branch s29-handoff), still no gain at batch 1 (1B even, 8B +1.7%; batch 2 -2.8% at 1B): the current tile's tail
-// slows by what the next tile gains. NOTE: an L2 evict-first policy on these weight loads (so that the KV cache stays
-// in L2) left the 1B step and its attention tiles unchanged (branch s29-evict-first), and sharing an op's pairs among
-// its tasks at run time by atomic claims made the 8B step at batch 1 8% slower (branch s27-balance): docs/perf.md,
-// twenty-seventh to twenty-ninth sessions. NOTE: a ring of 3 or 2 steps a warp instead of 4 (kStepBuffers; 2
-// steps saturate the bare stream, bench/hop_latency_probe.cu, with hand-offs 3-4x faster beside it) shortened the
-// hops into the streaming ops but slowed their tiles by more: 8B batch 1 +1.0% / +2.1%; at 2 steps 1B batches
-// 16-64 and 8B batch 8 +2%; only 1B batch 8 gained, -5.3% at 2 steps with 128 KB of staged rows, and +1.1% at 2
-// steps alone in the tensor-core kernel (branches s30-ring3, s30-ring2, s30-mma-depth2; docs/perf.md, thirtieth
-// session). Passes of 3 or more rows go to the tensor cores instead (decode_gemm_mma.cuh), with the same staging
-// and epilogues.
+// NOTE: up to batch 16 a decode tile is a few batch rows against tens of weight rows: too thin for wgmma (batches above
+// go to decode_gemm_wgmma.cuh), and the whole step is weight bytes / bandwidth. Each warp streams weight rows through
+// shared memory with cp.async (below), against the tile's input rows held there too (normalized once per tile). A
+// tile's first weight steps are sent before it waits for its inputs. NOTE: asking L2 for weights further ahead (the
+// next tile's, or up to 1 MB of an SM's upcoming tiles from the idle producer thread) made steps slower, 1.35 ->
+// 1.43-1.50 ms (docs/perf.md): the prefetches delay the latency-bound tiles' own loads. Asking only while o_proj waits
+// at the attention chain's end, for the first 192 KB of the SM's next (gate_up) tile, made the step 4.6% longer too
+// (ninth session, run 4): o_proj's wait grew 8.9 -> 10.9 us, and gate_up's tiles did not get faster. NOTE: the hops
+// into the streaming ops (a counter's publication to the wait's end: 2-3 us, against ~1 us into attention) are not the
+// SM's own copies delaying its acquire loads: with each weight step sent as two bulk copies instead of per-lane
+// cp.async, the hops stayed at 1.8-2.7 us and batch 1 took 2% longer (branch decode-tma-weights, fifteenth session, run
+// 2). NOTE: a tile's last steps sending the next tile's first weight steps (branch decode-stream-ahead) closed the
+// 1.4-1.7 us gaps between an SM's tiles but made batch 1 9% slower: the publish's release fence waits for the thread's
+// copies in flight, and the larger code made the instruction cache miss in ops it did not touch (docs/perf.md,
+// sixteenth session, runs 4-5); re-measured on a smaller kernel (branch s29-handoff), still no gain at batch 1 (1B
+// even, 8B +1.7%; batch 2 -2.8% at 1B): the current tile's tail slows by what the next tile gains. NOTE: an L2
+// evict-first policy on these weight loads (so that the KV cache stays in L2) left the 1B step and its attention tiles
+// unchanged (branch s29-evict-first), and sharing an op's pairs among its tasks at run time by atomic claims made the
+// 8B step at batch 1 8% slower (branch s27-balance): docs/perf.md, twenty-seventh to twenty-ninth sessions. NOTE: a
+// ring of 3 or 2 steps a warp instead of 4 (kStepBuffers; 2 steps saturate the bare stream, bench/hop_latency_probe.cu,
+// with hand-offs 3-4x faster beside it) shortened the hops into the streaming ops but slowed their tiles by more: 8B
+// batch 1 +1.0% / +2.1%; at 2 steps 1B batches 16-64 and 8B batch 8 +2%; only 1B batch 8 gained, -5.3% at 2 steps with
+// 128 KB of staged rows, and +1.1% at 2 steps alone in the tensor-core kernel (branches s30-ring3, s30-ring2,
+// s30-mma-depth2; docs/perf.md, thirtieth session). Passes of 3 or more rows go to the tensor cores instead
+// (decode_gemm_mma.cuh), with the same staging and epilogues.
 // Batch rows one pass holds: the M of the tensor-core path's mma; more rows take more passes over the same weights.
 constexpr int kDecodeMaxRows = 16;
 static_assert(kDecodeMaxRows * 4 <= KernelConfig::kDecodeInvRmsBytes,

@@ -241,7 +241,7 @@ __device__ __forceinline__ void wgmma_stage(const uint8_t* base, int warpgroup,
 template <int kN>
 __device__ __forceinline__ void wgmma_epilogue(const MegakernelParams& p, const Instruction& in,
                                                const DecodeGemmTask& t, int32_t chunk, int32_t b0, int32_t rows,
-                                               float (&acc)[WgmmaRing<kN>::kX / 2], const float* row_scale,
+                                               const float (&acc)[WgmmaRing<kN>::kX / 2], const float* row_scale,
                                                int thread) {
   constexpr int kX = WgmmaRing<kN>::kX;
   const int warpgroup = thread / 128, lane = thread % 32;
@@ -255,8 +255,6 @@ __device__ __forceinline__ void wgmma_epilogue(const MegakernelParams& p, const 
     if (row < rows) decode_epilogue(p, in, pair, b0 + row, acc[4 * j] * low, acc[4 * j + 1] * low);
     if (row + 8 < rows) decode_epilogue(p, in, pair, b0 + row + 8, acc[4 * j + 2] * high, acc[4 * j + 3] * high);
   }
-#pragma unroll
-  for (int i = 0; i < kX / 2; ++i) acc[i] = 0.0f;
 }
 
 // One chunk of a pass: batch rows [b0, b0 + rows), rows <= kWgmmaRows, against the chunk's weight rows, whose first
