@@ -137,123 +137,104 @@ struct MmaStream {
 };
 
 // This lane's ldmatrix rows. A (x4: rows 0-7, then rows 8-15, at k 0-7 of a k16 step, then both at k 8-15: the
-// a0-a3 registers of the mma's A fragment): lane l points at staged row 16 tile + l % 8 + 8 (l / 8 % 2) of each of
-// the pass's kTiles M tiles, chunk + l / 16; rows past the pass repeat its last one (their C rows are dropped). B (x4:
-// one group's 8 rows at 4 consecutive chunks, the b0 b1 registers of two k16 steps): lane l points at row l % 8,
-// chunk + l / 8.
-template <int kTiles>
+// a0-a3 registers of the mma's A fragment): lane l points at staged row l % 8 + 8 (l / 8 % 2), chunk + l / 16; rows
+// past the pass repeat its last one (their C rows are dropped). B (x4: one group's 8 rows at 4 consecutive chunks,
+// the b0 b1 registers of two k16 steps): lane l points at row l % 8, chunk + l / 8.
 struct MmaLane {
-  uint32_t a_row[kTiles];  // shared address of the staged row
-  int a_swizzle[kTiles];
+  uint32_t a_row;  // shared address of the staged row
+  int a_swizzle;
   int a_half;
   int b_row, b_chunk;
 };
 
-template <int kTiles>
-__device__ __forceinline__ MmaLane<kTiles> mma_lane(const uint4* staged, int32_t chunks, int32_t rows, int lane) {
-  MmaLane<kTiles> m;
-#pragma unroll
-  for (int tile = 0; tile < kTiles; ++tile) {
-    const int row = min(tile * kMmaRows + lane % 8 + lane / 8 % 2 * 8, rows - 1);
-    m.a_row[tile] = ptx::smem_address(staged + row * chunks);
-    m.a_swizzle[tile] = row & 7;
-  }
+__device__ __forceinline__ MmaLane mma_lane(const uint4* staged, int32_t chunks, int32_t rows, int lane) {
+  MmaLane m;
+  const int row = min(lane % 8 + lane / 8 % 2 * 8, rows - 1);
+  m.a_row = ptx::smem_address(staged + row * chunks);
+  m.a_swizzle = row & 7;
   m.a_half = lane / 16;
   m.b_row = lane % 8;
   m.b_chunk = lane / 8;
   return m;
 }
 
-// The mmas of 4-chunk slice q of a step: acc[tile][g] += M tile `tile`'s staged rows' chunks [first + 4 q, +4) .
-// group g's 8 weight rows.
-template <int kGroups, int kTiles>
-__device__ __forceinline__ void mma_slice(const MmaLane<kTiles>& m, uint32_t b_base, int32_t first, int q,
-                                          float (&acc)[kTiles][kGroups][4]) {
+// The mmas of 4-chunk slice q of a step: acc[g] += the staged rows' chunks [first + 4 q, +4) . group g's 8 weight
+// rows.
+template <int kGroups>
+__device__ __forceinline__ void mma_slice(const MmaLane& m, uint32_t b_base, int32_t first, int q,
+                                          float (&acc)[kGroups][4]) {
   constexpr int kChunks = MmaStream<kGroups>::kChunks;
-  uint32_t a[kTiles][2][4];
+  uint32_t a[2][4];
 #pragma unroll
-  for (int tile = 0; tile < kTiles; ++tile)
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      ptx::ldmatrix_x4(a[tile][h],
-                       m.a_row[tile] + uint32_t(first + ((4 * q + 2 * h + m.a_half) ^ m.a_swizzle[tile])) * 16);
+  for (int h = 0; h < 2; ++h)
+    ptx::ldmatrix_x4(a[h], m.a_row + uint32_t(first + ((4 * q + 2 * h + m.a_half) ^ m.a_swizzle)) * 16);
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
     uint32_t b[4];
     const int row = g * 8 + m.b_row;
     ptx::ldmatrix_x4(b, b_base + uint32_t(row * kChunks + ((4 * q + m.b_chunk) ^ m.b_row)) * 16);
-#pragma unroll
-    for (int tile = 0; tile < kTiles; ++tile) {
-      ptx::mma_m16n8k16_bf16(acc[tile][g], a[tile][0], b[0], b[1]);
-      ptx::mma_m16n8k16_bf16(acc[tile][g], a[tile][1], b[2], b[3]);
-    }
+    ptx::mma_m16n8k16_bf16(acc[g], a[0], b[0], b[1]);
+    ptx::mma_m16n8k16_bf16(acc[g], a[1], b[2], b[3]);
   }
 }
 
-// The mmas of one step: acc[tile][g] += the staged rows' chunks [first, first + kChunks) . group g's 8 weight rows.
+// The mmas of one step: acc[g] += the staged rows' chunks [first, first + kChunks) . group g's 8 weight rows.
 // NOTE: a step inside the row takes its slices with no check between them, so that ptxas may load a slice's
 // fragments while the previous slice's mmas run; checked before every slice, each slice's mmas waited for its own
 // loads (ncu's SASS samples, nineteenth session, run 7). Only a row's (or range's) last step can be partial, and a
 // last slice's padding steps past the row take the checked loop with no slice at all.
-template <int kGroups, int kTiles>
-__device__ __forceinline__ void mma_step(const MmaLane<kTiles>& m, const uint4* buffer, int32_t first, int32_t chunks,
-                                         float (&acc)[kTiles][kGroups][4]) {
+template <int kGroups>
+__device__ __forceinline__ void mma_step(const MmaLane& m, const uint4* buffer, int32_t first, int32_t chunks,
+                                         float (&acc)[kGroups][4]) {
   constexpr int kChunks = MmaStream<kGroups>::kChunks;
   const uint32_t b_base = ptx::smem_address(buffer);
   if (first + kChunks <= chunks) {
 #pragma unroll
-    for (int q = 0; q < kChunks / 4; ++q) mma_slice<kGroups, kTiles>(m, b_base, first, q, acc);
+    for (int q = 0; q < kChunks / 4; ++q) mma_slice<kGroups>(m, b_base, first, q, acc);
     return;
   }
   // k % 64 == 0 (GemmOp::check): whole 8-chunk blocks, as the swizzle needs
 #pragma unroll 1
-  for (int q = 0; first + 4 * q < chunks; ++q) mma_slice<kGroups, kTiles>(m, b_base, first, q, acc);
+  for (int q = 0; first + 4 * q < chunks; ++q) mma_slice<kGroups>(m, b_base, first, q, acc);
 }
 
 // The C fragments back to 0, for the tile's next output columns.
-template <int kGroups, int kTiles>
-__device__ __forceinline__ void zero_accumulators(float (&acc)[kTiles][kGroups][4]) {
+template <int kGroups>
+__device__ __forceinline__ void zero_accumulators(float (&acc)[kGroups][4]) {
 #pragma unroll
-  for (int tile = 0; tile < kTiles; ++tile)
-#pragma unroll
-    for (int g = 0; g < kGroups; ++g) acc[tile][g][0] = acc[tile][g][1] = acc[tile][g][2] = acc[tile][g][3] = 0.0f;
+  for (int g = 0; g < kGroups; ++g) acc[g][0] = acc[g][1] = acc[g][2] = acc[g][3] = 0.0f;
 }
 
 // The epilogues of one unit: lane (g = lane / 4, t = lane % 4) holds C[g][2t, 2t + 1] and C[g + 8][2t, 2t + 1] of
-// each M tile and group, the two dot products of the group's pair t for the tile's batch rows g and g + 8.
-template <int kGroups, int kTiles>
+// each group, the two dot products of the group's pair t for the pass's batch rows g and g + 8.
+template <int kGroups>
 __device__ __forceinline__ void mma_epilogue(const MegakernelParams& p, const Instruction& in, const DecodeGemmTask& t,
-                                             int32_t unit, int32_t b0, int32_t rows,
-                                             const float (&acc)[kTiles][kGroups][4], int lane) {
+                                             int32_t unit, int32_t b0, int32_t rows, const float (&acc)[kGroups][4],
+                                             int lane) {
+  const int row = lane / 4;
 #pragma unroll
-  for (int tile = 0; tile < kTiles; ++tile) {
-    const int row = tile * kMmaRows + lane / 4;
-#pragma unroll
-    for (int g = 0; g < kGroups; ++g) {
-      const int32_t pair = (unit * kGroups + g) * kGroupPairs + lane % 4;
-      if (pair >= t.pairs) continue;
-      if (row < rows) decode_epilogue(p, in, pair, b0 + row, acc[tile][g][0], acc[tile][g][1]);
-      if (row + 8 < rows) decode_epilogue(p, in, pair, b0 + row + 8, acc[tile][g][2], acc[tile][g][3]);
-    }
+  for (int g = 0; g < kGroups; ++g) {
+    const int32_t pair = (unit * kGroups + g) * kGroupPairs + lane % 4;
+    if (pair >= t.pairs) continue;
+    if (row < rows) decode_epilogue(p, in, pair, b0 + row, acc[g][0], acc[g][1]);
+    if (row + 8 < rows) decode_epilogue(p, in, pair, b0 + row + 8, acc[g][2], acc[g][3]);
   }
 }
 
 // K split over slices (then one job a warp, job = warp): the warps of slices 1.. leave their C fragments in
 // `scratch` (free once the pass is staged), and each unit's slice-0 warp adds them up and runs the epilogues.
-template <int kGroups, int kTiles>
+template <int kGroups>
 __device__ __forceinline__ void reduce_slices(const MegakernelParams& p, const Instruction& in,
                                               const DecodeGemmTask& t, const MmaStream<kGroups>& stream,
-                                              float* scratch, int32_t b0, int32_t rows,
-                                              float (&acc)[kTiles][kGroups][4]) {
-  constexpr int kValues = kTiles * kGroups * 4;
+                                              float* scratch, int32_t b0, int32_t rows, float (&acc)[kGroups][4]) {
+  constexpr int kValues = kGroups * 4;
   float* partials = scratch;  // (kConsumerWarps, kValues, 32): each warp's C fragments, lane-minor
   const int warp = stream.warp, lane = stream.lane;
   const bool busy = warp < stream.units * stream.slices;
   const int32_t slice = warp / stream.units;
   if (busy && slice > 0) {
 #pragma unroll
-    for (int v = 0; v < kValues; ++v)
-      partials[(warp * kValues + v) * 32 + lane] = acc[v / 4 / kGroups][v / 4 % kGroups][v % 4];
+    for (int v = 0; v < kValues; ++v) partials[(warp * kValues + v) * 32 + lane] = acc[v / 4][v % 4];
   }
   ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
   if (!busy || slice > 0) return;
@@ -261,10 +242,9 @@ __device__ __forceinline__ void reduce_slices(const MegakernelParams& p, const I
   for (int32_t s = 1; s < stream.slices; ++s) {
     const int other = warp + s * stream.units;
 #pragma unroll
-    for (int v = 0; v < kValues; ++v)
-      acc[v / 4 / kGroups][v / 4 % kGroups][v % 4] += partials[(other * kValues + v) * 32 + lane];
+    for (int v = 0; v < kValues; ++v) acc[v / 4][v % 4] += partials[(other * kValues + v) * 32 + lane];
   }
-  mma_epilogue<kGroups, kTiles>(p, in, t, warp, b0, rows, acc, lane);
+  mma_epilogue<kGroups>(p, in, t, warp, b0, rows, acc, lane);
 }
 
 // Steps [first_step, end_step) of the stream over staged rows [b0, b0 + rows) of task t (all of its K, or one range
@@ -273,13 +253,13 @@ __device__ __forceinline__ void reduce_slices(const MegakernelParams& p, const I
 // at a job's slice step 0 of one range: the whole stream, or with K ranges (no `finish`) one (job, range)'s steps.
 // A window that ends before the stream's last step leaves copies in flight, which the next range's staging waits
 // for. The stream's first steps are already on their way (issue_pass_prologue).
-template <int kGroups, int kTiles>
+template <int kGroups>
 __device__ __forceinline__ void mma_steps(const MegakernelParams& p, const Instruction& in, const DecodeGemmTask& t,
                                           MmaStream<kGroups>& stream, const uint4* staged, int32_t b0, int32_t rows,
                                           int32_t first_step, int32_t end_step, bool finish,
-                                          float (&acc)[kTiles][kGroups][4]) {
+                                          float (&acc)[kGroups][4]) {
   const int32_t chunks = t.k / 8;
-  const MmaLane<kTiles> fragment_addresses = mma_lane<kTiles>(staged, chunks, rows, stream.lane);
+  const MmaLane fragment_addresses = mma_lane(staged, chunks, rows, stream.lane);
   if (first_step == 0) stream.prologue_sent();
   int32_t unit = stream.first_unit, slice_step = 0;  // of the step computed, counted along as the stream's
   for (int32_t step = first_step; step < end_step; ++step) {
@@ -287,12 +267,12 @@ __device__ __forceinline__ void mma_steps(const MegakernelParams& p, const Instr
     issue_next_step(stream, p, in, t, step);
     ptx::cp_async_wait<kStepBuffers - 1>();
     __syncwarp();  // and the other lanes' copies of this step have landed
-    mma_step<kGroups, kTiles>(fragment_addresses, stream.own + step % kStepBuffers * kStepUint4s,
+    mma_step<kGroups>(fragment_addresses, stream.own + step % kStepBuffers * kStepUint4s,
                               stream.first_chunk(slice_step), chunks, acc);
     if (++slice_step != stream.steps_per_slice) continue;
     slice_step = 0;
     if (finish && stream.slices == 1) {
-      mma_epilogue<kGroups, kTiles>(p, in, t, unit, b0, rows, acc, stream.lane);
+      mma_epilogue<kGroups>(p, in, t, unit, b0, rows, acc, stream.lane);
       zero_accumulators(acc);
     }
     unit += KernelConfig::kConsumerWarps;
@@ -308,9 +288,9 @@ __device__ __forceinline__ void decode_gemm_mma(const MegakernelParams& p, const
                                                 float* scratch, int32_t b0, int32_t rows,
                                                 int consumer_thread) {
   MmaStream<kGroups> stream(t, ring, consumer_thread);
-  float acc[1][kGroups][4] = {};  // (one M tile, groups, C fragment: rows g and g + 8 of the pass x 2 columns)
-  mma_steps<kGroups, 1>(p, in, t, stream, staged, b0, rows, 0, stream.steps, true, acc);
-  if (stream.slices > 1) reduce_slices<kGroups, 1>(p, in, t, stream, scratch, b0, rows, acc);
+  float acc[kGroups][4] = {};  // (groups, C fragment: rows g and g + 8 of the pass x 2 columns)
+  mma_steps<kGroups>(p, in, t, stream, staged, b0, rows, 0, stream.steps, true, acc);
+  if (stream.slices > 1) reduce_slices<kGroups>(p, in, t, stream, scratch, b0, rows, acc);
 }
 
 }  // namespace mk::gpu

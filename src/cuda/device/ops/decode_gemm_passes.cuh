@@ -91,20 +91,20 @@ __device__ __forceinline__ void decode_gemm_mma_ranges(const MegakernelParams& p
   const DecodeGemmTask first = decode_k_range(t, 0, length);
   MmaStream<1> stream(first, ring, consumer_thread, ranges);
   const int32_t range_steps = stream.steps_per_slice;  // a job's steps a range
-  float acc[1][1][4] = {};  // (one M tile, one group, C fragment: rows g and g + 8 of the tile x 2 columns)
+  float acc[1][4] = {};  // (one group, C fragment: rows g and g + 8 of the pass x 2 columns)
 #pragma unroll 1
   for (int32_t r = 0; r < ranges; ++r) {
     // This warp's steps of (job, range), none past its last job.
     const int32_t window = r * range_steps;
     if (r > 0) ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);  // the rows are read
     stage_decode_rows(p, in, decode_k_range(t, r * length, length), b0, rows, staged, scratch, consumer_thread);
-    mma_steps<1, 1>(p, in, first, stream, staged, b0, rows, min(window, stream.steps),
+    mma_steps<1>(p, in, first, stream, staged, b0, rows, min(window, stream.steps),
                     min(window + range_steps, stream.steps), false, acc);
   }
   if (stream.slices > 1) {
-    reduce_slices<1, 1>(p, in, first, stream, scratch, b0, rows, acc);
+    reduce_slices<1>(p, in, first, stream, scratch, b0, rows, acc);
   } else if (stream.warp < stream.units) {
-    mma_epilogue<1, 1>(p, in, first, stream.first_unit, b0, rows, acc, stream.lane);
+    mma_epilogue<1>(p, in, first, stream.first_unit, b0, rows, acc, stream.lane);
   }
 }
 

@@ -23,13 +23,10 @@ constexpr int kWgmmaMaxN = 256;       // weight rows of one chunk of a tile: two
 constexpr int kWgmmaMaxStages = 8;
 constexpr int kWgmmaRingBytes = KernelConfig::kNumStages * KernelConfig::kStageBytes;
 // The scratch (the output tile, idle in decode): each pass row's 1 / rms, then the threads' sums of squares (4 a
-// thread), then from kNormSlotsOffset a fused norm's weight chunks, kNormSlotBytes a stage (256 bytes a warp).
-constexpr int kNormSlotBytes = KernelConfig::kConsumerWarps * 256;
-constexpr int kNormSlotsOffset = 8192;
+// thread).
 static_assert(kWgmmaRows * 4 <= KernelConfig::kDecodeInvRmsBytes &&
-                  (kWgmmaRows + 4 * KernelConfig::kConsumerThreads) * 4 <= kNormSlotsOffset &&
-                  kNormSlotsOffset + kWgmmaMaxStages * kNormSlotBytes <= KernelConfig::kOutputBytes,
-              "the rows' 1 / rms, the threads' sums of squares and the norm weight's chunks fit the scratch");
+                  (kWgmmaRows + 4 * KernelConfig::kConsumerThreads) * 4 <= KernelConfig::kOutputBytes,
+              "the rows' 1 / rms and the threads' sums of squares fit the scratch");
 
 // The ring for chunks of kN weight rows: stages of kKStep columns of K, each the pass's 64 rows then the chunk's kN
 // weight rows, every 64 columns a block of 128-byte swizzled rows (what the wgmma descriptors read), and as many
@@ -82,12 +79,9 @@ struct WgmmaStream {
   int32_t total;                // stages: K steps
   int32_t issued = 0;           // stages sent
   int32_t first_row;
-  uint8_t* norm_slots;          // this thread's chunk of a fused norm's weight in stage 0's slot (null without one)
-  bool copies_norm;             // this thread copies its column's norm weight chunk for its warp
 
   __device__ __forceinline__ WgmmaStream(const MegakernelParams& p, const Instruction& in, const DecodeGemmTask& t,
-                                         uint8_t* ring_base, uint8_t* scratch, int32_t chunk, int32_t b0,
-                                         int32_t rows, int thread)
+                                         uint8_t* ring_base, int32_t chunk, int32_t b0, int32_t rows, int thread)
       : ring(ring_base) {
     const int32_t chunk_column = thread % Ring::kColumns;
     first_row = thread / Ring::kColumns;
@@ -97,9 +91,6 @@ struct WgmmaStream {
                uint32_t(first_row) * 128 + swizzled;
     column = chunk_column * 8;
     total = (t.k + Ring::kKStep - 1) / Ring::kKStep;
-    const int32_t norm_offset = kNormSlotsOffset + thread / 32 * 256 + chunk_column * 16;
-    norm_slots = t.norm_weight != nullptr ? scratch + norm_offset : nullptr;
-    copies_norm = thread % 32 < Ring::kColumns;
     a_first = t.a + int64_t(b0 + first_row) * t.row_stride;
     a_copies = rows > first_row ? (rows - first_row + Ring::kRowsAtOnce - 1) / Ring::kRowsAtOnce : 0;
     // B row n of a chunk is pair n / 2's first or second weight row.
@@ -116,12 +107,6 @@ struct WgmmaStream {
   // K step of its own (blockIdx.x % the steps), so that the SMs reading the same rows from L2 at once would ask for
   // different lines, made 1B batch 64 1.7% faster but 8B batch 32-64 2.9% slower (thirty-sixth session, run 2).
   __device__ __forceinline__ int32_t k_at(int32_t index) const { return index * Ring::kKStep + column; }
-
-  // Where this thread finds the norm weight's chunk of stage `index`: the first kColumns lanes of each warp copy
-  // their columns' chunks, and the warp's other lanes of the same column read them after a warp barrier.
-  __device__ __forceinline__ uint4* norm_slot(int32_t index) const {
-    return reinterpret_cast<uint4*>(norm_slots + (index % Ring::kStages) * kNormSlotBytes);
-  }
 
   __device__ __forceinline__ uint8_t* stage(int32_t index) const {
     return ring + (index % Ring::kStages) * Ring::kStageBytes;
@@ -140,8 +125,6 @@ struct WgmmaStream {
         const __nv_bfloat16* source = a_first + int64_t(i * Ring::kRowsAtOnce) * t.row_stride + k;
         ptx::cp_async_16(base + a_offset + i * Ring::kRowsAtOnce * 128, valid ? source : t.a, valid ? 16 : 0);
       }
-      if (norm_slots != nullptr && copies_norm)
-        ptx::cp_async_16(norm_slot(issued), in_k ? t.norm_weight + k : t.norm_weight, in_k ? 16 : 0);
     }
     if (weights_part) {
 #pragma unroll
@@ -182,7 +165,7 @@ struct WgmmaStream {
 // commutes with the GEMM; the mma.sync wide passes before it did the same). Only the copying thread touches a copy
 // before the stage's barrier, so no other wait is needed. The
 // sums are this thread's own slots of `partial` (kACopies x kConsumerThreads): NOTE: in registers, beside the
-// accumulators and the stream, the kernel spilled (ptxas). `weight`: the norm weight's chunk (WgmmaStream::norm_slot).
+// accumulators and the stream, the kernel spilled (ptxas). `weight`: the norm weight's chunk (norm_weight_chunk).
 template <int kN>
 __device__ __forceinline__ void scale_stage_rows(const WgmmaStream<kN>& stream, uint8_t* base, const uint4& weight,
                                                  float* partial, int thread) {
@@ -194,6 +177,19 @@ __device__ __forceinline__ void scale_stage_rows(const WgmmaStream<kN>& stream, 
     partial[i * KernelConfig::kConsumerThreads + thread] += sum_of_squares_of_chunk(value);
     *at = normalize_chunk(value, weight, 1.0f);
   }
+}
+
+// The norm weight's chunk this thread scales its rows by in stage `index` (zeros past K or past the last stage).
+// NOTE: loaded a stage ahead, into a register: loaded where it is used, its trip to L1 or L2 was on every stage's
+// critical path, and the norm-fused tiles streamed at half the rate of the others (1B batch 64: q 16 bytes a ns an SM
+// against o_proj's 31; thirty-sixth session, run 1). Copied through the ring beside the rows instead, the steps took
+// 2.4-5% longer (run 3).
+template <int kN>
+__device__ __forceinline__ uint4 norm_weight_chunk(const DecodeGemmTask& t, const WgmmaStream<kN>& stream,
+                                                   int32_t index) {
+  if (index >= stream.total) return uint4{};
+  const int32_t k = stream.k_at(index);
+  return k < t.k ? __ldg(reinterpret_cast<const uint4*>(t.norm_weight + k)) : uint4{};
 }
 
 // Each row's 1 / rms into scratch[row] (kWgmmaRows floats) from the threads' partial sums, which restart at 0: a row's
@@ -268,9 +264,8 @@ __device__ __forceinline__ void decode_gemm_wgmma_chunk(const MegakernelParams& 
                                                         int32_t chunk, int32_t b0, int32_t rows, bool weights_sent,
                                                         int thread) {
   using Ring = WgmmaRing<kN>;
-  uint8_t* scratch_bytes = reinterpret_cast<uint8_t*>(scratch);
-  if (!weights_sent) WgmmaStream<kN>(p, in, t, ring, scratch_bytes, chunk, b0, rows, thread).issue_weight_prologue(t);
-  WgmmaStream<kN> stream(p, in, t, ring, scratch_bytes, chunk, b0, rows, thread);
+  if (!weights_sent) WgmmaStream<kN>(p, in, t, ring, chunk, b0, rows, thread).issue_weight_prologue(t);
+  WgmmaStream<kN> stream(p, in, t, ring, chunk, b0, rows, thread);
   stream.issue_row_prologue(t);
   const bool norm = t.norm_weight != nullptr;
   float* partial = scratch + kWgmmaRows;  // (kACopies, kConsumerThreads) sums of squares
@@ -282,12 +277,13 @@ __device__ __forceinline__ void decode_gemm_wgmma_chunk(const MegakernelParams& 
 #pragma unroll
   for (int i = 0; i < Ring::kX / 2; ++i) acc[i] = 0.0f;
   const int32_t k_steps = stream.total;
+  uint4 weight = norm ? norm_weight_chunk<kN>(t, stream, 0) : uint4{};
   for (int32_t k_step = 0; k_step < k_steps; ++k_step) {
     ptx::cp_async_wait<Ring::kStages - 2>();
     uint8_t* base = stream.stage(k_step);
     if (norm) {
-      __syncwarp();  // the lanes that copied the norm weight's chunks waited for them
-      scale_stage_rows<kN>(stream, base, *stream.norm_slot(k_step), partial, thread);
+      scale_stage_rows<kN>(stream, base, weight, partial, thread);
+      weight = norm_weight_chunk<kN>(t, stream, k_step + 1);
     }
     ptx::fence_proxy_async_shared();  // the copies and the scaled rows, for wgmma's reads
     ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
@@ -320,7 +316,7 @@ __device__ __forceinline__ void issue_wgmma_weight_prologue(const MegakernelPara
   const int32_t rows = min(kWgmmaRows, t.batch_end - t.batch_begin);
   with_wgmma_ring(t, [&](auto ring) {
     constexpr int kN = decltype(ring)::kX * 2;
-    WgmmaStream<kN>(p, in, t, s.stages, s.output, 0, t.batch_begin, rows, thread).issue_weight_prologue(t);
+    WgmmaStream<kN>(p, in, t, s.stages, 0, t.batch_begin, rows, thread).issue_weight_prologue(t);
   });
 }
 
