@@ -20,7 +20,7 @@ namespace mk::gpu {
 // 9.18 ms (thirty-sixth session, run 3).
 constexpr int kWgmmaRows = 64;        // batch rows of one pass: one wgmma M tile
 constexpr int kWgmmaMaxN = 256;       // weight rows of one chunk of a tile: two warpgroups of n128
-constexpr int kWgmmaMaxStages = 8;
+constexpr int kWgmmaMaxStages = 16;
 // Weight bytes an SM asks L2 for ahead of its ring's copies: the ring holds 28-96 KB of weights in flight (the rows
 // take the rest), too few to cover HBM's latency at 33 bytes a ns an SM (4.4 TB/s).
 constexpr int kWgmmaPrefetchBytes = 128 * 1024;
@@ -31,22 +31,24 @@ static_assert(kWgmmaRows * 4 <= KernelConfig::kDecodeInvRmsBytes &&
                   (kWgmmaRows + 4 * KernelConfig::kConsumerThreads) * 4 <= KernelConfig::kOutputBytes,
               "the rows' 1 / rms and the threads' sums of squares fit the scratch");
 
-// The ring for chunks of kN weight rows: stages of kKStep columns of K, each the pass's 64 rows then the chunk's kN
+// The ring for chunks of kN weight rows: stages of kKStep columns of K, each kM batch rows then the chunk's kN
 // weight rows, every 64 columns a block of 128-byte swizzled rows (what the wgmma descriptors read), and as many
 // stages as fit the stage area. Each consumer thread copies one fixed 16-byte column of kACopies rows and kBCopies
 // weight rows a stage, so its copies' swizzled offsets are the same in every stage.
-template <int kN>
+template <int kWeightRows, int kBatchRows>
 struct WgmmaRing {
+  static constexpr int kN = kWeightRows;
+  static constexpr int kM = kBatchRows;  // batch rows a stage holds: 64, or 32 for passes of at most 32
   static constexpr int kKStep = kN >= 128 ? 64 : 128;
   static constexpr int kBlocks = kKStep / 64;
-  static constexpr int kABlockBytes = kWgmmaRows * 128;
+  static constexpr int kABlockBytes = kM * 128;
   static constexpr int kBBlockBytes = kN * 128;
   static constexpr int kStageBytes = kBlocks * (kABlockBytes + kBBlockBytes);
   static constexpr int kStages = kWgmmaRingBytes / kStageBytes < kWgmmaMaxStages ? kWgmmaRingBytes / kStageBytes
                                                                                  : kWgmmaMaxStages;
   static constexpr int kColumns = kKStep / 8;  // 16-byte chunks of a row a stage
   static constexpr int kRowsAtOnce = KernelConfig::kConsumerThreads / kColumns;
-  static constexpr int kACopies = kWgmmaRows / kRowsAtOnce;
+  static constexpr int kACopies = kM / kRowsAtOnce;
   static constexpr int kBCopies = kN / kRowsAtOnce;
   static constexpr int kX = kN / 2;  // wgmma N of each warpgroup
   // Stages ahead of the one computed whose weights L2 is asked for.
@@ -58,7 +60,7 @@ struct WgmmaRing {
                 "each warpgroup's weight rows are whole 8-row swizzle atoms");
   // The per-thread sums of squares (4 a thread in the scratch), the shuffle over a row's copying lanes and a warp's
   // share of a stage's norm chunks (256 bytes) assume a row's chunks of a stage are at most 16 lanes of one warp.
-  static_assert(kColumns <= 16 && 32 % kColumns == 0 && kWgmmaRows % kRowsAtOnce == 0 && kACopies <= 4,
+  static_assert(kColumns <= 16 && 32 % kColumns == 0 && kM % kRowsAtOnce == 0 && kACopies <= 4,
                 "a K step of at most 128 columns");
 };
 
@@ -73,9 +75,8 @@ __device__ __forceinline__ int32_t wgmma_chunk_rows(const DecodeGemmTask& t) {
 // One consumer thread's part of the stream of K-step stages of a pass over one chunk of the tile's weight rows: the
 // rows' and the weight rows' copies. NOTE: a stream a chunk, not one through the chunks: with the stream's state live
 // through each chunk's epilogue, the kernel spilled (ptxas).
-template <int kN>
+template <typename Ring>
 struct WgmmaStream {
-  using Ring = WgmmaRing<kN>;
   // NOTE: rows and weight rows as indices, not pointers: with 64-bit pointers the kernel spilled (ptxas).
   const __nv_bfloat16* a_first;        // this thread's first batch row; its copies are kRowsAtOnce rows apart
   int32_t a_copies;                    // its copies within the pass (the rest are zeros)
@@ -104,7 +105,7 @@ struct WgmmaStream {
 #pragma unroll
     for (int i = 0; i < Ring::kBCopies; ++i) {
       const int32_t n = first_row + i * Ring::kRowsAtOnce;
-      const int32_t pair = chunk * (kN / 2) + n / 2;
+      const int32_t pair = chunk * (Ring::kN / 2) + n / 2;
       const int2 pair_rows = decode_weight_rows(p, in, pair < t.pairs ? pair : 0);
       b_row[i] = pair < t.pairs ? (n % 2 == 0 ? pair_rows.x : pair_rows.y) : -1;
     }
@@ -185,10 +186,9 @@ struct WgmmaStream {
 // before the stage's barrier, so no other wait is needed. The
 // sums are this thread's own slots of `partial` (kACopies x kConsumerThreads): NOTE: in registers, beside the
 // accumulators and the stream, the kernel spilled (ptxas). `weight`: the norm weight's chunk (norm_weight_chunk).
-template <int kN>
-__device__ __forceinline__ void scale_stage_rows(const WgmmaStream<kN>& stream, uint8_t* base, const uint4& weight,
+template <typename Ring>
+__device__ __forceinline__ void scale_stage_rows(const WgmmaStream<Ring>& stream, uint8_t* base, const uint4& weight,
                                                  float* partial, int thread) {
-  using Ring = WgmmaRing<kN>;
 #pragma unroll
   for (int i = 0; i < Ring::kACopies; ++i) {
     uint4* at = reinterpret_cast<uint4*>(base + stream.a_offset + i * Ring::kRowsAtOnce * 128);
@@ -203,8 +203,8 @@ __device__ __forceinline__ void scale_stage_rows(const WgmmaStream<kN>& stream, 
 // critical path, and the norm-fused tiles streamed at half the rate of the others (1B batch 64: q 16 bytes a ns an SM
 // against o_proj's 31; thirty-sixth session, run 1). Copied through the ring beside the rows instead, the steps took
 // 2.4-5% longer (run 3).
-template <int kN>
-__device__ __forceinline__ uint4 norm_weight_chunk(const DecodeGemmTask& t, const WgmmaStream<kN>& stream,
+template <typename Ring>
+__device__ __forceinline__ uint4 norm_weight_chunk(const DecodeGemmTask& t, const WgmmaStream<Ring>& stream,
                                                    int32_t index) {
   if (index >= stream.total) return uint4{};
   const int32_t k = stream.k_at(index);
@@ -213,11 +213,10 @@ __device__ __forceinline__ uint4 norm_weight_chunk(const DecodeGemmTask& t, cons
 
 // Each row's 1 / rms into scratch[row] (kWgmmaRows floats) from the threads' partial sums, which restart at 0: a row's
 // kColumns copying threads are adjacent lanes. Ends with the consumers synchronized.
-template <int kN>
+template <typename Ring>
 __device__ __forceinline__ void finish_row_norms(const MegakernelParams& p, const DecodeGemmTask& t,
-                                                 const WgmmaStream<kN>& stream,
+                                                 const WgmmaStream<Ring>& stream,
                                                  float* partial, float* scratch, int thread) {
-  using Ring = WgmmaRing<kN>;
 #pragma unroll
   for (int i = 0; i < Ring::kACopies; ++i) {
     float sum = partial[i * KernelConfig::kConsumerThreads + thread];
@@ -231,10 +230,9 @@ __device__ __forceinline__ void finish_row_norms(const MegakernelParams& p, cons
 }
 
 // acc (64 rows x kX, this warpgroup's half of the chunk's weight rows) += the stage's rows . those weight rows.
-template <int kN>
+template <typename Ring>
 __device__ __forceinline__ void wgmma_stage(const uint8_t* base, int warpgroup,
-                                            float (&acc)[WgmmaRing<kN>::kX / 2]) {
-  using Ring = WgmmaRing<kN>;
+                                            float (&acc)[Ring::kX / 2]) {
   ptx::fence_registers(acc);
   ptx::wgmma_fence();
 #pragma unroll
@@ -253,19 +251,19 @@ __device__ __forceinline__ void wgmma_stage(const uint8_t* base, int warpgroup,
 // The epilogues of a chunk: this thread holds, for each 8 columns j of its warpgroup's kX, rows 16 warp + lane / 4
 // and + 8 at columns 2 (lane % 4) and + 1: the two weight rows of one pair (the m16n8 C fragment's layout, as
 // mma_epilogue's). `row_scale`: each row's 1 / rms, or null.
-template <int kN>
+template <typename Ring>
 __device__ __forceinline__ void wgmma_epilogue(const MegakernelParams& p, const Instruction& in,
                                                const DecodeGemmTask& t, int32_t chunk, int32_t b0, int32_t rows,
-                                               const float (&acc)[WgmmaRing<kN>::kX / 2], const float* row_scale,
+                                               const float (&acc)[Ring::kX / 2], const float* row_scale,
                                                int thread) {
-  constexpr int kX = WgmmaRing<kN>::kX;
+  constexpr int kX = Ring::kX;
   const int warpgroup = thread / 128, lane = thread % 32;
   const int row = thread % 128 / 32 * 16 + lane / 4;
   const float low = row_scale != nullptr ? row_scale[row] : 1.0f;
   const float high = row_scale != nullptr ? row_scale[row + 8] : 1.0f;
 #pragma unroll
   for (int j = 0; j < kX / 8; ++j) {
-    const int32_t pair = chunk * (kN / 2) + warpgroup * (kX / 2) + 4 * j + lane % 4;
+    const int32_t pair = chunk * (Ring::kN / 2) + warpgroup * (kX / 2) + 4 * j + lane % 4;
     if (pair >= t.pairs) continue;
     if (row < rows) decode_epilogue(p, in, pair, b0 + row, acc[4 * j] * low, acc[4 * j + 1] * low);
     if (row + 8 < rows) decode_epilogue(p, in, pair, b0 + row + 8, acc[4 * j + 2] * high, acc[4 * j + 3] * high);
@@ -277,14 +275,13 @@ __device__ __forceinline__ void wgmma_epilogue(const MegakernelParams& p, const 
 // its rows scaled, with a fused norm), a barrier (every copy landed, the previous stage read), the stage kStages - 1
 // ahead sent into the one just read, then the wgmmas. Ends with the consumers synchronized (the ring and scratch are
 // free for what follows).
-template <int kN>
+template <typename Ring>
 __device__ __forceinline__ void decode_gemm_wgmma_chunk(const MegakernelParams& p, const Instruction& in,
                                                         const DecodeGemmTask& t, uint8_t* ring, float* scratch,
                                                         int32_t chunk, int32_t b0, int32_t rows, bool weights_sent,
                                                         int thread) {
-  using Ring = WgmmaRing<kN>;
-  if (!weights_sent) WgmmaStream<kN>(p, in, t, ring, chunk, b0, rows, thread).issue_weight_prologue(t);
-  WgmmaStream<kN> stream(p, in, t, ring, chunk, b0, rows, thread);
+  if (!weights_sent) WgmmaStream<Ring>(p, in, t, ring, chunk, b0, rows, thread).issue_weight_prologue(t);
+  WgmmaStream<Ring> stream(p, in, t, ring, chunk, b0, rows, thread);
   stream.issue_row_prologue(t);
   const bool norm = t.norm_weight != nullptr;
   float* partial = scratch + kWgmmaRows;  // (kACopies, kConsumerThreads) sums of squares
@@ -296,36 +293,47 @@ __device__ __forceinline__ void decode_gemm_wgmma_chunk(const MegakernelParams& 
 #pragma unroll
   for (int i = 0; i < Ring::kX / 2; ++i) acc[i] = 0.0f;
   const int32_t k_steps = stream.total;
-  uint4 weight = norm ? norm_weight_chunk<kN>(t, stream, 0) : uint4{};
+  uint4 weight = norm ? norm_weight_chunk<Ring>(t, stream, 0) : uint4{};
   for (int32_t k_step = 0; k_step < k_steps; ++k_step) {
     ptx::cp_async_wait<Ring::kStages - 2>();
     uint8_t* base = stream.stage(k_step);
     if (norm) {
-      scale_stage_rows<kN>(stream, base, weight, partial, thread);
-      weight = norm_weight_chunk<kN>(t, stream, k_step + 1);
+      scale_stage_rows<Ring>(stream, base, weight, partial, thread);
+      weight = norm_weight_chunk<Ring>(t, stream, k_step + 1);
     }
     ptx::fence_proxy_async_shared();  // the copies and the scaled rows, for wgmma's reads
     ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
     stream.issued = k_step + Ring::kStages - 1;
     stream.issue_stage(t);
     stream.prefetch_weights(t, k_step + Ring::kPrefetchStages, k_step + Ring::kPrefetchStages + 1);
-    wgmma_stage<kN>(base, thread / 128, acc);
+    wgmma_stage<Ring>(base, thread / 128, acc);
   }
   ptx::cp_async_wait<0>();  // the trailing empty groups
-  if (norm) finish_row_norms<kN>(p, t, stream, partial, scratch, thread);
-  wgmma_epilogue<kN>(p, in, t, chunk, b0, rows, acc, norm ? scratch : nullptr, thread);
+  if (norm) finish_row_norms<Ring>(p, t, stream, partial, scratch, thread);
+  wgmma_epilogue<Ring>(p, in, t, chunk, b0, rows, acc, norm ? scratch : nullptr, thread);
   ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
 }
 
-// Calls run(WgmmaRing<kN>{}) with the ring of task t's chunks.
+// Calls run(Ring{}) with the ring of a pass of `rows` batch rows through task t's chunks. NOTE: a pass of at most 32
+// rows stages only 32: the wgmma still reads an m64 tile, whose rows past 32 are whatever follows in the stage and
+// land in accumulator rows the epilogue drops, and the ring's other half goes to weight stages in flight.
+template <int kN, typename Run>
+__device__ __forceinline__ void with_pass_rows(int32_t rows, Run run) {
+  if (rows <= 32) {
+    run(WgmmaRing<kN, 32>{});
+  } else {
+    run(WgmmaRing<kN, kWgmmaRows>{});
+  }
+}
+
 template <typename Run>
-__device__ __forceinline__ void with_wgmma_ring(const DecodeGemmTask& t, Run run) {
+__device__ __forceinline__ void with_wgmma_ring(const DecodeGemmTask& t, int32_t rows, Run run) {
   switch (wgmma_chunk_rows(t)) {
-    case 16: run(WgmmaRing<16>{}); break;
-    case 32: run(WgmmaRing<32>{}); break;
-    case 64: run(WgmmaRing<64>{}); break;
-    case 128: run(WgmmaRing<128>{}); break;
-    default: run(WgmmaRing<256>{}); break;
+    case 16: with_pass_rows<16>(rows, run); break;
+    case 32: with_pass_rows<32>(rows, run); break;
+    case 64: with_pass_rows<64>(rows, run); break;
+    case 128: with_pass_rows<128>(rows, run); break;
+    default: with_pass_rows<256>(rows, run); break;
   }
 }
 
@@ -334,26 +342,27 @@ __device__ __forceinline__ void issue_wgmma_weight_prologue(const MegakernelPara
                                                             const Instruction& in, int thread) {
   const DecodeGemmTask t = decode_gemm_task(p, in);
   const int32_t rows = min(kWgmmaRows, t.batch_end - t.batch_begin);
-  with_wgmma_ring(t, [&](auto ring) {
-    constexpr int kN = decltype(ring)::kX * 2;
-    WgmmaStream<kN>(p, in, t, s.stages, 0, t.batch_begin, rows, thread).issue_weight_prologue(t);
+  with_wgmma_ring(t, rows, [&](auto ring) {
+    using Ring = decltype(ring);
+    WgmmaStream<Ring>(p, in, t, s.stages, 0, t.batch_begin, rows, thread).issue_weight_prologue(t);
   });
 }
 
 // A decode GEMM task on wgmma: its batch rows in passes of up to kWgmmaRows, each through the tile's weight rows in
-// chunks of up to kWgmmaMaxN; the first chunk's first weights already sent (issue_wgmma_weight_prologue).
+// chunks of up to kWgmmaMaxN; the first chunk's first weights already sent (issue_wgmma_weight_prologue). NOTE: one
+// ring for all the task's passes, chosen by its first pass's rows: with a ring chosen per pass, the kernel spilled.
 __device__ __forceinline__ void run_decode_gemm_wgmma(const MegakernelParams& p, const SharedState& s,
                                                       const Instruction& in, int thread) {
   const DecodeGemmTask t = decode_gemm_task(p, in);
   float* scratch = reinterpret_cast<float*>(s.output);
-  with_wgmma_ring(t, [&](auto ring) {
-    constexpr int kN = decltype(ring)::kX * 2;
-    const int32_t chunks = (2 * t.pairs + kN - 1) / kN;
+  with_wgmma_ring(t, min(kWgmmaRows, t.batch_end - t.batch_begin), [&](auto ring) {
+    using Ring = decltype(ring);
+    const int32_t chunks = (2 * t.pairs + Ring::kN - 1) / Ring::kN;
     for (int32_t b0 = t.batch_begin; b0 < t.batch_end; b0 += kWgmmaRows) {
       const int32_t rows = min(kWgmmaRows, t.batch_end - b0);
       for (int32_t chunk = 0; chunk < chunks; ++chunk)
-        decode_gemm_wgmma_chunk<kN>(p, in, t, s.stages, scratch, chunk, b0, rows,
-                                    b0 == t.batch_begin && chunk == 0, thread);
+        decode_gemm_wgmma_chunk<Ring>(p, in, t, s.stages, scratch, chunk, b0, rows,
+                                      b0 == t.batch_begin && chunk == 0, thread);
     }
   });
 }
