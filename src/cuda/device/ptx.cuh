@@ -144,12 +144,6 @@ __device__ __forceinline__ bool named_barrier_and(uint32_t id, uint32_t threads,
   return result != 0;
 }
 
-// Asks L2 for `bytes` (a multiple of 16) of global memory at a 16-byte aligned address: nothing lands in shared
-// memory or registers, and nothing waits for it.
-__device__ __forceinline__ void bulk_prefetch_l2(const void* global, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(global), "r"(bytes) : "memory");
-}
-
 // 16 bytes global -> shared without registers (L1 bypassed); src_bytes 0 writes zeros and reads nothing.
 __device__ __forceinline__ void cp_async_16(void* shared, const void* global, uint32_t src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_address(shared)), "l"(global),

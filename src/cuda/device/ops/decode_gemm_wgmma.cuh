@@ -21,9 +21,6 @@ namespace mk::gpu {
 constexpr int kWgmmaRows = 64;        // batch rows of one pass: one wgmma M tile
 constexpr int kWgmmaMaxN = 256;       // weight rows of one chunk of a tile: two warpgroups of n128
 constexpr int kWgmmaMaxStages = 16;
-// Weight bytes an SM asks L2 for ahead of its ring's copies: the ring holds 28-96 KB of weights in flight (the rows
-// take the rest), too few to cover HBM's latency at 33 bytes a ns an SM (4.4 TB/s).
-constexpr int kWgmmaPrefetchBytes = 128 * 1024;
 constexpr int kWgmmaRingBytes = KernelConfig::kNumStages * KernelConfig::kStageBytes;
 // The scratch (the output tile, idle in decode): each pass row's 1 / rms, then the threads' sums of squares (4 a
 // thread).
@@ -51,10 +48,6 @@ struct WgmmaRing {
   static constexpr int kACopies = kM / kRowsAtOnce;
   static constexpr int kBCopies = kN / kRowsAtOnce;
   static constexpr int kX = kN / 2;  // wgmma N of each warpgroup
-  // Stages ahead of the one computed whose weights L2 is asked for.
-  static constexpr int kPrefetchStages = kWgmmaPrefetchBytes / (kN * kKStep * 2) > kStages
-                                             ? kWgmmaPrefetchBytes / (kN * kKStep * 2)
-                                             : kStages;
   static_assert(kStages >= 3 && kBCopies >= 1 && kN % kRowsAtOnce == 0, "a ring of at least 3 stages");
   static_assert(kX % 8 == 0 && kABlockBytes % 1024 == 0 && (kX * 128) % 1024 == 0,
                 "each warpgroup's weight rows are whole 8-row swizzle atoms");
@@ -144,17 +137,6 @@ struct WgmmaStream {
     }
   }
 
-  // Asks L2 for this thread's weight rows over stages [first, end) (a row's K is contiguous): the threads of column
-  // 0 of each row's copies ask for all the chunk's rows.
-  __device__ __forceinline__ void prefetch_weights(const DecodeGemmTask& t, int32_t first, int32_t end) const {
-    const int32_t k_first = first * Ring::kKStep, k_end = min(end, total) * Ring::kKStep;
-    if (column != 0 || k_first >= k_end) return;
-    const uint32_t bytes = uint32_t(min(k_end, t.k) - k_first) * 2;
-#pragma unroll
-    for (int i = 0; i < Ring::kBCopies; ++i)
-      if (b_row[i] >= 0) ptx::bulk_prefetch_l2(t.w + int64_t(b_row[i]) * t.row_stride + k_first, bytes);
-  }
-
   // The next stage whole, one commit group (an empty one past the last stage: the wait counts stay exact).
   __device__ __forceinline__ void issue_stage(const DecodeGemmTask& t) {
     copy_stage(t, true, true);
@@ -167,7 +149,6 @@ struct WgmmaStream {
   __device__ __forceinline__ void issue_weight_prologue(const DecodeGemmTask& t) {
     for (int s = 0; s < Ring::kStages - 1; ++s, ++issued) copy_stage(t, false, true);
     ptx::cp_async_commit();
-    prefetch_weights(t, Ring::kStages - 1, Ring::kPrefetchStages);
   }
 
   // The rows of the first kStages - 1 stages, a group each, once issue_weight_prologue sent their weights. At the
@@ -305,7 +286,6 @@ __device__ __forceinline__ void decode_gemm_wgmma_chunk(const MegakernelParams& 
     ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
     stream.issued = k_step + Ring::kStages - 1;
     stream.issue_stage(t);
-    stream.prefetch_weights(t, k_step + Ring::kPrefetchStages, k_step + Ring::kPrefetchStages + 1);
     wgmma_stage<Ring>(base, thread / 128, acc);
   }
   ptx::cp_async_wait<0>();  // the trailing empty groups
