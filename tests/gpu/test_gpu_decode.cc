@@ -253,8 +253,8 @@ TEST_F(Gpu, GenerationOfALlama1bShapedModel) {
   // Batch 5: tensor-core passes at the real widths (two groups a warp for gate_up, K split 4 ways for o_proj and
   // down), and down's k = 8192 holds only 4 rows in the staging space: one pass of 5 rows over 2 K ranges.
   check_gpu_generation(config, {64, 9, 30, 17, 41}, 4, 1024, 28);
-  // Batch 20: on wgmma at the real widths: the norm-fused q, kv, gate_up and LM head tiles (chunks of 256 weight rows),
-  // o_proj, and down over K 8192.
+  // Batch 20: on wgmma at the real widths, in stages of 32 batch rows: the norm-fused q, kv, gate_up and LM head tiles
+  // (chunks of 256 weight rows), o_proj, and down over K 8192.
   check_gpu_generation(config, {9, 3, 7, 5, 12, 1, 8, 6, 4, 11, 6, 10, 2, 7, 3, 10, 5, 3, 8, 4}, 3, 1024, 33);
 }
 
@@ -266,8 +266,9 @@ TEST_F(Gpu, WideDecodePasses) {
   std::vector<int64_t> forty;
   for (int64_t b = 0; b < 40; ++b) forty.push_back(1 + (b * 5) % 9);
   check_gpu_generation(small_config(2560, 3072, 20, 4, 128, true, true, 1), forty, 3, 64, 45);
-  // LM head tiles wider than one chunk of 256 weight rows: batch 20, vocabulary 20000 (~152 columns a tile: 2 chunks)
-  // at d_model 256; batch 32, vocabulary 40000 (~303 columns: 3 chunks) at d_model 3072.
+  // LM head tiles wider than one chunk of 256 weight rows, in stages of 32 batch rows (the m64 wgmma's rows past them
+  // dropped): batch 20, vocabulary 20000 (~152 columns a tile: 2 chunks) at d_model 256; batch 32, vocabulary 40000
+  // (~303 columns: 3 chunks) at d_model 3072.
   ModelConfig config = small_config(256, 512, 4, 2, 64, true, true, 1);
   config.vocab_size = 20000;
   check_gpu_generation(config, std::vector<int64_t>(forty.begin(), forty.begin() + 20), 3, 64, 46);

@@ -17,7 +17,9 @@ namespace mk::gpu {
 // synchronous round trip to L2 that also drained the weight copies in flight, read A fragments per warp for every 8
 // weight rows, and streamed the weights once per 32 rows: at batch 64 and context 128 the step took 4.07 ms at 1B and
 // 17.7 ms at 8B, behind torch.compile's 3.35 and 9.59 (docs/perf.md, thirty-fifth session, run 2); on wgmma 2.59 and
-// 9.18 ms (thirty-sixth session, run 3).
+// 9.18 ms (thirty-sixth session, run 3). NOTE: each SM asking L2 for its weight rows 128 KB ahead of the ring
+// (cp.async.bulk.prefetch.L2, a burst at the tile's start and a stage at a time) made the step 20-43% slower at 1B and
+// 8B, batch 32-64: the prefetches queue ahead of the ring's own copies (thirty-seventh session, run 1).
 constexpr int kWgmmaRows = 64;        // batch rows of one pass: one wgmma M tile
 constexpr int kWgmmaMaxN = 256;       // weight rows of one chunk of a tile: two warpgroups of n128
 constexpr int kWgmmaMaxStages = 16;
@@ -51,8 +53,8 @@ struct WgmmaRing {
   static_assert(kStages >= 3 && kBCopies >= 1 && kN % kRowsAtOnce == 0, "a ring of at least 3 stages");
   static_assert(kX % 8 == 0 && kABlockBytes % 1024 == 0 && (kX * 128) % 1024 == 0,
                 "each warpgroup's weight rows are whole 8-row swizzle atoms");
-  // The per-thread sums of squares (4 a thread in the scratch), the shuffle over a row's copying lanes and a warp's
-  // share of a stage's norm chunks (256 bytes) assume a row's chunks of a stage are at most 16 lanes of one warp.
+  // The per-thread sums of squares (4 a thread in the scratch) and the shuffle over a row's copying lanes assume a
+  // row's chunks of a stage are at most 16 lanes of one warp.
   static_assert(kColumns <= 16 && 32 % kColumns == 0 && kM % kRowsAtOnce == 0 && kACopies <= 4,
                 "a K step of at most 128 columns");
 };
@@ -210,7 +212,8 @@ __device__ __forceinline__ void finish_row_norms(const MegakernelParams& p, cons
   ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
 }
 
-// acc (64 rows x kX, this warpgroup's half of the chunk's weight rows) += the stage's rows . those weight rows.
+// acc (64 rows x kX, this warpgroup's half of the chunk's weight rows) += the stage's rows (and, with kM 32, whatever
+// follows them) . those weight rows.
 template <typename Ring>
 __device__ __forceinline__ void wgmma_stage(const uint8_t* base, int warpgroup,
                                             float (&acc)[Ring::kX / 2]) {
