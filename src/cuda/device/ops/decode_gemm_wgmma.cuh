@@ -22,7 +22,7 @@ namespace mk::gpu {
 // 8B, batch 32-64: the prefetches queue ahead of the ring's own copies (thirty-seventh session, run 1).
 constexpr int kWgmmaRows = 64;        // batch rows of one pass: one wgmma M tile
 constexpr int kWgmmaMaxN = 256;       // weight rows of one chunk of a tile: two warpgroups of n128
-constexpr int kWgmmaMaxStages = 16;
+constexpr int kWgmmaMaxStages = 16;  // ring stages of the narrowest chunks (the rest fill the stage area)
 constexpr int kWgmmaRingBytes = KernelConfig::kNumStages * KernelConfig::kStageBytes;
 // The scratch (the output tile, idle in decode): each pass row's 1 / rms, then the threads' sums of squares (4 a
 // thread).
@@ -166,9 +166,9 @@ struct WgmmaStream {
 // The fused norm on this thread's rows of a landed stage: each value scaled by the norm weight alone, its square
 // summed, and each row's 1 / rms scales the accumulators at the end (FlashNorm, arXiv 2407.09577: the per-row scale
 // commutes with the GEMM; the mma.sync wide passes before it did the same). Only the copying thread touches a copy
-// before the stage's barrier, so no other wait is needed. The
-// sums are this thread's own slots of `partial` (kACopies x kConsumerThreads): NOTE: in registers, beside the
-// accumulators and the stream, the kernel spilled (ptxas). `weight`: the norm weight's chunk (norm_weight_chunk).
+// before the stage's barrier, so no other wait is needed. The sums are this thread's own slots of `partial` (kACopies
+// x kConsumerThreads): NOTE: in registers, beside the accumulators and the stream, the kernel spilled (ptxas).
+// `weight`: the norm weight's chunk (norm_weight_chunk).
 template <typename Ring>
 __device__ __forceinline__ void scale_stage_rows(const WgmmaStream<Ring>& stream, uint8_t* base, const uint4& weight,
                                                  float* partial, int thread) {
@@ -297,8 +297,8 @@ __device__ __forceinline__ void decode_gemm_wgmma_chunk(const MegakernelParams& 
   ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
 }
 
-// Calls run(Ring{}) with the ring of a pass of `rows` batch rows through task t's chunks. NOTE: a pass of at most 32
-// rows stages only 32: the wgmma still reads an m64 tile, whose rows past 32 are whatever follows in the stage and
+// Calls run(Ring{}) with the ring for task t's chunks and passes of up to `rows` batch rows. NOTE: passes of at most
+// 32 rows stage only 32: the wgmma still reads an m64 tile, whose rows past 32 are whatever follows in the stage and
 // land in accumulator rows the epilogue drops, and the ring's other half goes to weight stages in flight.
 template <int kN, typename Run>
 __device__ __forceinline__ void with_pass_rows(int32_t rows, Run run) {
