@@ -26,6 +26,7 @@ constexpr int kWgmmaMaxStages = 16;  // ring stages of the narrowest chunks (the
 constexpr int kWgmmaRingBytes = KernelConfig::kNumStages * KernelConfig::kStageBytes;
 // The scratch (the output tile, idle in decode): each pass row's 1 / rms, then the threads' sums of squares (4 a
 // thread).
+static_assert(kWgmmaRows * kWgmmaMaxN * 4 <= kWgmmaRingBytes, "a chunk's sums fit the ring");
 static_assert(kWgmmaRows * 4 <= KernelConfig::kDecodeInvRmsBytes &&
                   (kWgmmaRows + 4 * KernelConfig::kConsumerThreads) * 4 <= KernelConfig::kOutputBytes,
               "the rows' 1 / rms and the threads' sums of squares fit the scratch");
@@ -147,15 +148,19 @@ struct WgmmaStream {
   }
 
   // The weights of the first kStages - 1 stages, one group: sent before the task's counter wait (weights depend on
-  // nothing), from a stream of their own (the pass's starts at stage 0 again).
+  // nothing). Leaves `issued` at 0: the rows' copies start at stage 0 (issue_row_prologue). NOTE: this loop and the
+  // rows' are not unrolled: unrolled, with the epilogue's, each ring's code took ~100 KB of the kernel's 1 MB.
   __device__ __forceinline__ void issue_weight_prologue(const DecodeGemmTask& t) {
+#pragma unroll 1
     for (int s = 0; s < Ring::kStages - 1; ++s, ++issued) copy_stage(t, false, true);
     ptx::cp_async_commit();
+    issued = 0;
   }
 
   // The rows of the first kStages - 1 stages, a group each, once issue_weight_prologue sent their weights. At the
   // first stage's wait (at most kStages - 2 groups pending) the weights' group, older, has landed too.
   __device__ __forceinline__ void issue_row_prologue(const DecodeGemmTask& t) {
+#pragma unroll 1
     for (int s = 0; s < Ring::kStages - 1; ++s, ++issued) {
       copy_stage(t, true, false);
       ptx::cp_async_commit();
@@ -232,25 +237,38 @@ __device__ __forceinline__ void wgmma_stage(const uint8_t* base, int warpgroup,
   ptx::fence_registers(acc);
 }
 
-// The epilogues of a chunk: this thread holds, for each 8 columns j of its warpgroup's kX, rows 16 warp + lane / 4
-// and + 8 at columns 2 (lane % 4) and + 1: the two weight rows of one pair (the m16n8 C fragment's layout, as
-// mma_epilogue's). `row_scale`: each row's 1 / rms, or null.
+// The chunk's sums into `tile` (64 rows x kN / 2 pairs, float2 each, in the idle ring): this thread holds, for each 8
+// columns j of its warpgroup's kX, rows 16 warp + lane / 4 and + 8 at columns 2 (lane % 4) and + 1, the two weight
+// rows of one pair (the m16n8 C fragment's layout, as mma_epilogue's).
 template <typename Ring>
-__device__ __forceinline__ void wgmma_epilogue(const MegakernelParams& p, const Instruction& in,
-                                               const DecodeGemmTask& t, int32_t chunk, int32_t b0, int32_t rows,
-                                               const float (&acc)[Ring::kX / 2], const float* row_scale,
-                                               int thread) {
-  constexpr int kX = Ring::kX;
+__device__ __forceinline__ void store_wgmma_sums(const float (&acc)[Ring::kX / 2], float2* tile, int thread) {
+  constexpr int kX = Ring::kX, kPairs = Ring::kN / 2;
   const int warpgroup = thread / 128, lane = thread % 32;
   const int row = thread % 128 / 32 * 16 + lane / 4;
-  const float low = row_scale != nullptr ? row_scale[row] : 1.0f;
-  const float high = row_scale != nullptr ? row_scale[row + 8] : 1.0f;
 #pragma unroll
   for (int j = 0; j < kX / 8; ++j) {
-    const int32_t pair = chunk * (Ring::kN / 2) + warpgroup * (kX / 2) + 4 * j + lane % 4;
-    if (pair >= t.pairs) continue;
-    if (row < rows) decode_epilogue(p, in, pair, b0 + row, acc[4 * j] * low, acc[4 * j + 1] * low);
-    if (row + 8 < rows) decode_epilogue(p, in, pair, b0 + row + 8, acc[4 * j + 2] * high, acc[4 * j + 3] * high);
+    const int pair = warpgroup * (kX / 2) + 4 * j + lane % 4;
+    tile[row * kPairs + pair] = float2{acc[4 * j], acc[4 * j + 1]};
+    tile[(row + 8) * kPairs + pair] = float2{acc[4 * j + 2], acc[4 * j + 3]};
+  }
+}
+
+// The epilogues of a chunk's sums (store_wgmma_sums' tile of `tile_pairs` pairs a row): the consumers take its live
+// (row, pair) entries in turn, a row's pairs on adjacent threads. `row_scale`: each row's 1 / rms, or null. NOTE: one
+// decode_epilogue call site, not one per accumulator fragment: with the fragments' loop unrolled, each ring's
+// epilogue inlined the per-opcode epilogue 2 kX / 8 times, and the kernel's 65840 SASS instructions (1 MB) missed
+// the instruction cache on 22.5% of an 8B batch-32 step's stall samples (thirty-seventh session, run 3).
+__device__ __forceinline__ void wgmma_epilogue(const MegakernelParams& p, const Instruction& in,
+                                               const DecodeGemmTask& t, const float2* tile, int32_t tile_pairs,
+                                               int32_t first_pair, int32_t b0, int32_t rows, const float* row_scale,
+                                               int thread) {
+  const int32_t pairs = min(tile_pairs, t.pairs - first_pair);
+#pragma unroll 1
+  for (int32_t i = thread; i < rows * pairs; i += KernelConfig::kConsumerThreads) {
+    const int32_t row = i / pairs, pair = i - row * pairs;
+    const float scale = row_scale != nullptr ? row_scale[row] : 1.0f;
+    const float2 sums = tile[row * tile_pairs + pair];
+    decode_epilogue(p, in, first_pair + pair, b0 + row, sums.x * scale, sums.y * scale);
   }
 }
 
@@ -264,8 +282,8 @@ __device__ __forceinline__ void decode_gemm_wgmma_chunk(const MegakernelParams& 
                                                         const DecodeGemmTask& t, uint8_t* ring, float* scratch,
                                                         int32_t chunk, int32_t b0, int32_t rows, bool weights_sent,
                                                         int thread) {
-  if (!weights_sent) WgmmaStream<Ring>(p, in, t, ring, chunk, b0, rows, thread).issue_weight_prologue(t);
   WgmmaStream<Ring> stream(p, in, t, ring, chunk, b0, rows, thread);
+  if (!weights_sent) stream.issue_weight_prologue(t);
   stream.issue_row_prologue(t);
   const bool norm = t.norm_weight != nullptr;
   float* partial = scratch + kWgmmaRows;  // (kACopies, kConsumerThreads) sums of squares
@@ -293,7 +311,12 @@ __device__ __forceinline__ void decode_gemm_wgmma_chunk(const MegakernelParams& 
   }
   ptx::cp_async_wait<0>();  // the trailing empty groups
   if (norm) finish_row_norms<Ring>(p, t, stream, partial, scratch, thread);
-  wgmma_epilogue<Ring>(p, in, t, chunk, b0, rows, acc, norm ? scratch : nullptr, thread);
+  // The sums go into the ring once both warpgroups' MMAs have read it.
+  if (!norm) ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
+  float2* tile = reinterpret_cast<float2*>(ring);
+  store_wgmma_sums<Ring>(acc, tile, thread);
+  ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
+  wgmma_epilogue(p, in, t, tile, Ring::kN / 2, chunk * (Ring::kN / 2), b0, rows, norm ? scratch : nullptr, thread);
   ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
 }
 
