@@ -87,31 +87,33 @@ __device__ __forceinline__ int32_t pair_order_row(int32_t col, int32_t head_dim)
   return col - j + (j % 2 == 0 ? j / 2 : head_dim / 2 + j / 2);
 }
 
-// The two weight rows of output pair `pair`.
+// The two weight rows of output pair `pair`: {row, row + stride}. NOTE: one division a pair, not one a row: a pair's
+// columns are even and odd of one RoPE pair (columns come in whole pairs, head_dim is even), so its rows are natural
+// rows i and i + head_dim / 2. Each ring's stream inlines this for each of its copies; with a division a row it was
+// a third of the wgmma decode kernel's code (thirty-eighth session).
 __device__ __forceinline__ int2 decode_weight_rows(const MegakernelParams& p, const Instruction& in, int32_t pair) {
   const ModelDims& d = p.dims;
+  int32_t col = in.col_begin + 2 * pair, offset = 0, stride = 1;
   switch (in.opcode) {
-    case Opcode::kDecodeQ: {
-      const int32_t col = in.col_begin + 2 * pair;
-      return {pair_order_row(col, d.head_dim), pair_order_row(col + 1, d.head_dim)};
-    }
-    case Opcode::kDecodeKv: {  // K columns [0, kv_dim) in pair order, then V
-      const int32_t col = in.col_begin + 2 * pair;
-      if (col >= d.kv_dim) return {d.q_dim + col, d.q_dim + col + 1};
-      return {d.q_dim + pair_order_row(col, d.head_dim), d.q_dim + pair_order_row(col + 1, d.head_dim)};
-    }
     case Opcode::kDecodeGateUp: {  // packed per kBlockN columns: the gate rows, then the up rows
-      const int32_t col = in.col_begin + pair;
-      const int32_t row = 2 * KernelConfig::kBlockN * (col / KernelConfig::kBlockN) + col % KernelConfig::kBlockN;
-      return {row, row + KernelConfig::kBlockN};
+      const int32_t up_col = in.col_begin + pair;
+      col = 2 * KernelConfig::kBlockN * (up_col / KernelConfig::kBlockN) + up_col % KernelConfig::kBlockN;
+      stride = KernelConfig::kBlockN;
+      break;
     }
-    default: {
-      const int32_t col = in.col_begin + 2 * pair;
-      return {col, col + 1};
-    }
+    case Opcode::kDecodeKv:  // K columns [0, kv_dim) in pair order, then V
+      offset = d.q_dim;
+      if (col >= d.kv_dim) break;
+      [[fallthrough]];
+    case Opcode::kDecodeQ:
+      col -= int32_t(uint32_t(col) % uint32_t(d.head_dim) / 2);  // col - j + j / 2, j = col % head_dim
+      stride = d.head_dim / 2;
+      break;
+    default:
+      break;
   }
+  return {offset + col, offset + col + stride};
 }
-
 __device__ __forceinline__ void store_pair(__nv_bfloat16* out, float x0, float x1) {
   *reinterpret_cast<__nv_bfloat162*>(out) = __floats2bfloat162_rn(x0, x1);
 }

@@ -275,8 +275,8 @@ __device__ __forceinline__ void wgmma_epilogue(const MegakernelParams& p, const 
 // One chunk of a pass: batch rows [b0, b0 + rows), rows <= kWgmmaRows, against the chunk's weight rows, whose first
 // stages' weights were sent before the counter wait when `weights_sent`. Each stage: this thread's copies landed (and
 // its rows scaled, with a fused norm), a barrier (every copy landed, the previous stage read), the stage kStages - 1
-// ahead sent into the one just read, then the wgmmas. Ends with the consumers synchronized (the ring and scratch are
-// free for what follows).
+// ahead sent into the one just read, then the wgmmas. Ends with the consumers synchronized and the chunk's sums in the
+// ring (store_wgmma_sums), each row's 1 / rms in the scratch with a fused norm: for wgmma_epilogue.
 template <typename Ring>
 __device__ __forceinline__ void decode_gemm_wgmma_chunk(const MegakernelParams& p, const Instruction& in,
                                                         const DecodeGemmTask& t, uint8_t* ring, float* scratch,
@@ -313,10 +313,7 @@ __device__ __forceinline__ void decode_gemm_wgmma_chunk(const MegakernelParams& 
   if (norm) finish_row_norms<Ring>(p, t, stream, partial, scratch, thread);
   // The sums go into the ring once both warpgroups' MMAs have read it.
   if (!norm) ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
-  float2* tile = reinterpret_cast<float2*>(ring);
-  store_wgmma_sums<Ring>(acc, tile, thread);
-  ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
-  wgmma_epilogue(p, in, t, tile, Ring::kN / 2, chunk * (Ring::kN / 2), b0, rows, norm ? scratch : nullptr, thread);
+  store_wgmma_sums<Ring>(acc, reinterpret_cast<float2*>(ring), thread);
   ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
 }
 
@@ -357,20 +354,27 @@ __device__ __forceinline__ void issue_wgmma_weight_prologue(const MegakernelPara
 // A decode GEMM task on wgmma: its batch rows in passes of up to kWgmmaRows, each through the tile's weight rows in
 // chunks of up to kWgmmaMaxN; the first chunk's first weights already sent (issue_wgmma_weight_prologue). NOTE: one
 // ring for all the task's passes, chosen by its first pass's rows: with a ring chosen per pass, the kernel spilled.
+// NOTE: the epilogue outside the ring's code: inside, each of the ten rings inlined it (~5% of the kernel's code).
 __device__ __forceinline__ void run_decode_gemm_wgmma(const MegakernelParams& p, const SharedState& s,
                                                       const Instruction& in, int thread) {
   const DecodeGemmTask t = decode_gemm_task(p, in);
   float* scratch = reinterpret_cast<float*>(s.output);
-  with_wgmma_ring(t, min(kWgmmaRows, t.batch_end - t.batch_begin), [&](auto ring) {
-    using Ring = decltype(ring);
-    const int32_t chunks = (2 * t.pairs + Ring::kN - 1) / Ring::kN;
-    for (int32_t b0 = t.batch_begin; b0 < t.batch_end; b0 += kWgmmaRows) {
-      const int32_t rows = min(kWgmmaRows, t.batch_end - b0);
-      for (int32_t chunk = 0; chunk < chunks; ++chunk)
-        decode_gemm_wgmma_chunk<Ring>(p, in, t, s.stages, scratch, chunk, b0, rows,
-                                      b0 == t.batch_begin && chunk == 0, thread);
+  const float2* sums = reinterpret_cast<const float2*>(s.stages);  // (64 rows, tile_pairs) of each chunk
+  const int32_t ring_rows = min(kWgmmaRows, t.batch_end - t.batch_begin);
+  const int32_t tile_pairs = wgmma_chunk_rows(t) / 2;  // the ring's kN / 2
+  const int32_t chunks = (t.pairs + tile_pairs - 1) / tile_pairs;
+  for (int32_t b0 = t.batch_begin; b0 < t.batch_end; b0 += kWgmmaRows) {
+    const int32_t rows = min(kWgmmaRows, t.batch_end - b0);
+    for (int32_t chunk = 0; chunk < chunks; ++chunk) {
+      with_wgmma_ring(t, ring_rows, [&](auto ring) {
+        decode_gemm_wgmma_chunk<decltype(ring)>(p, in, t, s.stages, scratch, chunk, b0, rows,
+                                                b0 == t.batch_begin && chunk == 0, thread);
+      });
+      wgmma_epilogue(p, in, t, sums, tile_pairs, chunk * tile_pairs, b0, rows,
+                     t.norm_weight != nullptr ? scratch : nullptr, thread);
+      ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
     }
-  });
+  }
 }
 
 }  // namespace mk::gpu
