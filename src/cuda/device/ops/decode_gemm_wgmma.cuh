@@ -24,9 +24,9 @@ constexpr int kWgmmaRows = 64;        // batch rows of one pass: one wgmma M til
 constexpr int kWgmmaMaxN = 256;       // weight rows of one chunk of a tile: two warpgroups of n128
 constexpr int kWgmmaMaxStages = 16;  // ring stages of the narrowest chunks (the rest fill the stage area)
 constexpr int kWgmmaRingBytes = KernelConfig::kNumStages * KernelConfig::kStageBytes;
+static_assert(kWgmmaRows * kWgmmaMaxN * 4 <= kWgmmaRingBytes, "a chunk's sums fit the ring");
 // The scratch (the output tile, idle in decode): each pass row's 1 / rms, then the threads' sums of squares (4 a
 // thread).
-static_assert(kWgmmaRows * kWgmmaMaxN * 4 <= kWgmmaRingBytes, "a chunk's sums fit the ring");
 static_assert(kWgmmaRows * 4 <= KernelConfig::kDecodeInvRmsBytes &&
                   (kWgmmaRows + 4 * KernelConfig::kConsumerThreads) * 4 <= KernelConfig::kOutputBytes,
               "the rows' 1 / rms and the threads' sums of squares fit the scratch");
