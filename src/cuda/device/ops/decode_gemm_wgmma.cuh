@@ -262,7 +262,8 @@ __device__ __forceinline__ void store_wgmma_sums(const float (&acc)[Ring::kX / 2
 // (row, pair) entries in turn, a row's pairs on adjacent threads. `row_scale`: each row's 1 / rms, or null. NOTE: one
 // decode_epilogue call site, not one per accumulator fragment: with the fragments' loop unrolled, each ring's
 // epilogue inlined the per-opcode epilogue 2 kX / 8 times, and the kernel's 65840 SASS instructions (1 MB) missed
-// the instruction cache on 22.5% of an 8B batch-32 step's stall samples (thirty-seventh session, run 3).
+// the instruction cache on 22.5% of an 8B batch-32 step's stall samples (thirty-seventh session, run 3); through the
+// tile, batch 32-64 steps ran 13-16% faster (thirty-eighth session, run 1).
 __device__ __forceinline__ void wgmma_epilogue(const MegakernelParams& p, const Instruction& in,
                                                const DecodeGemmTask& t, const float2* tile, int32_t tile_pairs,
                                                int32_t first_pair, int32_t b0, int32_t rows, const float* row_scale,
@@ -364,7 +365,7 @@ __device__ __forceinline__ void issue_wgmma_weight_prologue(const MegakernelPara
 // A decode GEMM task on wgmma: its batch rows in passes of up to kWgmmaRows, each through the tile's weight rows in
 // chunks of up to kWgmmaMaxN; the first chunk's first weights already sent (issue_wgmma_weight_prologue). NOTE: one
 // ring for all the task's passes, chosen by its first pass's rows: with a ring chosen per pass, the kernel spilled.
-// NOTE: the epilogue outside the ring's code: inside, each of the ten rings inlined it (~5% of the kernel's code).
+// NOTE: the epilogue outside the ring's code: inside, each of the ten rings inlined it (the kernel 357 -> 304 KB).
 __device__ __forceinline__ void run_decode_gemm_wgmma(const MegakernelParams& p, const SharedState& s,
                                                       const Instruction& in, int thread) {
   const DecodeGemmTask t = decode_gemm_task(p, in);
