@@ -184,5 +184,28 @@ TEST(DecodeGraph, LmHeadTilesAreOneBalancedRound) {
   EXPECT_EQ(expect_balanced_lm_head_tiles(tiny, 1), (Widths{{16, 131}, {32, 1}}));
 }
 
+// The GPU's decode GEMMs take output pair p of a tile as its columns col_begin + 2p and + 1, one RoPE pair's even and
+// odd column (decode_weight_rows): every such tile must start at an even column, at every batch and context.
+TEST(DecodeGraph, PairedGemmTilesStartAtEvenColumns) {
+  for (const char* preset : {"tiny", "llama-3.2-1b", "llama-3.1-8b"}) {
+    const ModelConfig config = find_preset(preset).config;
+    for (const int64_t batch : {1, 2, 8, 17, 32, 64, 70}) {
+      for (const int64_t context : {128, 1024}) {
+        const Graph graph(config, RunShape{batch, 1, PassKind::kDecode, context});
+        int64_t paired = 0;
+        for (const Task& t : graph.tasks()) {
+          if (t.opcode != Opcode::kDecodeQ && t.opcode != Opcode::kDecodeKv && t.opcode != Opcode::kDecodeOProj &&
+              t.opcode != Opcode::kDecodeDown && t.opcode != Opcode::kDecodeLmHead)
+            continue;
+          ++paired;
+          ASSERT_EQ(t.col_begin % 2, 0) << preset << " batch " << batch << " context " << context << ": "
+                                        << opcode_name(t.opcode) << " tile at column " << t.col_begin;
+        }
+        EXPECT_GT(paired, 0) << preset << " batch " << batch;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace mk
