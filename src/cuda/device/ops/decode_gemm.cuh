@@ -89,8 +89,9 @@ __device__ __forceinline__ int32_t pair_order_row(int32_t col, int32_t head_dim)
 
 // The two weight rows of output pair `pair`: {row, row + stride}. NOTE: one division a pair, not one a row: a pair's
 // columns are even and odd of one RoPE pair (tiles start at even columns, as a CPU test checks, and the GPU engine
-// takes a head_dim that is a multiple of 8: kernel_limits.cc), so its rows are natural rows i and i + head_dim / 2. Each ring's stream inlines this for each of its copies; with a division a row it was
-// a third of the wgmma decode kernel's code (thirty-eighth session).
+// takes a head_dim that is a multiple of 8: kernel_limits.cc), so its rows are natural rows i and i + head_dim / 2.
+// Each ring's stream inlines this for each of its copies; with a division a row it was a third of the wgmma decode
+// kernel's code (thirty-eighth session).
 __device__ __forceinline__ int2 decode_weight_rows(const MegakernelParams& p, const Instruction& in, int32_t pair) {
   const ModelDims& d = p.dims;
   int32_t col = in.col_begin + 2 * pair, offset = 0, stride = 1;
