@@ -48,25 +48,11 @@ __global__ void __launch_bounds__(kWarps * 32, 1) stream(const char* weights, in
   const char* region = weights + blockIdx.x * bytes_per_cta;
   const int steps = int(bytes_per_cta / kStepBytes / kWarps);
   uint4* own = ring + warp * kRing * (kStepBytes / 16);
-  auto issue = [&](int step) {
-    if (step < steps)
-      for (int c = 0; c < 8; ++c)
-        cp_async_16(own + (step % kRing) * (kStepBytes / 16) + c * 32 + lane,
-                    chunk_address<kRuns>(region, warp, step, lane, c));
-    asm volatile("cp.async.commit_group;" ::: "memory");
-  };
-  for (int step = 0; step < kRing - 1; ++step) issue(step);
-  uint32_t acc = 0;
-  for (int step = 0; step < steps; ++step) {
-    issue(step + kRing - 1);
-    asm volatile("cp.async.wait_group %0;" ::"n"(kRing - 1) : "memory");
-    const uint4* buffer = own + (step % kRing) * (kStepBytes / 16);
-    for (int c = 0; c < 8; ++c) {
-      const uint4 v = buffer[c * 32 + lane];
-      acc ^= v.x ^ v.y ^ v.z ^ v.w;
-    }
-    __syncwarp();
-  }
+  const uint32_t acc = stream_ring<kRing>(own, steps, lane, [&](int step) {
+    for (int c = 0; c < 8; ++c)
+      cp_async_16(own + (step % kRing) * (kStepBytes / 16) + c * 32 + lane,
+                  chunk_address<kRuns>(region, warp, step, lane, c));
+  });
   if (acc == 0x12345678u) sink[blockIdx.x] = acc;
 }
 

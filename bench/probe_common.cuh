@@ -30,6 +30,30 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
 }
 
+// A warp's `steps` 4 KB steps through its ring `own` of kRing (kRing - 1 in flight while one is read back):
+// issue(step) sends this lane's copies of a step into own + (step % kRing) * 256 uint4s, without committing. Returns
+// the xor of what the lane read, for the caller to keep so that nothing is elided.
+template <int kRing, typename Issue>
+__device__ __forceinline__ uint32_t stream_ring(const uint4* own, int steps, int lane, Issue issue) {
+  auto send = [&](int step) {
+    if (step < steps) issue(step);
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  };
+  for (int step = 0; step < kRing - 1; ++step) send(step);
+  uint32_t acc = 0;
+  for (int step = 0; step < steps; ++step) {
+    send(step + kRing - 1);
+    cp_async_wait<kRing - 1>();
+    const uint4* buffer = own + (step % kRing) * 256;
+    for (int c = 0; c < 8; ++c) {
+      const uint4 v = buffer[c * 32 + lane];
+      acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    __syncwarp();
+  }
+  return acc;
+}
+
 __device__ __forceinline__ uint64_t now_ns() {
   uint64_t t;
   asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
