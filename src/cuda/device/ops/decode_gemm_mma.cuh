@@ -206,18 +206,25 @@ __device__ __forceinline__ void zero_accumulators(float (&acc)[kGroups][4]) {
 }
 
 // The epilogues of one unit: lane (g = lane / 4, t = lane % 4) holds C[g][2t, 2t + 1] and C[g + 8][2t, 2t + 1] of
-// each group, the two dot products of the group's pair t for the pass's batch rows g and g + 8.
+// each group, the two dot products of the group's pair t for the pass's batch rows g and g + 8. NOTE: a loop over the
+// fragment's halves with one decode_epilogue call site, not one a half: inlined at each of them, the per-opcode
+// epilogue was a fifth of the decode kernel's code (thirty-eighth session).
 template <int kGroups>
 __device__ __forceinline__ void mma_epilogue(const MegakernelParams& p, const Instruction& in, const DecodeGemmTask& t,
                                              int32_t unit, int32_t b0, int32_t rows, const float (&acc)[kGroups][4],
                                              int lane) {
-  const int row = lane / 4;
+#pragma unroll 1
+  for (int half = 0; half < 2 * kGroups; ++half) {
+    const int group = half / 2, row = lane / 4 + 8 * (half % 2);
+    const int32_t pair = (unit * kGroups + group) * kGroupPairs + lane % 4;
+    float x0 = 0.0f, x1 = 0.0f;  // acc[group][2 (half % 2)] and + 1, picked without indexing registers at run time
 #pragma unroll
-  for (int g = 0; g < kGroups; ++g) {
-    const int32_t pair = (unit * kGroups + g) * kGroupPairs + lane % 4;
-    if (pair >= t.pairs) continue;
-    if (row < rows) decode_epilogue(p, in, pair, b0 + row, acc[g][0], acc[g][1]);
-    if (row + 8 < rows) decode_epilogue(p, in, pair, b0 + row + 8, acc[g][2], acc[g][3]);
+    for (int g = 0; g < kGroups; ++g) {
+      if (g != group) continue;
+      x0 = half % 2 == 0 ? acc[g][0] : acc[g][2];
+      x1 = half % 2 == 0 ? acc[g][1] : acc[g][3];
+    }
+    if (pair < t.pairs && row < rows) decode_epilogue(p, in, pair, b0 + row, x0, x1);
   }
 }
 
