@@ -4,8 +4,8 @@
 // thread stores (TMA stores of finished GEMM and attention tiles, then their publication); warpgroups 1 and 2 consume
 // (wgmma, row-wise and decode math with plain loads, epilogues, publication of row-wise and decode tiles). Decode
 // passes run the same body compiled for them alone (megakernel_decode), batches of 1-2 rows a compilation without
-// the tensor-core decode GEMMs (megakernel_decode_narrow), and batches above kMmaRows one with the decode GEMMs on
-// wgmma (megakernel_decode_wgmma).
+// the tensor-core decode GEMMs (megakernel_decode_narrow), and batches above kMaxMmaBatch one with the decode GEMMs
+// on wgmma (megakernel_decode_wgmma).
 #include <algorithm>
 
 #include "device/config.cuh"
@@ -300,7 +300,7 @@ __device__ __forceinline__ void run_consumers(const MegakernelParams& p, uint32_
 // the instruction cache better (docs/perf.md, sixteenth session: one-line changes moved decode steps ~1%, and ~1500
 // added instructions made decode attention miss in code they did not touch). kRows (decode only): which decode GEMM
 // passes are compiled; kNarrow: every pass is of 1-2 rows at full K (decode_narrow), so the tensor-core GEMM path is
-// left out too; kWgmma (batch > kMmaRows): the decode GEMMs on wgmma, apart so that the smaller batches' kernel keeps
+// left out too; kWgmma (batch > kMaxMmaBatch): the decode GEMMs on wgmma, apart so that the smaller batches' kernel keeps
 // its code.
 template <bool kDecode, DecodeRows kRows>
 __device__ __forceinline__ void run_megakernel(const MegakernelParams& p) {
@@ -433,7 +433,7 @@ cudaError_t launch_megakernel(const MegakernelParams& params, int grid_size, cud
       launch_config(grid_size, KernelConfig::kThreads, KernelConfig::kSmemBytes, stream, programmatic, attribute);
   if (!params.dims.decode) return cudaLaunchKernelEx(&config, megakernel, params);
   if (decode_narrow(params.dims)) return cudaLaunchKernelEx(&config, megakernel_decode_narrow, params);
-  if (params.dims.batch > kMmaRows) return cudaLaunchKernelEx(&config, megakernel_decode_wgmma, params);
+  if (params.dims.batch > kMaxMmaBatch) return cudaLaunchKernelEx(&config, megakernel_decode_wgmma, params);
   return cudaLaunchKernelEx(&config, megakernel_decode, params);
 }
 

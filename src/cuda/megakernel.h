@@ -15,7 +15,7 @@ cudaError_t prepare_megakernel();
 cudaError_t megakernel_ctas_per_sm(int* ctas);
 // Launches one persistent CTA per SM of the schedule (grid_size), KernelConfig::kThreads threads each: the decode
 // kernel for decode passes (params.dims.decode; its narrow compilation when every decode GEMM pass is of 1-2 rows, its
-// wide one above 16 batch rows), else the forward one. `programmatic`: as a programmatic dependent launch (a decode
+// wgmma one above 8 batch rows), else the forward one. `programmatic`: as a programmatic dependent launch (a decode
 // group's launches after its first), which may start before the stream's previous kernel ends; each thread waits for
 // that kernel before it reads what the group writes.
 cudaError_t launch_megakernel(const MegakernelParams& params, int grid_size, cudaStream_t stream, bool programmatic);

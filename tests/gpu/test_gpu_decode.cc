@@ -98,9 +98,9 @@ TEST_F(Gpu, GenerationReproducesTheForwardPassOnRaggedBatches) {
   check_gpu_generation(small_config(256, 512, 4, 2, 64, true, true), {100, 37}, 40, 512, 21);
   // GQA 4:1, head_dim 128, batch 6: tensor-core passes of 6 of the mma's 16 rows, K split over 2-4 warps.
   check_gpu_generation(small_config(512, 1024, 8, 2, 128, true, true), {20, 3, 17, 1, 9, 30}, 12, 256, 22);
-  // Batch 11: one tensor-core pass of 11 rows.
+  // Batch 11: on wgmma (above kMaxMmaBatch), 11 of a stage's 32 batch rows.
   check_gpu_generation(small_config(256, 512, 4, 2, 64, true, true), {9, 2, 14, 5, 1, 7, 3, 12, 6, 4, 10}, 6, 128, 26);
-  // Batch 18: more rows than one mma's M: the decode GEMMs on wgmma (megakernel_decode_wgmma), 18 of the 64 rows.
+  // Batch 18: more rows than one mma's M, on wgmma (megakernel_decode_wgmma), 18 of a stage's 32 rows.
   check_gpu_generation(small_config(256, 512, 4, 2, 64, true, true),
                        {9, 2, 14, 5, 1, 7, 3, 12, 6, 4, 10, 8, 11, 13, 2, 6, 15, 1}, 4, 128, 27);
   // Batch 6 of 8 kv heads at context 512: 48 (sequence, kv head) pairs take 2 splits of the 4 blocks, so a long
@@ -258,8 +258,8 @@ TEST_F(Gpu, GenerationOfALlama1bShapedModel) {
   check_gpu_generation(config, {9, 3, 7, 5, 12, 1, 8, 6, 4, 11, 6, 10, 2, 7, 3, 10, 5, 3, 8, 4}, 3, 1024, 33);
 }
 
-// Batches above one mma's M (16 rows) run megakernel_decode_wgmma: decode GEMMs on wgmma, a pass of up to 64 batch
-// rows (one M tile) streaming through the ring beside the weights in K steps (decode_gemm_wgmma.cuh).
+// Batches above 8 run megakernel_decode_wgmma: decode GEMMs on wgmma, a pass of up to 64 batch rows (one M tile)
+// streaming through the ring beside the weights in K steps (decode_gemm_wgmma.cuh).
 TEST_F(Gpu, WideDecodePasses) {
   // Batch 40 at d_model 2560 and d_ff 3072: one pass, the norm-fused ops' (q, kv, gate_up, the LM head) rows scaled
   // by the norm weight as they land and their 1 / rms applied to the accumulators.

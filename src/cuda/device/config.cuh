@@ -45,7 +45,7 @@ struct KernelConfig {
   static constexpr int kDecodeWeightRingBytes = 128 * 1024;
   static constexpr int kDecodeStagedRowBytes = kNumStages * kStageBytes - kDecodeWeightRingBytes;
   // The output tile, idle in decode, holds each staged row's 1 / rms in its first kDecodeInvRmsBytes, then the fused
-  // norm's weight (stage_decode_rows). The wgmma decode GEMMs (batch > 16) use the whole stage ring as their own
+  // norm's weight (stage_decode_rows). The wgmma decode GEMMs (batch > 8) use the whole stage ring as their own
   // ring and the output tile as their scratch (ops/decode_gemm_wgmma.cuh).
   static constexpr int kDecodeInvRmsBytes = 256;
 

@@ -17,10 +17,14 @@ namespace mk::gpu {
 // ring as on the CUDA cores.
 constexpr int kMmaRows = 16;
 // NOTE: at batch 32 passes of kMmaRows streamed each tile's weights twice (gate_up 52.6 us a tile against 20.4 at batch
-// 8; twentieth session): batches above kMmaRows go to wgmma (decode_gemm_wgmma.cuh), a pass of up to 64 rows.
+// 8; twentieth session): batches above kMaxMmaBatch go to wgmma (decode_gemm_wgmma.cuh), a pass of up to 64 rows.
+// NOTE: kMaxMmaBatch was kMmaRows (16) until the wgmma kernel's code was cut to a third: then 8B batch 16 ran 5.89 ms
+// on wgmma against 9.06 on mma.sync, while batch 8 stayed faster here (1B 1.24 ms against 1.53 on wgmma, 8B 5.42
+// against 5.78; docs/perf.md, thirty-ninth session, run 1).
+constexpr int kMaxMmaBatch = 8;
 // Which decode GEMM passes a decode kernel compiles (megakernel.cu picks the kernel by batch). kNarrow: passes of 1-2
-// rows at full K, on the CUDA cores only; kMma: up to kMmaRows rows, on the tensor cores from kMinMmaRows; kWgmma:
-// batches above kMmaRows, on wgmma (decode_gemm_wgmma.cuh).
+// rows at full K, on the CUDA cores only; kMma: batches up to kMaxMmaBatch, on the tensor cores from kMinMmaRows;
+// kWgmma: batches above kMaxMmaBatch, on wgmma (decode_gemm_wgmma.cuh).
 enum class DecodeRows { kNarrow, kMma, kWgmma };
 // Passes of 1-2 rows stay on the CUDA cores (bandwidth-bound there already), unless their rows do not fit the staging
 // space at full K (k > 16384): only the tensor-core path takes K in ranges (decode_k_ranges).

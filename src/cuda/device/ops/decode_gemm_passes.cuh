@@ -1,6 +1,6 @@
 // How a decode GEMM task's batch rows go through its weights (passes, K ranges) and the dispatch of each pass between
-// the tensor-core path (decode_gemm_mma.cuh) and the CUDA-core one (decode_gemm.cuh); batches above kMmaRows go to
-// wgmma instead (decode_gemm_wgmma.cuh).
+// the tensor-core path (decode_gemm_mma.cuh) and the CUDA-core one (decode_gemm.cuh); batches above kMaxMmaBatch go
+// to wgmma instead (decode_gemm_wgmma.cuh).
 #pragma once
 
 #include "../config.cuh"
