@@ -12,8 +12,10 @@
 
 #include "probe_common.cuh"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 
 namespace {
 
@@ -93,9 +95,12 @@ void measure(Streams s, int ctas, uint32_t* sink, int rows_in_8, bool staggered)
 
 }  // namespace
 
-int main() {
+// Usage: l2_read_probe [CTAS] (default: one a SM). Fewer CTAs than SMs tell an SM's own intake limit (the rate an SM
+// holds as CTAs drop) from a limit of L2 or the crossbar (the rate in all holds).
+int main(int argc, char** argv) {
   int ctas = 0;
   CHECK(cudaDeviceGetAttribute(&ctas, cudaDevAttrMultiProcessorCount, 0));
+  if (argc > 1) ctas = std::min(ctas, std::max(1, std::atoi(argv[1])));
   const int64_t weight_bytes_per_cta = int64_t(4) << 20;  // 528 MB over 132 SMs: about the 1B LM head, not L2's
   Streams s{};
   s.weight_bytes_per_cta = weight_bytes_per_cta;
