@@ -26,12 +26,10 @@ constexpr int kWgmmaMaxStages = 16;  // ring stages of the narrowest chunks (the
 constexpr int kWgmmaRingBytes = KernelConfig::kNumStages * KernelConfig::kStageBytes;
 static_assert(kWgmmaRows * kWgmmaMaxN * 4 <= kWgmmaRingBytes, "a chunk's sums fit the ring");
 // The scratch (the output tile, idle in decode): each pass row's 1 / rms, then the threads' sums of squares (4 a
-// thread), then the fused norm's weight where it fits (kWgmmaNormWeightBytes: K up to 14208).
-constexpr int kWgmmaNormWeightOffset = (kWgmmaRows + 4 * KernelConfig::kConsumerThreads) * 4;
-constexpr int kWgmmaNormWeightBytes = KernelConfig::kOutputBytes - kWgmmaNormWeightOffset;
-static_assert(kWgmmaRows * 4 <= KernelConfig::kDecodeInvRmsBytes && kWgmmaNormWeightOffset % 16 == 0 &&
-                  kWgmmaNormWeightBytes >= 8192 * 2,
-              "the rows' 1 / rms, the threads' sums of squares and an 8192-column norm weight fit the scratch");
+// thread).
+static_assert(kWgmmaRows * 4 <= KernelConfig::kDecodeInvRmsBytes &&
+                  (kWgmmaRows + 4 * KernelConfig::kConsumerThreads) * 4 <= KernelConfig::kOutputBytes,
+              "the rows' 1 / rms and the threads' sums of squares fit the scratch");
 
 // The ring for chunks of kN weight rows: stages of kKStep columns of K, each kM batch rows then the chunk's kN
 // weight rows, every 64 columns a block of 128-byte swizzled rows (what the wgmma descriptors read), and as many
@@ -188,39 +186,19 @@ __device__ __forceinline__ void scale_stage_rows(const WgmmaStream<Ring>& stream
   }
 }
 
-// Whether task t's fused norm weight is copied into the scratch (staged_norm_weight) rather than read from global
-// memory a stage at a time.
-__device__ __forceinline__ bool norm_weight_staged(const DecodeGemmTask& t) {
-  return t.norm_weight != nullptr && t.k * 2 <= kWgmmaNormWeightBytes;
-}
-
-// Task t's fused norm weight (k bf16) into the scratch, uncommitted: sent with its first weight stages, before the
-// counter wait (it depends on nothing).
-__device__ __forceinline__ void stage_norm_weight(const DecodeGemmTask& t, uint8_t* scratch, int thread) {
-  if (!norm_weight_staged(t)) return;
-  for (int32_t i = thread; i < t.k / 8; i += KernelConfig::kConsumerThreads)
-    ptx::cp_async_16(scratch + kWgmmaNormWeightOffset + 16 * i, t.norm_weight + 8 * i, 16);
-}
-
-// Where the stages read task t's norm weight (k bf16): the scratch's copy where it fits, else global memory.
-__device__ __forceinline__ const __nv_bfloat16* norm_weight_source(const DecodeGemmTask& t, float* scratch) {
-  if (!norm_weight_staged(t)) return t.norm_weight;
-  return reinterpret_cast<const __nv_bfloat16*>(reinterpret_cast<const uint8_t*>(scratch) + kWgmmaNormWeightOffset);
-}
-
-// The norm weight's chunk this thread scales its rows by in stage `index` (zeros past K or past the last stage), from
-// `source` (norm_weight_source). NOTE: loaded a stage ahead, into a register: loaded where it is used, its trip to L1
-// or L2 was on every stage's critical path, and the norm-fused tiles streamed at half the rate of the others (1B batch
-// 64: q 16 bytes a ns an SM against o_proj's 31; thirty-sixth session, run 1). Copied through the ring beside the
-// rows instead, the steps took 2.4-5% longer (run 3). NOTE: from global memory even a stage ahead, the load's wait
-// (long scoreboard) drew 4% of a 1B batch-64 step's stall samples (thirty-ninth session, run 1): L2's latency grows
-// under the stream, so the weight is staged in the scratch with the task's first weights.
+// The norm weight's chunk this thread scales its rows by in stage `index` (zeros past K or past the last stage).
+// NOTE: loaded a stage ahead, into a register: loaded where it is used, its trip to L1 or L2 was on every stage's
+// critical path, and the norm-fused tiles streamed at half the rate of the others (1B batch 64: q 16 bytes a ns an SM
+// against o_proj's 31; thirty-sixth session, run 1). Copied through the ring beside the rows instead, the steps took
+// 2.4-5% longer (run 3). NOTE: this load's wait still drew 5% of a 1B batch-64 step's stall samples, but with the
+// whole weight copied into the scratch beside the task's first weights the steps were no faster (1B batch 32 / 64
+// -1.5 / -0.7%, 8B batch 64 +1.7%; thirty-ninth session, run 2): the SM's intake of bytes sets a stage's pace.
 template <typename Ring>
-__device__ __forceinline__ uint4 norm_weight_chunk(const DecodeGemmTask& t, const __nv_bfloat16* source,
-                                                   const WgmmaStream<Ring>& stream, int32_t index) {
+__device__ __forceinline__ uint4 norm_weight_chunk(const DecodeGemmTask& t, const WgmmaStream<Ring>& stream,
+                                                   int32_t index) {
   if (index >= stream.total) return uint4{};
   const int32_t k = stream.k_at(index);
-  return k < t.k ? *reinterpret_cast<const uint4*>(source + k) : uint4{};
+  return k < t.k ? __ldg(reinterpret_cast<const uint4*>(t.norm_weight + k)) : uint4{};
 }
 
 // Each row's 1 / rms into scratch[row] (kWgmmaRows floats) from the threads' partial sums, which restart at 0: a row's
@@ -316,13 +294,6 @@ __device__ __forceinline__ void decode_gemm_wgmma_chunk(const MegakernelParams& 
   if (!weights_sent) stream.issue_weight_prologue(t);
   stream.issue_row_prologue(t);
   const bool norm = t.norm_weight != nullptr;
-  if (weights_sent && norm_weight_staged(t)) {
-    // Every thread's part of the norm weight, sent with the first weights (stage_norm_weight), landed and seen: the
-    // first stage waits for that group anyway, the row groups after it still in flight.
-    ptx::cp_async_wait<Ring::kStages - 1>();
-    ptx::named_barrier_sync(1, KernelConfig::kConsumerThreads);
-  }
-  const __nv_bfloat16* norm_source = norm_weight_source(t, scratch);
   float* partial = scratch + kWgmmaRows;  // (kACopies, kConsumerThreads) sums of squares
   if (norm) {
 #pragma unroll
@@ -332,13 +303,13 @@ __device__ __forceinline__ void decode_gemm_wgmma_chunk(const MegakernelParams& 
 #pragma unroll
   for (int i = 0; i < Ring::kX / 2; ++i) acc[i] = 0.0f;
   const int32_t k_steps = stream.total;
-  uint4 weight = norm ? norm_weight_chunk<Ring>(t, norm_source, stream, 0) : uint4{};
+  uint4 weight = norm ? norm_weight_chunk<Ring>(t, stream, 0) : uint4{};
   for (int32_t k_step = 0; k_step < k_steps; ++k_step) {
     ptx::cp_async_wait<Ring::kStages - 2>();
     uint8_t* base = stream.stage(k_step);
     if (norm) {
       scale_stage_rows<Ring>(stream, base, weight, partial, thread);
-      weight = norm_weight_chunk<Ring>(t, norm_source, stream, k_step + 1);
+      weight = norm_weight_chunk<Ring>(t, stream, k_step + 1);
     }
     ptx::fence_proxy_async_shared();  // the copies and the scaled rows, for wgmma's reads
     // NOTE: the previous stage's MMAs waited for here, after this stage's copies, not right after they were sent: the
@@ -389,7 +360,6 @@ __device__ __forceinline__ void issue_wgmma_weight_prologue(const MegakernelPara
   const int32_t rows = min(kWgmmaRows, t.batch_end - t.batch_begin);
   with_wgmma_ring(t, rows, [&](auto ring) {
     using Ring = decltype(ring);
-    stage_norm_weight(t, s.output, thread);  // joins the weights' group
     WgmmaStream<Ring>(p, in, t, s.stages, 0, t.batch_begin, rows, thread).issue_weight_prologue(t);
   });
 }
