@@ -6,8 +6,10 @@
 // weight rows; by the tiling's arithmetic two thirds of the bytes a 1B batch-64 step moves into an SM are those rows,
 // ~3.2 TB/s over 132 SMs (docs/perf.md, thirty-eighth session). Whether that is near what L2 can deliver decides
 // between splitting K (fewer row bytes in all) and faster copy issue. Each warp copies 4 KB steps through a ring with
-// cp.async; a step is rows (the shared region, the same bytes on every SM) or weights (the CTA's own HBM region) in
-// the ratio asked for. Rows from all SMs at the same offsets, or each SM starting at its own.
+// cp.async (16 bytes a lane) or as one bulk copy a step (TMA); a step is rows (the shared region, the same bytes on
+// every SM) or weights (the CTA's own HBM region) in the ratio asked for. Rows from all SMs at the same offsets, or
+// each SM starting at its own. (Thirty-ninth session: ~29 B/ns an SM through cp.async from either source, at 132, 66
+// and 33 CTAs alike: an SM's intake through cp.async, not L2, is the limit.)
 #include <cuda_runtime.h>
 
 #include "probe_common.cuh"
@@ -58,8 +60,64 @@ __global__ void __launch_bounds__(kWarps * 32, 1) stream(Streams s, uint32_t* si
   if (acc == 0x12345678u) sink[blockIdx.x] = acc;
 }
 
+// ---- the same steps as one bulk copy each (TMA's 1D cp.async.bulk, completing on an mbarrier a ring slot) ----
+
+__device__ __forceinline__ uint32_t shared_address(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+
+__device__ __forceinline__ void bulk_copy(void* shared, const void* global, uint32_t bytes, uint64_t* barrier) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(barrier)), "r"(bytes)
+               : "memory");
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   shared_address(shared)),
+               "l"(global), "r"(bytes), "r"(shared_address(barrier))
+               : "memory");
+}
+
+__device__ __forceinline__ void wait_parity(uint64_t* barrier, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nwait:\nmbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n@!done bra wait;\n}" ::"r"(
+          shared_address(barrier)),
+      "r"(parity)
+      : "memory");
+}
+
+// As `stream`, each step sent by lane 0 as one 4 KB bulk copy: does TMA take in more than cp.async's ~29 B/ns an SM?
+__global__ void __launch_bounds__(kWarps * 32, 1) stream_bulk(Streams s, uint32_t* sink) {
+  extern __shared__ uint4 ring[];  // (kWarps, kRing, kStepBytes / 16), then (kWarps, kRing) mbarriers
+  __shared__ uint64_t barriers[kWarps * kRing];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  uint4* own = ring + warp * kRing * (kStepBytes / 16);
+  uint64_t* landed = barriers + warp * kRing;
+  if (lane == 0) {
+    for (int i = 0; i < kRing; ++i)
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(landed + i)) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncwarp();
+  auto send = [&](int step) {
+    if (lane == 0 && step < s.steps)
+      bulk_copy(own + (step % kRing) * (kStepBytes / 16), chunk_address(s, warp, step, 0, 0), kStepBytes,
+                landed + step % kRing);
+  };
+  for (int step = 0; step < kRing - 1; ++step) send(step);
+  uint32_t acc = 0;
+  for (int step = 0; step < s.steps; ++step) {
+    send(step + kRing - 1);
+    wait_parity(landed + step % kRing, uint32_t(step / kRing) & 1u);
+    const uint4* buffer = own + (step % kRing) * (kStepBytes / 16);
+    for (int c = 0; c < 8; ++c) {
+      const uint4 v = buffer[c * 32 + lane];
+      acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    __syncwarp();
+  }
+  if (acc == 0x12345678u) sink[blockIdx.x] = acc;
+}
+
+using Kernel = void (*)(Streams, uint32_t*);
+
 // The shortest of 6 timed launches after a warm-up one, in ms.
-float best_ms(const Streams& s, int ctas, uint32_t* sink) {
+float best_ms(Kernel stream, const Streams& s, int ctas, uint32_t* sink) {
   const int smem = kWarps * kRing * kStepBytes;
   CHECK(cudaFuncSetAttribute(stream, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   cudaEvent_t start, stop;
@@ -81,10 +139,10 @@ float best_ms(const Streams& s, int ctas, uint32_t* sink) {
   return best;
 }
 
-void measure(Streams s, int ctas, uint32_t* sink, int rows_in_8, bool staggered) {
+void measure(Kernel kernel, Streams s, int ctas, uint32_t* sink, int rows_in_8, bool staggered) {
   s.rows_in_8 = rows_in_8;
   s.staggered = staggered;
-  const double ms = best_ms(s, ctas, sink);
+  const double ms = best_ms(kernel, s, ctas, sink);
   const double steps = double(ctas) * kWarps * s.steps;
   const double rows_bytes = steps * rows_in_8 / 8 * kStepBytes, weight_bytes = steps * (8 - rows_in_8) / 8 * kStepBytes;
   std::printf("rows %d/8 %-9s %4lld KB rows: %5.2f TB/s in all, %5.2f from L2, %5.2f from HBM, %5.1f B/ns an SM\n",
@@ -115,15 +173,18 @@ int main(int argc, char** argv) {
   CHECK(cudaMemset(rows, 0x3c, int64_t(4) << 20));
   s.weights = weights;
   s.rows = rows;
-  std::printf("%d CTAs of %d warps, 4 KB steps, %d a warp in flight\n", ctas, kWarps, kRing - 1);
-  // 256 KB: 64 rows of the 1B shape's K = 2048; 1 MB: 64 rows of 8192 (the 1B down) or 128 of 4096
-  for (const int64_t rows_bytes : {int64_t(256) << 10, int64_t(1) << 20}) {
-    s.rows_bytes = rows_bytes;
-    measure(s, ctas, sink, 8, false);
-    measure(s, ctas, sink, 8, true);
-    measure(s, ctas, sink, 5, false);  // the 1B batch-64 mix: about two thirds rows
-    measure(s, ctas, sink, 5, true);
+  for (const Kernel kernel : {stream, stream_bulk}) {
+    std::printf("%d CTAs of %d warps, 4 KB steps, %d a warp in flight, %s\n", ctas, kWarps, kRing - 1,
+                kernel == stream ? "16-byte cp.async a lane" : "one bulk copy a step");
+    // 256 KB: 64 rows of the 1B shape's K = 2048; 1 MB: 64 rows of 8192 (the 1B down) or 128 of 4096
+    for (const int64_t rows_bytes : {int64_t(256) << 10, int64_t(1) << 20}) {
+      s.rows_bytes = rows_bytes;
+      measure(kernel, s, ctas, sink, 8, false);
+      measure(kernel, s, ctas, sink, 8, true);
+      measure(kernel, s, ctas, sink, 5, false);  // the 1B batch-64 mix: about two thirds rows
+      measure(kernel, s, ctas, sink, 5, true);
+    }
+    measure(kernel, s, ctas, sink, 0, false);  // weights alone, for scale
   }
-  measure(s, ctas, sink, 0, false);  // weights alone, for scale
   return 0;
 }
