@@ -83,8 +83,8 @@ __device__ __forceinline__ void wait_parity(uint64_t* barrier, uint32_t parity) 
 
 // As `stream`, each step sent by lane 0 as one 4 KB bulk copy: does TMA take in more than cp.async's ~29 B/ns an SM?
 __global__ void __launch_bounds__(kWarps * 32, 1) stream_bulk(Streams s, uint32_t* sink) {
-  extern __shared__ uint4 ring[];  // (kWarps, kRing, kStepBytes / 16), then (kWarps, kRing) mbarriers
-  __shared__ uint64_t barriers[kWarps * kRing];
+  extern __shared__ uint4 ring[];  // (kWarps, kRing, kStepBytes / 16)
+  __shared__ uint64_t barriers[kWarps * kRing];  // (kWarps, kRing): a slot's step landed
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   uint4* own = ring + warp * kRing * (kStepBytes / 16);
   uint64_t* landed = barriers + warp * kRing;
@@ -99,18 +99,9 @@ __global__ void __launch_bounds__(kWarps * 32, 1) stream_bulk(Streams s, uint32_
       bulk_copy(own + (step % kRing) * (kStepBytes / 16), chunk_address(s, warp, step, 0, 0), kStepBytes,
                 landed + step % kRing);
   };
-  for (int step = 0; step < kRing - 1; ++step) send(step);
-  uint32_t acc = 0;
-  for (int step = 0; step < s.steps; ++step) {
-    send(step + kRing - 1);
+  const uint32_t acc = stream_ring_with<kRing>(own, s.steps, lane, send, [&](int step) {
     wait_parity(landed + step % kRing, uint32_t(step / kRing) & 1u);
-    const uint4* buffer = own + (step % kRing) * (kStepBytes / 16);
-    for (int c = 0; c < 8; ++c) {
-      const uint4 v = buffer[c * 32 + lane];
-      acc ^= v.x ^ v.y ^ v.z ^ v.w;
-    }
-    __syncwarp();
-  }
+  });
   if (acc == 0x12345678u) sink[blockIdx.x] = acc;
 }
 

@@ -30,20 +30,17 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
 }
 
-// A warp's `steps` 4 KB steps through its ring `own` of kRing (kRing - 1 in flight while one is read back):
-// issue(step) sends this lane's copies of a step into own + (step % kRing) * 256 uint4s, without committing. Returns
-// the xor of what the lane read, for the caller to keep so that nothing is elided.
-template <int kRing, typename Issue>
-__device__ __forceinline__ uint32_t stream_ring(const uint4* own, int steps, int lane, Issue issue) {
-  auto send = [&](int step) {
-    if (step < steps) issue(step);
-    asm volatile("cp.async.commit_group;" ::: "memory");
-  };
+// A warp's `steps` 4 KB steps through its ring `own` of kRing (kRing - 1 in flight while one is read back), with
+// any copy kind: send(step) sends step `step` (or nothing past the last) into own + (step % kRing) * 256 uint4s, and
+// landed(step) waits until it is there. Returns the xor of what the lane read, for the caller to keep so that nothing
+// is elided.
+template <int kRing, typename Send, typename Landed>
+__device__ __forceinline__ uint32_t stream_ring_with(const uint4* own, int steps, int lane, Send send, Landed landed) {
   for (int step = 0; step < kRing - 1; ++step) send(step);
   uint32_t acc = 0;
   for (int step = 0; step < steps; ++step) {
     send(step + kRing - 1);
-    cp_async_wait<kRing - 1>();
+    landed(step);
     const uint4* buffer = own + (step % kRing) * 256;
     for (int c = 0; c < 8; ++c) {
       const uint4 v = buffer[c * 32 + lane];
@@ -52,6 +49,17 @@ __device__ __forceinline__ uint32_t stream_ring(const uint4* own, int steps, int
     __syncwarp();
   }
   return acc;
+}
+
+// stream_ring_with through 16-byte cp.async: issue(step) sends this lane's copies of a step, uncommitted; a group a
+// step.
+template <int kRing, typename Issue>
+__device__ __forceinline__ uint32_t stream_ring(const uint4* own, int steps, int lane, Issue issue) {
+  auto send = [&](int step) {
+    if (step < steps) issue(step);
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  };
+  return stream_ring_with<kRing>(own, steps, lane, send, [](int) { cp_async_wait<kRing - 1>(); });
 }
 
 __device__ __forceinline__ uint64_t now_ns() {

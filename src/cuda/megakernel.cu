@@ -300,8 +300,8 @@ __device__ __forceinline__ void run_consumers(const MegakernelParams& p, uint32_
 // the instruction cache better (docs/perf.md, sixteenth session: one-line changes moved decode steps ~1%, and ~1500
 // added instructions made decode attention miss in code they did not touch). kRows (decode only): which decode GEMM
 // passes are compiled; kNarrow: every pass is of 1-2 rows at full K (decode_narrow), so the tensor-core GEMM path is
-// left out too; kWgmma (batch > kMaxMmaBatch): the decode GEMMs on wgmma, apart so that the smaller batches' kernel keeps
-// its code.
+// left out too; kWgmma (batch > kMaxMmaBatch): the decode GEMMs on wgmma, apart so that the smaller batches' kernel
+// keeps its code.
 template <bool kDecode, DecodeRows kRows>
 __device__ __forceinline__ void run_megakernel(const MegakernelParams& p) {
   static_assert(kDecode || kRows == DecodeRows::kMma, "only decode passes have narrow and wgmma compilations");
