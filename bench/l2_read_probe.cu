@@ -8,8 +8,10 @@
 // between splitting K (fewer row bytes in all) and faster copy issue. Each warp copies 4 KB steps through a ring with
 // cp.async (16 bytes a lane) or as one bulk copy a step (TMA); a step is rows (the shared region, the same bytes on
 // every SM) or weights (the CTA's own HBM region) in the ratio asked for. Rows from all SMs at the same offsets, or
-// each SM starting at its own. (Thirty-ninth session: ~29 B/ns an SM through cp.async from either source, at 132, 66
-// and 33 CTAs alike: an SM's intake through cp.async, not L2, is the limit.)
+// each SM starting at its own. (Thirty-ninth session: ~29 B/ns an SM through this probe's cp.async from either
+// source, at 132, 66 and 33 CTAs alike, ~78 through bulk copies. NOTE: that is this pattern's limit, not an SM's: the
+// decode's down tiles take in 55 B/ns through cp.async, and the decode GEMMs' copies by TMA were slower; fortieth
+// session, runs 1-2.)
 #include <cuda_runtime.h>
 
 #include "probe_common.cuh"

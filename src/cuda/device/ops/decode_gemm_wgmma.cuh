@@ -192,7 +192,8 @@ __device__ __forceinline__ void scale_stage_rows(const WgmmaStream<Ring>& stream
 // against o_proj's 31; thirty-sixth session, run 1). Copied through the ring beside the rows instead, the steps took
 // 2.4-5% longer (run 3). NOTE: this load's wait still drew 5% of a 1B batch-64 step's stall samples, but with the
 // whole weight copied into the scratch beside the task's first weights the steps were no faster (1B batch 32 / 64
-// -1.5 / -0.7%, 8B batch 64 +1.7%; thirty-ninth session, run 2): the SM's intake of bytes sets a stage's pace.
+// -1.5 / -0.7%, 8B batch 64 +1.7%; thirty-ninth session, run 2), and with no weight load at all 1-3% faster (fortieth
+// session, run 3): the norm's cost is the sums and the scaling in the stage loop, not this load.
 template <typename Ring>
 __device__ __forceinline__ uint4 norm_weight_chunk(const DecodeGemmTask& t, const WgmmaStream<Ring>& stream,
                                                    int32_t index) {
