@@ -42,9 +42,6 @@ constexpr int kChaseWords = 64 * 1024 / 4;      // (16384) u32: the chase's arra
 constexpr uint64_t kWarmupNs = 30'000;          // the streams reach their rate before the probes start
 constexpr uint64_t kStreamNs = 4'000'000;       // and outlast them (checked on the host)
 
-__device__ __forceinline__ uint32_t shared_address(const void* pointer) {
-  return uint32_t(__cvta_generic_to_shared(pointer));
-}
 // The same shared-memory offset in the cluster's other block.
 __device__ __forceinline__ uint32_t partner_address(const void* pointer) {
   uint32_t rank, remote;

@@ -64,8 +64,6 @@ __global__ void __launch_bounds__(kWarps * 32, 1) stream(Streams s, uint32_t* si
 
 // ---- the same steps as one bulk copy each (TMA's 1D cp.async.bulk, completing on an mbarrier a ring slot) ----
 
-__device__ __forceinline__ uint32_t shared_address(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
-
 __device__ __forceinline__ void bulk_copy(void* shared, const void* global, uint32_t bytes, uint64_t* barrier) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(barrier)), "r"(bytes)
                : "memory");
@@ -110,16 +108,16 @@ __global__ void __launch_bounds__(kWarps * 32, 1) stream_bulk(Streams s, uint32_
 using Kernel = void (*)(Streams, uint32_t*);
 
 // The shortest of 6 timed launches after a warm-up one, in ms.
-float best_ms(Kernel stream, const Streams& s, int ctas, uint32_t* sink) {
+float best_ms(Kernel kernel, const Streams& s, int ctas, uint32_t* sink) {
   const int smem = kWarps * kRing * kStepBytes;
-  CHECK(cudaFuncSetAttribute(stream, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   cudaEvent_t start, stop;
   CHECK(cudaEventCreate(&start));
   CHECK(cudaEventCreate(&stop));
   float best = 1e9f;
   for (int rep = 0; rep < 7; ++rep) {
     CHECK(cudaEventRecord(start));
-    stream<<<ctas, kWarps * 32, smem>>>(s, sink);
+    kernel<<<ctas, kWarps * 32, smem>>>(s, sink);
     CHECK(cudaGetLastError());
     CHECK(cudaEventRecord(stop));
     CHECK(cudaEventSynchronize(stop));

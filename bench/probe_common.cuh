@@ -18,11 +18,13 @@
     }                                                                              \
   } while (0)
 
+__device__ __forceinline__ uint32_t shared_address(const void* pointer) {
+  return uint32_t(__cvta_generic_to_shared(pointer));
+}
+
 // 16 bytes global -> shared, L1 bypassed, as decode's weight streams copy them.
 __device__ __forceinline__ void cp_async_16(void* shared, const void* global) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(uint32_t(__cvta_generic_to_shared(shared))),
-               "l"(global)
-               : "memory");
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(shared_address(shared)), "l"(global) : "memory");
 }
 
 template <int kPending>
