@@ -179,7 +179,7 @@ for s in $steps; do
     sanitize_decode)
       step sanitize-decode timeout 600 compute-sanitizer --tool memcheck --error-exitcode 1 \
         "$build/mk" generate --preset tiny --engine gpu --prompt-ids '1,2,3,4,5;6,7' --max-new-tokens 8
-      # The wgmma decode kernel (batch > 8) at the 1B shape: the decode GEMMs on wgmma, a fused norm's rows scaled.
+      # The wgmma decode kernel (batch > 8) at the 1B shape: the decode GEMMs on wgmma, a fused norm's squares summed.
       step sanitize-decode-wide timeout 600 compute-sanitizer --tool memcheck --error-exitcode 1 \
         "$build/mk" generate --preset llama-3.2-1b --engine gpu --prompt-ids '1,2,3' --batch 20 --max-new-tokens 2 \
         --stall-timeout 300

@@ -236,8 +236,11 @@ int run_bisect(const ModelOptions& options, ScheduleOptions schedule_options, in
   mk::GpuEngine gpu(graph, schedule, weights, {.verify = false});  // ScheduleOptions::make verified it
   gpu.set_input(input);
   gpu.run();
-  const mk::CpuVmRun reference = mk::run_cpu_vm_unverified(graph, schedule, weights, input, {});
-  const auto rows = mk::bisect_buffers(graph, weights, input, gpu.buffers(), reference.buffers, until_layer);
+  // The cpu-vm runs the model as the gpu holds it, each norm's weight folded into the matrices after it (the gpu's
+  // norm buffers hold x / rms): a second copy of the weights on the host.
+  const mk::ModelWeights folded = mk::fold_norm_weights(weights);
+  const mk::CpuVmRun reference = mk::run_cpu_vm_unverified(graph, schedule, folded, input, {});
+  const auto rows = mk::bisect_buffers(graph, folded, input, gpu.buffers(), reference.buffers, until_layer);
   fmt::print("{}", mk::format_bisect(rows));
   for (const mk::BufferComparison& row : rows) {
     if (!row.op_passed) {

@@ -189,7 +189,7 @@ int64_t default_max_context(const ModelConfig& config, int64_t longest_prompt, i
 
 // Memory of a generation as an engine allocates it (bf16 on the gpu, fp32 activations and cache on the cpu).
 struct GenerationMemory {
-  double weights = 0;
+  double weights = 0;  // on the gpu with a tied LM head's own copy (fold_norm_weights)
   double kv_cache = 0;
   double activations = 0;  // a prefill pass's and a decode step's buffers, the batch's cache aside
   double total() const { return weights + kv_cache + activations; }

@@ -52,6 +52,17 @@ int64_t parameter_count(const ModelConfig& config);
 // forgotten norm weight shows. Deterministic for a given seed on every platform and any max_threads (tests vary it).
 ModelWeights random_weights(const ModelConfig& config, uint64_t seed, int max_threads = hardware_threads());
 
+// FlashNorm's fold (arXiv 2407.09577): `matrix` (rows, k) with each column scaled by the weight (k) of the RMSNorm
+// whose output it multiplies, rounded to bf16, since (x / rms * g) W^T = (x / rms) (W diag(g))^T.
+std::vector<bf16> fold_norm_weight(const std::vector<bf16>& matrix, const std::vector<bf16>& norm_weight);
+// The layer as the gpu engine holds it: attn_norm's weight folded into wq, wk and wv, mlp_norm's into w_gate and w_up,
+// both norm weights ones.
+LayerWeights fold_norm_weights(LayerWeights layer);
+// The model as the gpu engine holds it: each layer's norms folded (above), final_norm's weight into the LM head
+// (untied from the embedding where tied), the norm weights ones. The same function up to one bf16 rounding a weight:
+// the reference's norm rounds x / rms * g instead. A copy of the whole model: for checks on small models.
+ModelWeights fold_norm_weights(const ModelWeights& weights);
+
 // Loads `dir`/model.safetensors, or the shards listed in `dir`/model.safetensors.index.json.
 ModelWeights load_weights(const std::filesystem::path& dir, const ModelConfig& config);
 // The warning (without a "warning:" prefix) naming load_weights' unused tensors, the first few; "" when all are used.

@@ -23,7 +23,7 @@ enum TensorMapId : int {
   kMapWo,         // B of o_proj:           wo (n_layers, d_model, q_dim)
   kMapWgateUp,    // B of gate_up:          gate and up rows interleaved per tile (n_layers, 2 * d_ff padded, d_model)
   kMapWdown,      // B of down:             w_down (n_layers, d_model, d_ff)
-  kMapLmHead,     // B of lm_head:          lm_head or the tied embedding (1, vocab_size, d_model)
+  kMapLmHead,     // B of lm_head:          lm_head, final_norm's weight folded in (1, vocab_size, d_model)
   kMapQkv,        // out of qkv:            qkv (n_layers, T, qkv_dim)
   kMapHidden,     // out of down, residual of o_proj: hidden (n_layers + 1, T, d_model)
   kMapHiddenMid,  // out of o_proj, residual of down: hidden_mid (n_layers, T, d_model)
@@ -94,7 +94,8 @@ struct ModelDims {
   int32_t decode;              // 1 in decode passes: no TMA ops, weights streamed with plain loads
 };
 
-// The model's weights on the device as plain pointers (the GEMMs also reach them through the tensor maps).
+// The model's weights on the device as plain pointers (the GEMMs also reach them through the tensor maps): each norm's
+// weight folded into the matrices after it (fold_norm_weights), the norm weights all ones.
 struct DeviceWeights {
   // read outside the GEMMs
   const __nv_bfloat16* embedding;          // (vocab_size, d_model)
@@ -108,7 +109,7 @@ struct DeviceWeights {
   const __nv_bfloat16* wo;         // (n_layers, d_model, q_dim)
   const __nv_bfloat16* w_gate_up;  // (n_layers, gate_up_rows, d_model): per 128 columns, 128 gate rows then 128 up
   const __nv_bfloat16* w_down;     // (n_layers, d_model, d_ff)
-  const __nv_bfloat16* lm_head;    // (vocab_size, d_model)
+  const __nv_bfloat16* lm_head;    // (vocab_size, d_model), a matrix of its own where the embedding is tied
 };
 
 struct MegakernelParams {

@@ -74,11 +74,15 @@ void append_gate_up(std::vector<uint16_t>& out, const ModelConfig& c, const Laye
   }
 }
 
-// Uploads the weights and the RoPE table (rope_positions rows) into params' weight pointers.
+// Uploads the weights and the RoPE table (rope_positions rows) into params' weight pointers: those of
+// fold_norm_weights(weights), the norm weights folded into the matrices after them, a layer at a time. On the
+// device every norm then scales by 1 / rms alone (its weight ones), and the wgmma decode GEMMs, which fuse the norm,
+// only sum the rows' squares (decode_gemm_wgmma.cuh).
 void upload_weights(DeviceArena& arena, const ModelConfig& c, const ModelWeights& weights, int64_t rope_positions,
                     MegakernelParams& p) {
   std::vector<uint16_t> wqkv, wo, w_gate_up, w_down, attn_norm_w, mlp_norm_w;
-  for (const LayerWeights& w : weights.layers) {
+  for (const LayerWeights& loaded : weights.layers) {
+    const LayerWeights w = fold_norm_weights(loaded);
     append(wqkv, w.wq);
     append(wqkv, w.wk);
     append(wqkv, w.wv);
@@ -100,9 +104,11 @@ void upload_weights(DeviceArena& arena, const ModelConfig& c, const ModelWeights
   p.weights.mlp_norm_weight = bf16_upload(mlp_norm_w, "uploading norm weights");
   if (c.has_embedding) p.weights.embedding = bf16_upload(bits_of(weights.embedding), "uploading the embedding");
   if (c.has_lm_head) {
-    p.weights.final_norm_weight = bf16_upload(bits_of(weights.final_norm), "uploading the final norm");
-    p.weights.lm_head = c.tie_word_embeddings ? p.weights.embedding
-                                              : bf16_upload(bits_of(weights.lm_head), "uploading the LM head");
+    // With tied embeddings the LM head is a matrix of its own here (the final norm folded in), the embedding's size.
+    p.weights.final_norm_weight = bf16_upload(std::vector<uint16_t>(size_t(c.d_model), to_bf16(1.0f).bits),
+                                              "uploading the final norm");
+    p.weights.lm_head = reinterpret_cast<const __nv_bfloat16*>(
+        arena.upload(fold_norm_weight(weights.lm_head_matrix(), weights.final_norm), "uploading the LM head"));
   }
   if (c.rope.type != RopeType::kNone) {
     const ref::RopeTable rope = ref::make_rope_table(c, rope_positions);

@@ -293,6 +293,9 @@ GenerationMemory generation_memory(const ModelConfig& config, int64_t batch, int
                                    bool fp32_activations, int64_t prefill_batch) {
   GenerationMemory memory;
   memory.weights = 2.0 * double(parameter_count(config));
+  // The gpu engine holds a tied LM head as a matrix of its own, the final norm folded in (fold_norm_weights).
+  if (!fp32_activations && config.tie_word_embeddings)
+    memory.weights += 2.0 * double(config.vocab_size) * double(config.d_model);
   // As the gpu engine stores each kind, or as fp32 where the cpu engines hold every buffer so.
   auto bytes_of = [&](const RunShape& shape) {
     double bytes = 0;

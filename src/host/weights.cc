@@ -69,6 +69,41 @@ int64_t parameter_count(const ModelConfig& config) {
   return count;
 }
 
+std::vector<bf16> fold_norm_weight(const std::vector<bf16>& matrix, const std::vector<bf16>& norm_weight) {
+  const int64_t k = int64_t(norm_weight.size()), rows = k > 0 ? int64_t(matrix.size()) / k : 0;
+  MK_CHECK(rows * k == int64_t(matrix.size()), "folding a norm weight of {} into a matrix of {} elements", k,
+           matrix.size());
+  std::vector<bf16> out(matrix.size());
+  parallel_for(rows, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const bf16* in = matrix.data() + row * k;  // (k)
+      bf16* scaled = out.data() + row * k;       // (k)
+      for (int64_t col = 0; col < k; ++col) scaled[col] = to_bf16(to_float(in[col]) * to_float(norm_weight[col]));
+    }
+  });
+  return out;
+}
+
+LayerWeights fold_norm_weights(LayerWeights layer) {
+  for (std::vector<bf16>* matrix : {&layer.wq, &layer.wk, &layer.wv})
+    *matrix = fold_norm_weight(*matrix, layer.attn_norm);
+  for (std::vector<bf16>* matrix : {&layer.w_gate, &layer.w_up}) *matrix = fold_norm_weight(*matrix, layer.mlp_norm);
+  layer.attn_norm.assign(layer.attn_norm.size(), to_bf16(1.0f));
+  layer.mlp_norm.assign(layer.mlp_norm.size(), to_bf16(1.0f));
+  return layer;
+}
+
+ModelWeights fold_norm_weights(const ModelWeights& weights) {
+  ModelWeights out = weights;
+  for (LayerWeights& layer : out.layers) layer = fold_norm_weights(std::move(layer));
+  if (out.config.has_lm_head) {
+    out.lm_head = fold_norm_weight(weights.lm_head_matrix(), weights.final_norm);
+    out.config.tie_word_embeddings = false;
+    out.final_norm.assign(weights.final_norm.size(), to_bf16(1.0f));
+  }
+  return out;
+}
+
 // Each tensor draws from its own generator, element e being its draw e; the elements of all tensors are filled in
 // ranges over the machine's cores (Random::skip), to the values one thread would draw. NOTE: one thread draws ~3.5 ns
 // a value (2-core build machine): ~30 s for the Llama-3.1-8B shape's 8 billion, each `mk generate` call on the GPU

@@ -415,6 +415,9 @@ TEST(Generate, MemoryBudgetIsCheckedBeforeAllocating) {
   const ModelConfig config = find_preset("llama-3.2-1b").config;
   const GenerationMemory memory = generation_memory(config, 4, 100, 131072, false);
   EXPECT_DOUBLE_EQ(memory.kv_cache, 16.0 * 4 * 131072 * 2 * 512 * 2);  // 16 GiB: layers x batch x context x K,V x bf16
+  // Tied embeddings: the gpu engine's LM head is a matrix of its own (the final norm folded in); the cpu engines' not.
+  EXPECT_DOUBLE_EQ(memory.weights, 2.0 * (double(parameter_count(config)) + 128256.0 * 2048));
+  EXPECT_DOUBLE_EQ(generation_memory(config, 4, 100, 131072, true).weights, 2.0 * double(parameter_count(config)));
   EXPECT_THAT([&] { check_memory_budget(memory, 8.0 * (1 << 30), 4, 131072); },
               testing::ThrowsMessage<Error>(HasSubstr("the KV cache of batch 4 x max context 131072 needs 16.00 GiB")));
   EXPECT_NO_THROW(check_memory_budget(memory, 80.0 * (1 << 30), 4, 131072));

@@ -1,4 +1,5 @@
-// Tests of model weights: seeded random init, Hugging Face save/load round trips, sharded checkpoints, load errors.
+// Tests of model weights: seeded random init, Hugging Face save/load round trips, sharded checkpoints, load errors,
+// the norm weights' fold.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -13,8 +14,10 @@
 #include <vector>
 
 #include "mk/check.h"
+#include "mk/compare.h"
 #include "mk/model_config.h"
 #include "mk/random.h"
+#include "mk/reference.h"
 #include "mk/safetensors.h"
 #include "mk/weights.h"
 #include "test_util.h"
@@ -334,6 +337,42 @@ TEST(Weights, InvalidConfigIsRejectedBeforeLoading) {
   bad.n_kv_heads = 3;
   EXPECT_THAT(error_of([&] { mk::load_weights(dir.path(), bad); }), HasSubstr("num_key_value_heads"));
   EXPECT_THAT(error_of([&] { mk::random_weights(bad, 1); }), HasSubstr("num_key_value_heads"));
+}
+
+TEST(Weights, FoldingANormWeightScalesEachColumn) {
+  auto bf16s = [](std::vector<float> values) {
+    std::vector<mk::bf16> out;
+    for (float v : values) out.push_back(mk::to_bf16(v));
+    return out;
+  };
+  const std::vector<mk::bf16> folded = mk::fold_norm_weight(bf16s({1.5f, -2.0f, 0.25f, 3.0f}), bf16s({2.0f, 0.5f}));
+  ASSERT_EQ(folded.size(), 4u);
+  const std::vector<float> expected = {3.0f, -1.0f, 0.5f, 1.5f};  // (2 rows, 2 columns) times (2, 0.5) per column
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(mk::to_float(folded[i]), expected[i]) << i;
+  EXPECT_THAT(error_of([&] { mk::fold_norm_weight(bf16s({1, 2, 3}), bf16s({1, 2})); }), HasSubstr("folding"));
+}
+
+// The gpu engine's weights (norms folded into the matrices after them) compute the same model within the tolerance
+// policy, tied embeddings or not; a norm weight dropped instead of folded would not (they are drawn in [0.5, 1.5]).
+TEST(Weights, FoldedNormWeightsKeepTheModelsFunction) {
+  for (const bool tied : {false, true}) {
+    SCOPED_TRACE(tied ? "tied" : "untied");
+    mk::ModelConfig config = mk::find_preset("tiny").config;
+    config.tie_word_embeddings = tied;
+    const mk::ModelWeights weights = mk::random_weights(config, 7);
+    const mk::ModelWeights folded = mk::fold_norm_weights(weights);
+    EXPECT_FALSE(folded.config.tie_word_embeddings);
+    EXPECT_EQ(folded.lm_head.size(), weights.lm_head_matrix().size());
+    std::vector<const std::vector<mk::bf16>*> norms = {&folded.final_norm};
+    for (const mk::LayerWeights& layer : folded.layers) norms.insert(norms.end(), {&layer.attn_norm, &layer.mlp_norm});
+    for (const std::vector<mk::bf16>* norm : norms) {
+      ASSERT_EQ(norm->size(), size_t(config.d_model));
+      for (mk::bf16 g : *norm) ASSERT_EQ(mk::to_float(g), 1.0f);
+    }
+    const mk::ref::ModelInput input = mk::ref::random_input(config, {2, 24}, 8);
+    const mk::TolerancePolicy policy = mk::check_tolerance(mk::ref::forward(folded, input), weights, input);
+    EXPECT_TRUE(policy.passed) << policy.describe();
+  }
 }
 
 TEST(Weights, TiedEmbeddingsNeedNoLmHead) {

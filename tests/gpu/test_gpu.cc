@@ -31,8 +31,11 @@ void check_against_reference(const GpuInfo& info, const ModelConfig& config, con
   gpu.run();
   CpuVmOptions vm_options;
   vm_options.detect_races = false;  // the schedule was verified; keep the large configs quick
-  const CpuVmRun reference = run_cpu_vm(graph, schedule, weights, input, vm_options);
-  const std::vector<BufferComparison> rows = bisect_buffers(graph, weights, input, gpu.buffers(), reference.buffers);
+  // Buffer by buffer on the model as the engine holds it, the norm weights folded into the matrices after them (its
+  // norm buffers hold x / rms); the output below against the model as loaded.
+  const ModelWeights folded = fold_norm_weights(weights);
+  const CpuVmRun reference = run_cpu_vm(graph, schedule, folded, input, vm_options);
+  const std::vector<BufferComparison> rows = bisect_buffers(graph, folded, input, gpu.buffers(), reference.buffers);
   for (const BufferComparison& row : rows) {
     EXPECT_TRUE(row.op_passed) << row.buffer << ": op alone rel L2 " << row.op_alone.rel_l2_error << ", max abs "
                                << row.op_alone.max_abs_error << ", NaN " << row.op_alone.nan_count << "\n"

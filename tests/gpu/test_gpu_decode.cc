@@ -261,8 +261,8 @@ TEST_F(Gpu, GenerationOfALlama1bShapedModel) {
 // Batches above 8 run megakernel_decode_wgmma: decode GEMMs on wgmma, a pass of up to 64 batch rows (one M tile)
 // streaming through the ring beside the weights in K steps (decode_gemm_wgmma.cuh).
 TEST_F(Gpu, WideDecodePasses) {
-  // Batch 40 at d_model 2560 and d_ff 3072: one pass, the norm-fused ops' (q, kv, gate_up, the LM head) rows scaled
-  // by the norm weight as they land and their 1 / rms applied to the accumulators.
+  // Batch 40 at d_model 2560 and d_ff 3072: one pass, the norm-fused ops' (q, kv, gate_up, the LM head) rows' squares
+  // summed as they land and their 1 / rms applied to the accumulators (the norm weights folded into the weights).
   std::vector<int64_t> forty;
   for (int64_t b = 0; b < 40; ++b) forty.push_back(1 + (b * 5) % 9);
   check_gpu_generation(small_config(2560, 3072, 20, 4, 128, true, true, 1), forty, 3, 64, 45);

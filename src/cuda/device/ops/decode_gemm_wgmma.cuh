@@ -25,11 +25,8 @@ constexpr int kWgmmaMaxN = 256;       // weight rows of one chunk of a tile: two
 constexpr int kWgmmaMaxStages = 16;  // ring stages of the narrowest chunks (the rest fill the stage area)
 constexpr int kWgmmaRingBytes = KernelConfig::kNumStages * KernelConfig::kStageBytes;
 static_assert(kWgmmaRows * kWgmmaMaxN * 4 <= kWgmmaRingBytes, "a chunk's sums fit the ring");
-// The scratch (the output tile, idle in decode): each pass row's 1 / rms, then the threads' sums of squares (4 a
-// thread).
-static_assert(kWgmmaRows * 4 <= KernelConfig::kDecodeInvRmsBytes &&
-                  (kWgmmaRows + 4 * KernelConfig::kConsumerThreads) * 4 <= KernelConfig::kOutputBytes,
-              "the rows' 1 / rms and the threads' sums of squares fit the scratch");
+// The scratch (the output tile, idle in decode): each pass row's 1 / rms.
+static_assert(kWgmmaRows * 4 <= KernelConfig::kDecodeInvRmsBytes, "the rows' 1 / rms fit the scratch");
 
 // The ring for chunks of kN weight rows: stages of kKStep columns of K, each kM batch rows then the chunk's kN
 // weight rows, every 64 columns a block of 128-byte swizzled rows (what the wgmma descriptors read), and as many
@@ -54,7 +51,7 @@ struct WgmmaRing {
   static_assert(kStages >= 3 && kBCopies >= 1 && kN % kRowsAtOnce == 0, "a ring of at least 3 stages");
   static_assert(kX % 8 == 0 && kABlockBytes % 1024 == 0 && (kX * 128) % 1024 == 0,
                 "each warpgroup's weight rows are whole 8-row swizzle atoms");
-  // The per-thread sums of squares (4 a thread in the scratch) and the shuffle over a row's copying lanes assume a
+  // The per-thread sums of squares (at most 4 registers a thread) and the shuffle over a row's copying lanes assume a
   // row's chunks of a stage are at most 16 lanes of one warp.
   static_assert(kColumns <= 16 && 32 % kColumns == 0 && kM % kRowsAtOnce == 0 && kACopies <= 4,
                 "a K step of at most 128 columns");
@@ -168,50 +165,33 @@ struct WgmmaStream {
   }
 };
 
-// The fused norm on this thread's rows of a landed stage: each value scaled by the norm weight alone, its square
-// summed, and each row's 1 / rms scales the accumulators at the end (FlashNorm, arXiv 2407.09577: the per-row scale
-// commutes with the GEMM; the mma.sync wide passes before it did the same). Only the copying thread touches a copy
-// before the stage's barrier, so no other wait is needed. The sums are this thread's own slots of `partial` (kACopies
-// x kConsumerThreads): NOTE: in registers, beside the accumulators and the stream, the kernel spilled (ptxas).
-// `weight`: the norm weight's chunk (norm_weight_chunk).
+// The fused norm on this thread's rows of a landed stage: each value's square summed, and each row's 1 / rms scales
+// the accumulators at the end (FlashNorm, arXiv 2407.09577: the per-row scale commutes with the GEMM). The norm's
+// weight is already in the GEMM's weights (folded at upload, model_on_device.cc), so the rows are read, not
+// rewritten; only the copying thread reads a copy before the stage's barrier, so no other wait is needed. NOTE: with
+// the rows scaled in place by the weight, a chunk of it loaded a stage ahead, a 1B batch-64 step took 7% longer than
+// with these sums alone (fortieth session, run 3): the stage loop is serial, and all work in it costs its time. The
+// sums stay in registers, one a row this thread copies. NOTE: beside the norm weight's chunk, before the fold, they
+// spilled (ptxas), and went through the scratch, a shared load and store in the loop for each.
 template <typename Ring>
-__device__ __forceinline__ void scale_stage_rows(const WgmmaStream<Ring>& stream, uint8_t* base, const uint4& weight,
-                                                 float* partial, int thread) {
+__device__ __forceinline__ void sum_stage_rows(const WgmmaStream<Ring>& stream, const uint8_t* base,
+                                               float (&partial)[Ring::kACopies]) {
 #pragma unroll
   for (int i = 0; i < Ring::kACopies; ++i) {
-    uint4* at = reinterpret_cast<uint4*>(base + stream.a_offset + i * Ring::kRowsAtOnce * 128);
-    const uint4 value = *at;
-    partial[i * KernelConfig::kConsumerThreads + thread] += sum_of_squares_of_chunk(value);
-    *at = normalize_chunk(value, weight, 1.0f);
+    const uint4 value = *reinterpret_cast<const uint4*>(base + stream.a_offset + i * Ring::kRowsAtOnce * 128);
+    partial[i] += sum_of_squares_of_chunk(value);
   }
 }
 
-// The norm weight's chunk this thread scales its rows by in stage `index` (zeros past K or past the last stage).
-// NOTE: loaded a stage ahead, into a register: loaded where it is used, its trip to L1 or L2 was on every stage's
-// critical path, and the norm-fused tiles streamed at half the rate of the others (1B batch 64: q 16 bytes a ns an SM
-// against o_proj's 31; thirty-sixth session, run 1). Copied through the ring beside the rows instead, the steps took
-// 2.4-5% longer (run 3). NOTE: this load's wait still drew 5% of a 1B batch-64 step's stall samples, but with the
-// whole weight copied into the scratch beside the task's first weights the steps were no faster (1B batch 32 / 64
-// -1.5 / -0.7%, 8B batch 64 +1.7%; thirty-ninth session, run 2), and with no weight load at all 1-3% faster (fortieth
-// session, run 3): the norm's cost is the sums and the scaling in the stage loop, not this load.
-template <typename Ring>
-__device__ __forceinline__ uint4 norm_weight_chunk(const DecodeGemmTask& t, const WgmmaStream<Ring>& stream,
-                                                   int32_t index) {
-  if (index >= stream.total) return uint4{};
-  const int32_t k = stream.k_at(index);
-  return k < t.k ? __ldg(reinterpret_cast<const uint4*>(t.norm_weight + k)) : uint4{};
-}
-
-// Each row's 1 / rms into scratch[row] (kWgmmaRows floats) from the threads' partial sums, which restart at 0: a row's
-// kColumns copying threads are adjacent lanes. Ends with the consumers synchronized.
+// Each row's 1 / rms into scratch[row] (kWgmmaRows floats) from the threads' sums of the chunk (sum_stage_rows): a
+// row's kColumns copying threads are adjacent lanes. Ends with the consumers synchronized.
 template <typename Ring>
 __device__ __forceinline__ void finish_row_norms(const MegakernelParams& p, const DecodeGemmTask& t,
                                                  const WgmmaStream<Ring>& stream,
-                                                 float* partial, float* scratch, int thread) {
+                                                 const float (&partial)[Ring::kACopies], float* scratch, int thread) {
 #pragma unroll
   for (int i = 0; i < Ring::kACopies; ++i) {
-    float sum = partial[i * KernelConfig::kConsumerThreads + thread];
-    partial[i * KernelConfig::kConsumerThreads + thread] = 0.0f;
+    float sum = partial[i];
 #pragma unroll
     for (int offset = Ring::kColumns / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
     if (thread % Ring::kColumns == 0)
@@ -283,9 +263,10 @@ __device__ __forceinline__ void wgmma_epilogue(const MegakernelParams& p, const 
 
 // One chunk of a pass: batch rows [b0, b0 + rows), rows <= kWgmmaRows, against the chunk's weight rows, whose first
 // stages' weights were sent before the counter wait when `weights_sent`. Each stage: this thread's copies landed (and
-// its rows scaled, with a fused norm), a barrier (every copy landed, the previous stage read), the stage kStages - 1
-// ahead sent into the one just read, then the wgmmas. Ends with the consumers synchronized and the chunk's sums in the
-// ring (store_wgmma_sums), each row's 1 / rms in the scratch with a fused norm: for wgmma_epilogue.
+// its rows' squares summed, with a fused norm), a barrier (every copy landed, the previous stage read), the stage
+// kStages - 1 ahead sent into the one just read, then the wgmmas. Ends with the consumers synchronized and the
+// chunk's sums in the ring (store_wgmma_sums), each row's 1 / rms in the scratch with a fused norm: for
+// wgmma_epilogue.
 template <typename Ring>
 __device__ __forceinline__ void decode_gemm_wgmma_chunk(const MegakernelParams& p, const Instruction& in,
                                                         const DecodeGemmTask& t, uint8_t* ring, float* scratch,
@@ -295,24 +276,16 @@ __device__ __forceinline__ void decode_gemm_wgmma_chunk(const MegakernelParams& 
   if (!weights_sent) stream.issue_weight_prologue(t);
   stream.issue_row_prologue(t);
   const bool norm = t.norm_weight != nullptr;
-  float* partial = scratch + kWgmmaRows;  // (kACopies, kConsumerThreads) sums of squares
-  if (norm) {
-#pragma unroll
-    for (int i = 0; i < Ring::kACopies; ++i) partial[i * KernelConfig::kConsumerThreads + thread] = 0.0f;
-  }
+  float partial[Ring::kACopies] = {};  // this thread's sums of squares, one a row it copies
   float acc[Ring::kX / 2];  // (64 rows, kX columns) as wgmma's fragment
 #pragma unroll
   for (int i = 0; i < Ring::kX / 2; ++i) acc[i] = 0.0f;
   const int32_t k_steps = stream.total;
-  uint4 weight = norm ? norm_weight_chunk<Ring>(t, stream, 0) : uint4{};
   for (int32_t k_step = 0; k_step < k_steps; ++k_step) {
     ptx::cp_async_wait<Ring::kStages - 2>();
     uint8_t* base = stream.stage(k_step);
-    if (norm) {
-      scale_stage_rows<Ring>(stream, base, weight, partial, thread);
-      weight = norm_weight_chunk<Ring>(t, stream, k_step + 1);
-    }
-    ptx::fence_proxy_async_shared();  // the copies and the scaled rows, for wgmma's reads
+    if (norm) sum_stage_rows<Ring>(stream, base, partial);
+    ptx::fence_proxy_async_shared();  // the copies, for wgmma's reads
     // NOTE: the previous stage's MMAs waited for here, after this stage's copies, not right after they were sent: the
     // wait cost 8.7% of an 8B batch-32 step's stall samples (thirty-seventh session, run 3). Before the barrier,
     // since the stage sent after it goes into their slot.
