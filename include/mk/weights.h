@@ -31,12 +31,16 @@ struct ModelWeights {
   std::vector<bf16> embedding;   // (vocab_size, d_model), empty without an embedding
   std::vector<LayerWeights> layers;
   std::vector<bf16> final_norm;  // (d_model), empty without an LM head
-  std::vector<bf16> lm_head;     // (vocab_size, d_model), empty without an LM head or when tied
+  std::vector<bf16> lm_head;     // (vocab_size, d_model), empty without an LM head or when tied (as loaded)
   // load_weights: tensors of the files that the config leaves unused (layers beyond num_hidden_layers, an lm_head
   // beside tied embeddings), sorted. Transformers loads such a checkpoint with a warning; so does mk.
   std::vector<std::string> unused_tensors;
 
-  const std::vector<bf16>& lm_head_matrix() const { return config.tie_word_embeddings ? embedding : lm_head; }
+  // A tied model's LM head is its embedding, unless it holds a matrix of its own: fold_norm_weights' copy, the final
+  // norm folded in, for the model of the same config (the cpu-vm checks a schedule's config against the weights').
+  const std::vector<bf16>& lm_head_matrix() const {
+    return config.tie_word_embeddings && lm_head.empty() ? embedding : lm_head;
+  }
 };
 
 // Calls `visit` for every tensor the model owns, with its Hugging Face name and shape. The single place that
@@ -59,7 +63,7 @@ std::vector<bf16> fold_norm_weight(const std::vector<bf16>& matrix, const std::v
 // both norm weights ones.
 LayerWeights fold_norm_weights(LayerWeights layer);
 // The model as the gpu engine holds it: each layer's norms folded (above), final_norm's weight into the LM head
-// (untied from the embedding where tied), the norm weights ones. The same function up to one bf16 rounding a weight:
+// (a matrix of its own where tied, the config unchanged; visit_weights does not save it), the norm weights ones. The same function up to one bf16 rounding a weight:
 // the reference's norm rounds x / rms * g instead. A copy of the whole model: for checks on small models.
 ModelWeights fold_norm_weights(const ModelWeights& weights);
 

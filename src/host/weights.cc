@@ -98,7 +98,6 @@ ModelWeights fold_norm_weights(const ModelWeights& weights) {
   for (LayerWeights& layer : out.layers) layer = fold_norm_weights(std::move(layer));
   if (out.config.has_lm_head) {
     out.lm_head = fold_norm_weight(weights.lm_head_matrix(), weights.final_norm);
-    out.config.tie_word_embeddings = false;
     out.final_norm.assign(weights.final_norm.size(), to_bf16(1.0f));
   }
   return out;
