@@ -62,9 +62,10 @@ std::vector<bf16> fold_norm_weight(const std::vector<bf16>& matrix, const std::v
 // The layer as the gpu engine holds it: attn_norm's weight folded into wq, wk and wv, mlp_norm's into w_gate and w_up,
 // both norm weights ones.
 LayerWeights fold_norm_weights(LayerWeights layer);
-// The model as the gpu engine holds it: each layer's norms folded (above), final_norm's weight into the LM head
-// (a matrix of its own where tied, the config unchanged; visit_weights does not save it), the norm weights ones. The same function up to one bf16 rounding a weight:
-// the reference's norm rounds x / rms * g instead. A copy of the whole model: for checks on small models.
+// The model as the gpu engine holds it: each layer's norms folded (above), final_norm's weight into the LM head (a
+// matrix of its own where tied, the config unchanged, so for_each_weight does not visit it), the norm weights ones.
+// The same function up to one bf16 rounding a weight: the reference's norm rounds x / rms * g instead. A copy of the
+// whole model: for checks on small models.
 ModelWeights fold_norm_weights(const ModelWeights& weights);
 
 // Loads `dir`/model.safetensors, or the shards listed in `dir`/model.safetensors.index.json.
