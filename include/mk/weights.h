@@ -67,6 +67,10 @@ LayerWeights fold_norm_weights(LayerWeights layer);
 // The same function up to one bf16 rounding a weight: the reference's norm rounds x / rms * g instead. A copy of the
 // whole model: for checks on small models.
 ModelWeights fold_norm_weights(const ModelWeights& weights);
+// final_norm's weight folded into the LM head (a matrix of its own where the embedding is tied).
+std::vector<bf16> folded_lm_head(const ModelWeights& weights);
+// Bytes the gpu engine holds beyond the model's own: a tied LM head's folded copy (folded_lm_head).
+double folded_lm_head_copy_bytes(const ModelConfig& config);
 
 // Loads `dir`/model.safetensors, or the shards listed in `dir`/model.safetensors.index.json.
 ModelWeights load_weights(const std::filesystem::path& dir, const ModelConfig& config);

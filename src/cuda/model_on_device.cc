@@ -108,7 +108,7 @@ void upload_weights(DeviceArena& arena, const ModelConfig& c, const ModelWeights
     p.weights.final_norm_weight = bf16_upload(std::vector<uint16_t>(size_t(c.d_model), to_bf16(1.0f).bits),
                                               "uploading the final norm");
     p.weights.lm_head = reinterpret_cast<const __nv_bfloat16*>(
-        arena.upload(fold_norm_weight(weights.lm_head_matrix(), weights.final_norm), "uploading the LM head"));
+        arena.upload(folded_lm_head(weights), "uploading the LM head"));
   }
   if (c.rope.type != RopeType::kNone) {
     const ref::RopeTable rope = ref::make_rope_table(c, rope_positions);

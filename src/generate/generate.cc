@@ -16,6 +16,7 @@
 #include "mk/kv_cache.h"
 #include "mk/tiles.h"
 #include "mk/tokenizer.h"
+#include "mk/weights.h"
 #include "decode_inputs.h"
 
 namespace mk {
@@ -293,9 +294,7 @@ GenerationMemory generation_memory(const ModelConfig& config, int64_t batch, int
                                    bool fp32_activations, int64_t prefill_batch) {
   GenerationMemory memory;
   memory.weights = 2.0 * double(parameter_count(config));
-  // The gpu engine holds a tied LM head as a matrix of its own, the final norm folded in (fold_norm_weights).
-  if (!fp32_activations && config.tie_word_embeddings)
-    memory.weights += 2.0 * double(config.vocab_size) * double(config.d_model);
+  if (!fp32_activations) memory.weights += folded_lm_head_copy_bytes(config);  // the gpu engine's
   // As the gpu engine stores each kind, or as fp32 where the cpu engines hold every buffer so.
   auto bytes_of = [&](const RunShape& shape) {
     double bytes = 0;

@@ -93,11 +93,19 @@ LayerWeights fold_norm_weights(LayerWeights layer) {
   return layer;
 }
 
+std::vector<bf16> folded_lm_head(const ModelWeights& weights) {
+  return fold_norm_weight(weights.lm_head_matrix(), weights.final_norm);
+}
+
+double folded_lm_head_copy_bytes(const ModelConfig& config) {
+  return config.tie_word_embeddings ? 2.0 * double(config.vocab_size) * double(config.d_model) : 0.0;
+}
+
 ModelWeights fold_norm_weights(const ModelWeights& weights) {
   ModelWeights out = weights;
   for (LayerWeights& layer : out.layers) layer = fold_norm_weights(std::move(layer));
   if (out.config.has_lm_head) {
-    out.lm_head = fold_norm_weight(weights.lm_head_matrix(), weights.final_norm);
+    out.lm_head = folded_lm_head(weights);
     out.final_norm.assign(weights.final_norm.size(), to_bf16(1.0f));
   }
   return out;

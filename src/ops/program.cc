@@ -94,9 +94,7 @@ void add_memory(const ModelConfig& config, PassKind pass, const BufferTable& buf
   cost.reference_host_bytes = cost.weight_bytes + input + one_per_kind_fp32;
   cost.cpu_vm_host_bytes = cost.weight_bytes + input + schedule + all_fp32;
   cost.gpu_host_bytes = cost.weight_bytes + input + schedule + 4.0 * double(output.rows) * double(output.cols);
-  // The gpu engine holds a tied LM head as a matrix of its own, the final norm folded in (fold_norm_weights).
-  const double tied_lm_head = config.tie_word_embeddings ? 2.0 * double(config.vocab_size) * double(config.d_model) : 0;
-  cost.gpu_device_bytes = cost.weight_bytes + tied_lm_head + cost.activation_bytes;
+  cost.gpu_device_bytes = cost.weight_bytes + folded_lm_head_copy_bytes(config) + cost.activation_bytes;
 }
 
 }  // namespace
